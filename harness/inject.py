@@ -1,0 +1,110 @@
+"""Worker side: acting out faults, and watching ``fn`` create its strategy.
+
+Everything here runs inside a worker process and may import TensorFlow.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from . import protocol
+from .faults import (Crash, Delay, ExtraCollective, InjectedFault, Pause, RaiseError,
+                     SkipStep)
+
+
+def apply_step_fault(fault, ctx) -> None:
+    """Act out one step-keyed fault in this worker (SkipStep is the loop's job)."""
+    if isinstance(fault, Delay):
+        time.sleep(fault.seconds)
+    elif isinstance(fault, Pause):
+        # The parent sends SIGCONT after fault.seconds (it saw the FAULT
+        # message first); a stopped process cannot wake itself.
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif isinstance(fault, Crash):
+        _flush()
+        if fault.how == "exit":
+            os._exit(1)
+        elif fault.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            os.abort()
+    elif isinstance(fault, RaiseError):
+        raise InjectedFault(fault.message)
+    elif isinstance(fault, ExtraCollective):
+        run_extra_collective(ctx)
+
+
+def run_extra_collective(ctx) -> None:
+    """One all-reduce across the cluster that only this worker runs."""
+    strategy = ctx.strategy
+    if strategy is None:
+        raise RuntimeError("ExtraCollective: fn has not created a MultiWorkerMirroredStrategy "
+                           "before this step, so there is no collective to run")
+    import tensorflow as tf
+    per_replica = strategy.run(lambda: tf.constant(1.0))
+    strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+
+def _flush() -> None:
+    import sys
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def install_strategy_hook(ctx, send) -> None:
+    """Report strategy creation to the parent and keep the instance on ``ctx``.
+
+    Wrapping ``__init__`` of the class behind ``tf.distribute.MultiWorkerMirroredStrategy``
+    (and its ``experimental`` alias, a subclass) tells the parent that a
+    worker is blocked *in strategy creation*, which is where a bad
+    ``TF_CONFIG`` hangs, and how many replicas the worker ended up with.
+    The patch lives only in this worker process.
+    """
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    cls = cars.CollectiveAllReduceStrategy
+    original = cls.__init__
+    if getattr(original, "_mwms_hooked", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        outermost = not getattr(ctx, "_creating", False)
+        if outermost:
+            ctx._creating = True
+            send(protocol.STRATEGY_CREATING)
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            if outermost:
+                ctx._creating = False
+        if outermost:
+            ctx.strategy = self
+            send(protocol.STRATEGY_CREATED, data=int(self.num_replicas_in_sync))
+
+    __init__._mwms_hooked = True
+    cls.__init__ = __init__
+
+
+def make_keras_callback(ctx):
+    """A Keras callback whose batch boundaries are this worker's steps."""
+    if any(isinstance(f, SkipStep) for f in ctx.faults):
+        raise ValueError("SkipStep cannot act through keras_callback(): model.fit has no "
+                         "way to skip a batch; use a custom loop with context().steps()")
+    import tensorflow as tf
+    base = tf.keras.callbacks.Callback  # tf_keras when TF_USE_LEGACY_KERAS=1
+
+    class MWMSProgress(base):
+        """Reports each training batch to the harness as a step."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            ctx._boundary(ctx._global_step)
+            ctx._global_step += 1
+
+        def on_train_end(self, logs=None):
+            ctx._send(protocol.STEPS_DONE, step=ctx._global_step)
+
+    return MWMSProgress()

@@ -1,0 +1,167 @@
+"""Parent side: how worker processes are started, signalled and stopped.
+
+The controller sees only :class:`Launcher` and :class:`WorkerHandle`: start
+N workers from their specs, signal one, kill one with everything it started,
+read its exit status.  A backend that places workers on other machines
+implements the same two classes.
+
+:class:`LocalLauncher` has two start methods:
+
+``forkserver`` (default for CPU)
+    A server process imports TensorFlow once (:mod:`harness._preload`); each
+    worker is a ``fork()`` of it.  After the first run a 2-worker cluster
+    starts in a fraction of a second.  The server lives as long as the
+    pytest process and exits when pytest does, even on SIGKILL (its
+    "alive" pipe closes).
+``spawn``
+    A fresh interpreter per worker, which imports TensorFlow itself: 4-10 s
+    per run, but nothing is shared.  Used for GPUs, where forking a process
+    that has loaded CUDA libraries is not shown safe.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import List, Optional, Sequence
+
+import multiprocess
+import psutil
+
+from .protocol import WorkerSpec
+
+START_METHODS = ("forkserver", "spawn")
+
+
+class WorkerHandle:
+    """One running worker: its pid, its channel and how to stop it."""
+
+    def __init__(self, index: int, process, conn):
+        self.index = index
+        self.process = process
+        self.conn = conn  # parent's end of the duplex channel
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def sentinel(self):
+        return self.process.sentinel
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self.process.exitcode
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        self.process.join(timeout)
+
+    def send_signal(self, sig: int) -> bool:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, sig)
+            return True
+        return False
+
+    def is_stopped(self) -> bool:
+        """True when the worker is stopped by SIGSTOP (it cannot dump a stack)."""
+        try:
+            return psutil.Process(self.pid).status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            return False
+
+    def kill_tree(self) -> None:
+        """SIGKILL the worker, its process group and every descendant.
+
+        Descendants are listed before the kill: once the worker is dead its
+        children are re-parented and can no longer be found from it.  The
+        process group catches those the listing raced with; the worker's
+        reaper (see :mod:`harness.worker`) catches the rest.
+        """
+        try:
+            descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, signal.SIGKILL)
+        for child in descendants:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        with contextlib.suppress(Exception):
+            self.process.close()
+
+
+class Launcher:
+    """The interface the controller uses; see :class:`LocalLauncher`."""
+
+    def start(self, specs: Sequence[WorkerSpec]) -> List[WorkerHandle]:
+        raise NotImplementedError
+
+    def prewarm(self) -> None:
+        """Start any slow shared machinery now (optional)."""
+
+
+_forkserver_lock = threading.Lock()
+
+
+def _forkserver_context():
+    ctx = multiprocess.get_context("forkserver")
+    with _forkserver_lock:
+        ctx.set_forkserver_preload(["harness._preload"])
+    return ctx
+
+
+def forkserver_pid() -> Optional[int]:
+    """The pid of this process's forkserver, if one is running."""
+    from multiprocess import forkserver
+    return forkserver._forkserver._forkserver_pid
+
+
+class LocalLauncher(Launcher):
+    def __init__(self, start_method: str = "forkserver"):
+        if start_method not in START_METHODS:
+            raise ValueError(f"start method must be one of {START_METHODS}, got {start_method!r}")
+        self.start_method = start_method
+
+    def _context(self):
+        if self.start_method == "forkserver":
+            return _forkserver_context()
+        return multiprocess.get_context("spawn")
+
+    def prewarm(self) -> None:
+        """Start the forkserver (and its TensorFlow import) in the background.
+
+        ``ensure_running`` only spawns the server; it does not wait for the
+        import, so calling it at collection time overlaps TensorFlow's
+        import with the rest of pytest's start-up.
+        """
+        if self.start_method == "forkserver":
+            self._context()
+            from multiprocess import forkserver
+            forkserver.ensure_running()
+
+    def start(self, specs: Sequence[WorkerSpec]) -> List[WorkerHandle]:
+        from .worker import worker_main
+        ctx = self._context()
+        handles: List[WorkerHandle] = []
+        try:
+            for spec in specs:
+                parent_conn, child_conn = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=worker_main, args=(spec, child_conn),
+                                   name=f"mwms-worker-{spec.index}")
+                proc.start()
+                child_conn.close()
+                handles.append(WorkerHandle(spec.index, proc, parent_conn))
+        except BaseException:
+            for h in handles:
+                h.kill_tree()
+                h.join(5)
+                h.close()
+            raise
+        return handles

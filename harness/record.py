@@ -1,0 +1,107 @@
+"""What the parent observed during a run: plain data, no TensorFlow.
+
+The controller fills these in while it watches the workers; the diagnosis
+(:mod:`harness.diagnosis`) reads them and nothing else.  Keeping them plain
+frozen data means a run can be recorded (``to_dict``), and the diagnosis
+tested and improved on recorded runs, without starting a process.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+from .protocol import WorkerError
+
+# How a run's watch loop ended.
+ALL_FINISHED = "all_finished"   # every worker returned, raised or died
+HANG = "hang"                   # no progress for ``timeout`` seconds
+GRACE_EXPIRED = "grace_expired"  # a worker raised/died; its peers stayed blocked
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One progress report, stamped with the parent's clock.
+
+    ``time`` is seconds since the run started (parent's monotonic clock);
+    ``kind`` is one of :mod:`harness.protocol`'s phase/event kinds.
+    """
+
+    time: float
+    kind: str
+    step: Optional[int] = None
+    data: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerObservation:
+    """Everything the parent saw of one worker.
+
+    ``exit_code`` follows ``multiprocessing``: negative for death by a signal
+    (``-9`` for SIGKILL).  ``killed_by_harness`` is True when that signal came
+    from the harness's own cleanup after a hang or grace expiry, so it is not
+    mistaken for a crash.  ``stopped`` is True when the worker was found
+    stopped (SIGSTOP) at the end of the run: it could not dump a stack.
+    """
+
+    index: int
+    tf_config: Optional[dict] = None
+    events: Tuple[Event, ...] = ()
+    returned: bool = False
+    error: Optional[WorkerError] = None
+    finish_time: Optional[float] = None   # when RETURNED or RAISED arrived
+    exit_code: Optional[int] = None
+    exit_time: Optional[float] = None     # when the parent saw the process end
+    killed_by_harness: bool = False
+    stopped: bool = False
+    stack: str = ""
+
+    @property
+    def last_step(self) -> Optional[int]:
+        steps = [e.step for e in self.events if e.kind == "step"]
+        return steps[-1] if steps else None
+
+    @property
+    def step_count(self) -> int:
+        """How many step boundaries this worker reported."""
+        return sum(1 for e in self.events if e.kind == "step")
+
+    @property
+    def last_progress_time(self) -> Optional[float]:
+        return self.events[-1].time if self.events else None
+
+    @property
+    def finished(self) -> bool:
+        return self.returned or self.error is not None
+
+    @property
+    def died(self) -> bool:
+        """Ended without returning or raising, and not by the harness's hand."""
+        return (not self.finished and self.exit_code is not None
+                and not self.killed_by_harness)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunObservation:
+    num_workers: int
+    timeout: float
+    grace: float
+    ended_by: str
+    duration: float
+    workers: Tuple[WorkerObservation, ...]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunObservation":
+        workers = []
+        for w in d["workers"]:
+            w = dict(w)
+            w["events"] = tuple(Event(**e) for e in w.get("events", ()))
+            if w.get("error") is not None:
+                w["error"] = WorkerError(**w["error"])
+            workers.append(WorkerObservation(**w))
+        return cls(**{**d, "workers": tuple(workers)})

@@ -1,0 +1,126 @@
+"""What ``mwms_cluster.run()`` returns: per-worker results and the verdict."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Optional, Tuple
+
+from .protocol import WorkerError
+from .record import RunObservation, WorkerObservation
+
+LOG_TAIL_LINES = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerResult:
+    """One worker's part of a run.
+
+    ``return_value`` is what ``fn`` returned (None if it did not);
+    ``exception`` a :class:`WorkerError` (type name, message, traceback text)
+    or None; ``exit_code`` is negative for death by a signal; ``log`` all the
+    worker wrote to stdout and stderr, C++ logging included (head and tail
+    kept when it is very long); ``last_step`` the last step boundary it
+    reported; ``stack`` its Python stacks, dumped when the run was found hung
+    (or its peers' grace ran out).
+    """
+
+    index: int
+    return_value: Any = None
+    exception: Optional[WorkerError] = None
+    exit_code: Optional[int] = None
+    log: str = ""
+    last_step: Optional[int] = None
+    stack: str = ""
+    observation: Optional[WorkerObservation] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def returned(self) -> bool:
+        return self.observation.returned if self.observation else self.exception is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return "\n".join(self.log.rstrip().splitlines()[-lines:])
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """The outcome of one run on the cluster.
+
+    ``outcome`` is ``"completed"``, ``"failed"``, ``"crashed"`` or ``"hang"``
+    (precedence in that reverse order: a crash outranks an error, an error
+    outranks a hang); ``culprits`` the worker indexes the diagnosis blames;
+    ``diagnosis`` the text to read first; ``duration`` seconds from launch to
+    verdict.
+    """
+
+    outcome: str
+    workers: Tuple[WorkerResult, ...]
+    culprits: Tuple[int, ...]
+    diagnosis: str
+    duration: float
+    observation: RunObservation = dataclasses.field(repr=False)
+    verdict: Any = dataclasses.field(repr=False, default=None)
+
+    @property
+    def return_values(self) -> list:
+        return [w.return_value for w in self.workers]
+
+    @property
+    def step(self) -> Optional[int]:
+        return getattr(self.verdict, "step", None)
+
+    @property
+    def error(self) -> Optional[str]:
+        return getattr(self.verdict, "error", None)
+
+    def report(self) -> str:
+        """The diagnosis, then the log tail of each worker that did not return."""
+        parts = [self.diagnosis]
+        for w in self.workers:
+            if w.observation is not None and w.observation.returned and not w.log.strip():
+                continue
+            if w.observation is not None and w.observation.returned:
+                continue
+            parts.append(f"--- worker {w.index} (exit code {w.exit_code}), last "
+                         f"{LOG_TAIL_LINES} log lines ---\n{w.log_tail() or '(empty log)'}")
+        return "\n".join(parts)
+
+    # -- assertions ------------------------------------------------------
+    def _check(self, outcome: str, culprits: Optional[Iterable[int]] = None,
+               step: Optional[int] = None, error: Optional[str] = None) -> "RunResult":
+        problems = []
+        if self.outcome != outcome:
+            problems.append(f"expected outcome {outcome!r}, got {self.outcome!r}")
+        if culprits is not None and tuple(sorted(culprits)) != tuple(self.culprits):
+            problems.append(f"expected culprits {tuple(sorted(culprits))}, "
+                            f"diagnosis blames {tuple(self.culprits)}")
+        if step is not None and self.step != step:
+            problems.append(f"expected step {step}, diagnosis says {self.step}")
+        if error is not None and not _error_matches(self, error):
+            problems.append(f"expected error {error!r}, diagnosis says {self.error!r}")
+        if problems:
+            raise AssertionError("; ".join(problems) + "\n" + self.report())
+        return self
+
+    def assert_completed(self) -> "RunResult":
+        return self._check("completed")
+
+    def assert_hang(self, culprits: Optional[Iterable[int]] = None,
+                    step: Optional[int] = None) -> "RunResult":
+        return self._check("hang", culprits, step)
+
+    def assert_failed(self, culprits: Optional[Iterable[int]] = None,
+                      error: Optional[str] = None) -> "RunResult":
+        return self._check("failed", culprits, error=error)
+
+    def assert_crashed(self, culprits: Optional[Iterable[int]] = None) -> "RunResult":
+        return self._check("crashed", culprits)
+
+
+def _error_matches(result: RunResult, error: str) -> bool:
+    """``error`` names the root error's type, or appears in a culprit's message."""
+    if result.error == error:
+        return True
+    for i in result.culprits:
+        exc = result.workers[i].exception
+        if exc is not None and (exc.type_name == error or error in exc.message):
+            return True
+    return False

@@ -1,0 +1,64 @@
+"""Shared helpers for the harness's own tests (no TensorFlow at import)."""
+import os
+import time
+
+import psutil
+
+from harness.launcher import forkserver_pid
+
+
+def tensorflow_pids(exclude=()):
+    """Pids of live processes that have TensorFlow loaded, but the forkserver.
+
+    A forked worker's TF_CONFIG does not show in /proc/PID/environ, so look
+    for the TensorFlow library in the memory maps instead.
+    """
+    skip = {os.getpid(), forkserver_pid(), *exclude}
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid in skip:
+            continue
+        try:
+            with open(f"/proc/{proc.pid}/maps") as f:
+                if "libtensorflow_framework" in f.read():
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        found.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def wait_gone(pids, seconds=10.0):
+    """Wait until none of ``pids`` is alive (zombies count as gone); return the survivors."""
+    deadline = time.monotonic() + seconds
+    alive = list(pids)
+    while True:
+        alive = [p for p in alive if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def allreduce_steps(n_steps=20):
+    """The canonical small workload: n all-reduce steps on one scalar."""
+    import tensorflow as tf
+    import harness
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def step():
+        value = strategy.run(lambda: tf.constant(1.0))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+    total = None
+    for _ in ctx.steps(n_steps):
+        total = step()
+    return float(total)

@@ -1,0 +1,150 @@
+"""The core against real TensorFlow workers: completion, errors, crashes,
+hangs, logs, stacks, cleanup."""
+import os
+import signal
+import time
+
+import pytest
+
+import harness
+from harness.controller import SerializationError
+from helpers import allreduce_steps, tensorflow_pids, wait_gone
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_workers():
+    yield
+    left = wait_gone(tensorflow_pids(), seconds=2)
+    assert not left, f"TensorFlow processes outlived the test: {left}"
+
+
+def _trainer(fail_worker=None, how=None, at_step=3, steps=10):
+    """A closure (defined per test) that misbehaves on one worker at one step."""
+    def train():
+        import tensorflow as tf
+        ctx = harness.context()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+        @tf.function
+        def step():
+            return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                   strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+        for k in ctx.steps(steps):
+            if ctx.index == fail_worker and k == at_step:
+                if how == "raise":
+                    raise ValueError(f"worker {ctx.index} broke at step {k}")
+                if how == "exit3":
+                    os._exit(3)
+                if how == "sigkill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if how == "block":
+                    # One all-reduce nobody else joins: blocked forever in C++.
+                    step()
+            step()
+        return ctx.index
+    return train
+
+
+def test_completes_with_a_value_per_worker(mwms_cluster):
+    result = mwms_cluster.run(allreduce_steps, args=(20,))
+    result.assert_completed()
+    n = mwms_cluster.num_workers
+    assert result.return_values == [float(n)] * n
+    assert [w.last_step for w in result.workers] == [19] * n
+    assert [w.exit_code for w in result.workers] == [0] * n
+    assert result.culprits == ()
+    # TensorFlow's C++ logging reaches the log: fds 1 and 2 are captured.
+    assert "Started server with target: grpc://127.0.0.1:" in result.workers[0].log
+
+
+def test_lambda_closure_and_two_runs_in_one_test(mwms_cluster):
+    offset = 10
+    first = mwms_cluster.run(lambda: harness.context().index + offset)
+    second = mwms_cluster.run(lambda: harness.context().tf_config)
+    first.assert_completed()
+    second.assert_completed()
+    n = mwms_cluster.num_workers
+    assert first.return_values == [offset + i for i in range(n)]
+    ports = [c["cluster"]["worker"] for c in second.return_values]
+    assert all(p == ports[0] for p in ports) and len(ports[0]) == n
+    assert [c["task"]["index"] for c in second.return_values] == list(range(n))
+    assert os.environ.get("TF_CONFIG") is None  # the parent's environment is untouched
+
+
+def test_context_outside_a_worker_is_a_clear_error():
+    with pytest.raises(harness.NotInWorkerError, match="only available inside"):
+        harness.context()
+
+
+def test_context_attributes(mwms_cluster):
+    def describe():
+        ctx = harness.context()
+        return (ctx.index, ctx.num_workers, ctx.is_chief, os.environ["CUDA_VISIBLE_DEVICES"])
+    result = mwms_cluster.run(describe).assert_completed()
+    n = mwms_cluster.num_workers
+    assert result.return_values == [(i, n, i == 0, "-1") for i in range(n)]
+
+
+def test_worker_that_raises_is_failed_with_index_and_type(mwms_cluster):
+    last = mwms_cluster.num_workers - 1
+    result = mwms_cluster.run(_trainer(last, "raise"), timeout=20, grace=2)
+    assert result.outcome == "failed", result.report()
+    assert last in result.culprits
+    assert f"worker {last}" in result.diagnosis and "ValueError" in result.diagnosis
+    exc = result.workers[last].exception
+    assert exc.type_name == "ValueError" and "broke at step 3" in exc.message
+    assert "Traceback" in exc.traceback and "train" in exc.traceback
+    assert result.workers[last].last_step == 3
+    with pytest.raises(AssertionError, match="expected outcome 'completed'") as e:
+        result.assert_completed()
+    assert "ValueError" in str(e.value)  # the message carries the diagnosis and log tail
+
+
+@pytest.mark.parametrize("how,code", [("exit3", 3), ("sigkill", -signal.SIGKILL)])
+def test_worker_that_dies_is_crashed(mwms_cluster, how, code):
+    result = mwms_cluster.run(_trainer(0, how), timeout=20, grace=1)
+    assert result.outcome == "crashed", result.report()
+    assert result.workers[0].exit_code == code
+    assert 0 in result.culprits
+    assert result.workers[0].last_step == 3
+
+
+def test_blocked_worker_is_a_hang_within_timeout_with_stack(mwms_cluster):
+    timeout = 3.0
+    t0 = time.monotonic()
+    result = mwms_cluster.run(_trainer(0, "block", at_step=2, steps=5), timeout=timeout)
+    elapsed = time.monotonic() - t0
+    assert result.outcome == "hang", result.report()
+    # Every other worker finished; worker 0 blocked in its extra all-reduce.
+    stack = result.workers[0].stack
+    assert "in train" in stack and "test_cluster.py" in stack, stack
+    assert result.workers[0].exit_code == -signal.SIGKILL
+    # Reported within timeout + 1 s of the last progress (generous bound here;
+    # the benchmark prints the exact figure).
+    last_progress = max(e.time for w in result.observation.workers for e in w.events)
+    finishes = [w.finish_time for w in result.observation.workers if w.finish_time]
+    last_progress = max([last_progress] + finishes)
+    assert result.duration - last_progress < timeout + 1.0
+    assert elapsed < 60
+
+
+def test_unserializable_fn_fails_before_any_process(mwms_cluster):
+    numbers = (i for i in range(3))  # dill cannot pickle a live generator
+    with pytest.raises(SerializationError, match="cannot serialize"):
+        mwms_cluster.run(lambda: next(numbers))
+
+
+def test_unserializable_return_value_is_failed(mwms_cluster):
+    def give_generator():
+        return (i for i in range(3))
+    result = mwms_cluster.run(give_generator)
+    assert result.outcome == "failed"
+    assert "cannot be sent to the parent" in result.workers[0].exception.message
+
+
+def test_bad_fault_plan_rejected_before_start(mwms_cluster):
+    with pytest.raises(harness.faults.FaultError, match="worker 7 does not exist"):
+        mwms_cluster.run(allreduce_steps, faults=[harness.faults.Crash(7, 1)])

@@ -1,0 +1,162 @@
+"""Option parsing, TF_CONFIG generation, fault validation, ports: no TensorFlow."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness import faults, tfconfig
+from harness.faults import FaultError
+from harness.ports import port_range, reserve_ports
+from harness.settings import (SettingError, gpu_assignment, max_workers, parse_choice,
+                              parse_marker, parse_seconds, parse_workers, visible_gpus)
+
+
+@pytest.mark.parametrize("value,expected", [("2", 2), (4, 4), (" 3 ", 3), ("1", 1)])
+def test_parse_workers_accepts(value, expected):
+    assert parse_workers(value, limit=16) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "1000", "2.5", "", True, 2.5])
+def test_parse_workers_rejects_with_option_and_range(value):
+    with pytest.raises(SettingError) as e:
+        parse_workers(value, limit=16)
+    assert "--mwms-workers" in str(e.value)
+    assert "16" in str(e.value)
+
+
+def test_max_workers_by_cores_and_memory():
+    assert max_workers(cpu_count=2, mem_bytes=24 << 30) == 16
+    assert max_workers(cpu_count=64, mem_bytes=2 << 30) == 4
+    assert max_workers(cpu_count=256, mem_bytes=1 << 40) == 64
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "abc", "nan", "inf"])
+def test_parse_seconds_rejects(value):
+    with pytest.raises(SettingError, match="--mwms-timeout"):
+        parse_seconds(value, "--mwms-timeout")
+
+
+def test_parse_seconds_zero_only_when_allowed():
+    assert parse_seconds("0", "--mwms-grace", allow_zero=True) == 0
+    assert parse_seconds("2.5", "--mwms-timeout") == 2.5
+
+
+def test_parse_choice():
+    assert parse_choice("GPU", "--mwms-devices", ("cpu", "gpu")) == "gpu"
+    with pytest.raises(SettingError, match="--mwms-devices: 'tpu' is not one of cpu, gpu"):
+        parse_choice("tpu", "--mwms-devices", ("cpu", "gpu"))
+
+
+def test_parse_marker():
+    assert parse_marker({"workers": 3, "timeout": 5}, limit=16) == {"workers": 3, "timeout": 5.0}
+    with pytest.raises(SettingError, match="unknown argument.*wokers"):
+        parse_marker({"wokers": 3})
+    with pytest.raises(SettingError, match="keyword arguments only"):
+        parse_marker({}, (3,))
+    with pytest.raises(SettingError, match=r"mwms\(workers=...\)"):
+        parse_marker({"workers": 0}, limit=16)
+
+
+def test_gpu_assignment_splits_evenly():
+    assert gpu_assignment(2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
+    assert gpu_assignment(3, ["0", "1", "2", "3"]) == ["0", "1", "2"]
+    with pytest.raises(SettingError, match="only 1 GPU"):
+        gpu_assignment(2, ["0"])
+    with pytest.raises(SettingError, match="no GPU is visible"):
+        gpu_assignment(2, [])
+
+
+def test_visible_gpus_from_env():
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,2"}) == ["0", "2"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_tf_config_cluster():
+    configs = tfconfig.cluster_configs([20001, 20002, 20003])
+    assert [c["task"]["index"] for c in configs] == [0, 1, 2]
+    assert all(c["cluster"]["worker"] == ["127.0.0.1:20001", "127.0.0.1:20002",
+                                          "127.0.0.1:20003"] for c in configs)
+    assert json.loads(tfconfig.dumps(configs[1])) == configs[1]
+    with pytest.raises(ValueError):
+        tfconfig.tf_config([1, 2], 2)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("worker_pos", ["first", "last"])
+@pytest.mark.parametrize("kind", faults.BAD_CONFIG_KINDS)
+def test_bad_config_differs_only_for_that_worker(n, worker_pos, kind):
+    worker = 0 if worker_pos == "first" else n - 1
+    good = tfconfig.cluster_configs([21000 + i for i in range(n)])
+    bad = tfconfig.apply_bad_config(good, worker, kind, spare_port=29999)
+    for i in range(n):
+        if i != worker:
+            assert bad[i] == good[i]
+    assert bad[worker] != good[worker]
+    if kind == "missing":
+        assert bad[worker] is None
+    elif kind == "wrong_size":
+        assert len(bad[worker]["cluster"]["worker"]) == n + 1
+    elif kind == "duplicate_index":
+        assert bad[worker]["task"]["index"] != worker
+    elif kind == "swapped":
+        assert sorted(bad[worker]["cluster"]["worker"]) == sorted(good[worker]["cluster"]["worker"])
+        own = good[worker]["cluster"]["worker"][worker]
+        assert bad[worker]["cluster"]["worker"][worker] != own
+    elif kind == "wrong_port":
+        assert "127.0.0.1:29999" in bad[worker]["cluster"]["worker"]
+
+
+def test_faults_are_plain_values():
+    f = faults.SkipStep(worker=1, step=5)
+    assert f == faults.SkipStep(1, 5) and hash(f) == hash(faults.SkipStep(1, 5))
+    assert repr(f) == "SkipStep(worker=1, step=5)"
+    assert eval(repr(faults.Pause(0, 3, seconds=None)), vars(faults)) == faults.Pause(0, 3)
+
+
+@pytest.mark.parametrize("fault,message", [
+    (faults.SkipStep(7, 1), "worker 7 does not exist in a cluster of 4"),
+    (faults.SkipStep(-1, 1), "does not exist"),
+    (faults.SkipStep(0, -2), "step must be an integer 0 or more"),
+    (faults.Delay(0, 1, -1.0), "seconds must be 0 or more"),
+    (faults.Pause(0, 1, -5), "seconds must be 0 or more"),
+    (faults.Crash(0, 1, "explode"), "how must be one of exit, kill, abort"),
+    (faults.BadTFConfig(0, "bogus"), "kind must be one of"),
+    ("SkipStep(0, 1)", "is not a fault"),
+])
+def test_bad_faults_rejected(fault, message):
+    with pytest.raises(FaultError, match=message):
+        faults.validate([fault], 4)
+
+
+def test_validate_returns_plan():
+    plan = [faults.SkipStep(0, 1), faults.Crash(3, 2, "kill")]
+    assert faults.validate(plan, 4) == tuple(plan)
+    assert faults.validate(faults.Delay(1, 0, 0.5), 2) == (faults.Delay(1, 0, 0.5),)
+    assert faults.validate(None, 2) == ()
+
+
+def test_ports_distinct_below_ephemeral_range_and_locked():
+    lo, hi = port_range()
+    with reserve_ports(6) as r:
+        assert len(set(r.ports)) == 6
+        assert all(lo <= p < hi for p in r.ports)
+        # Another process must not be able to take any of these ports.
+        code = (
+            "import fcntl, os, sys\n"
+            "from harness.ports import LOCK_DIR\n"
+            f"ports = {r.ports!r}\n"
+            "taken = 0\n"
+            "for p in ports:\n"
+            "    fd = os.open(os.path.join(LOCK_DIR, str(p)), os.O_RDWR)\n"
+            "    try:\n"
+            "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "    except OSError:\n"
+            "        taken += 1\n"
+            "print(taken)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "6"
+    # Released: the same lock files can be taken now.
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
