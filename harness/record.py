@@ -92,6 +92,25 @@ class RunObservation:
     duration: float
     workers: Tuple[WorkerObservation, ...]
 
+    @property
+    def last_progress_time(self) -> float:
+        """When the parent last saw progress from any worker (0.0: never)."""
+        times = [0.0]
+        for w in self.workers:
+            times.extend(e.time for e in w.events)
+            times.extend(t for t in (w.finish_time,) if t is not None)
+            if w.died and w.exit_time is not None:
+                times.append(w.exit_time)
+        return max(times)
+
+    @property
+    def detection_delay(self) -> Optional[float]:
+        """For a run that ended as hung: seconds past ``timeout`` it took to
+        declare the hang (the watch loop's own latency)."""
+        if self.ended_by != HANG:
+            return None
+        return self.duration - self.last_progress_time - self.timeout
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

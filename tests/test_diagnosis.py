@@ -272,9 +272,8 @@ def test_missing_tf_config_worker_trains_alone():
     ws = [blocked(i, n, events=events(creating_only=True), stack=STACK_CREATE) for i in (0, 2)]
     v = diagnose(run(ws[0], alone, ws[1], ended_by="hang"))
     assert (v.outcome, v.culprits, v.ambiguous) == ("hang", (1,), False)
-    assert "TF_CONFIG missing" in v.text and "1-replica" in v.text
-    assert "workers 0,2: blocked in strategy creation in make_strategy at test_config.py:12 " \
-           "(in strategy creation)" in v.text
+    assert "TF_CONFIG missing" in v.text and "1 replica" in v.text
+    assert "workers 0,2: blocked in strategy creation: make_strategy at test_config.py:12;" in v.text
 
 
 def test_duplicate_index_blames_the_impostor():
@@ -293,7 +292,7 @@ def test_wrong_cluster_size_blames_the_disagreeing_worker():
                      raised(1, n, "InternalError", msg, 1.1, tf_config=config(1, 3),
                             events=events(creating_only=True))))
     assert (v.outcome, v.culprits, v.error) == ("failed", (1,), "InternalError")
-    assert "its cluster lists 3 workers, the others 2" in v.text
+    assert "its TF_CONFIG cluster lists 3 workers, the others' 2" in v.text
 
 
 def test_swapped_order_both_claiming_index_0():
@@ -333,7 +332,7 @@ def test_stack_grouping_text():
     ws = [blocked(0, 3, steps=range(20)), returned(1, 3, steps=range(19)),
           blocked(2, 3, steps=range(20))]
     text = diagnose(run(*ws, ended_by="hang")).text
-    assert ("workers 0,2: blocked at step 19 in train at test_steps.py:23 "
+    assert ("workers 0,2: blocked at step 19: train at test_steps.py:23 "
             "(in a TensorFlow op)") in text
     assert "worker 1: returned" in text
     assert len(text.splitlines()) <= 40
@@ -423,7 +422,7 @@ def observations(draw):
                           20.0, tuple(ws))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(observations())
 def test_property_precedence_and_culprits(obs):
     v = diagnose(obs)
