@@ -7,6 +7,19 @@ environment asks for legacy Keras (``TF_USE_LEGACY_KERAS=1``), as importing
 it costs a second or two that most runs would not use.
 """
 import os
+import signal
+
+from harness.worker import _prctl_pdeathsig
+
+# Die with pytest.  The server's own "alive" pipe is not enough: every
+# worker inherits its write end, so while a worker lives (blocked in a
+# collective, say) the server would never see it close, and the workers
+# (which die with the server) would never be told.  The signal fires when
+# the *thread* that started the server ends, which is pytest's main thread.
+_parent = os.getppid()
+_prctl_pdeathsig(signal.SIGKILL)
+if os.getppid() != _parent:
+    os._exit(0)
 
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
@@ -22,7 +35,6 @@ import tensorflow  # noqa: E402,F401
 import tensorflow.python.distribute.collective_all_reduce_strategy  # noqa: E402,F401
 import dill  # noqa: E402,F401
 
-import harness.worker  # noqa: E402,F401
 import harness.inject  # noqa: E402,F401
 
 if os.environ.get("TF_USE_LEGACY_KERAS") == "1":

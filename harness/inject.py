@@ -42,8 +42,18 @@ def run_extra_collective(ctx) -> None:
         raise RuntimeError("ExtraCollective: fn has not created a MultiWorkerMirroredStrategy "
                            "before this step, so there is no collective to run")
     import tensorflow as tf
-    per_replica = strategy.run(lambda: tf.constant(1.0))
-    strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    extra = getattr(ctx, "_extra_collective", None)
+    if extra is None:
+        # Traced like a user's step function, so it joins the same ordered
+        # stream of collectives: TensorFlow pairs it with the peers' next
+        # all-reduce (silently when the shapes agree, with "Shape mismatch"
+        # when they do not).
+        @tf.function
+        def extra():
+            return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                   strategy.run(lambda: tf.constant(1.0)), axis=None)
+        ctx._extra_collective = extra
+    extra()
 
 
 def _flush() -> None:

@@ -49,8 +49,8 @@ def apply_bad_config(configs: Sequence[dict], worker: int, kind: str,
       or worker 1's when it is worker 0);
     * ``swapped``: its cluster list is in reverse order, so it takes the
       address of another worker as its own;
-    * ``wrong_port``: in its cluster list the next worker's port is replaced
-      by ``spare_port``, where nobody listens.
+    * ``wrong_port``: in its cluster list its own address has ``spare_port``,
+      so it listens where no peer looks for it.
     """
     import copy
     out = [copy.deepcopy(c) for c in configs]
@@ -69,8 +69,7 @@ def apply_bad_config(configs: Sequence[dict], worker: int, kind: str,
             # the middle of an odd list stays put when reversed; rotate instead
             workers.append(workers.pop(0))
     elif kind == "wrong_port":
-        peer = (worker + 1) % n
-        workers[peer] = f"{host}:{spare_port}"
+        workers[worker] = f"{host}:{spare_port}"
     else:
         raise ValueError(f"unknown bad TF_CONFIG kind {kind!r}")
     return out

@@ -1,0 +1,130 @@
+"""The plugin as a user meets it: options, marker, entry point, side-by-side runs."""
+import sys
+import textwrap
+
+import pytest
+
+from harness.settings import max_workers
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--mwms-workers=0"], "--mwms-workers: 0 is out of range"),
+    (["--mwms-workers=-1"], "--mwms-workers: -1 is out of range"),
+    (["--mwms-workers=abc"], "--mwms-workers: 'abc' is not a whole number"),
+    (["--mwms-workers=1000"], f"1 to {max_workers()} workers"),
+    (["--mwms-timeout=0"], "--mwms-timeout: 0 is out of range"),
+    (["--mwms-timeout=-5"], "--mwms-timeout: -5 is out of range"),
+    (["--mwms-timeout=soon"], "--mwms-timeout: 'soon' is not a number"),
+    (["--mwms-grace=-1"], "--mwms-grace: -1 is out of range"),
+    (["--mwms-devices=tpu"], "--mwms-devices: 'tpu' is not one of cpu, gpu"),
+    (["--mwms-start-method=fork"], "--mwms-start-method: 'fork' is not one of forkserver, spawn"),
+])
+def test_bad_option_is_a_usage_error(pytester, args, needle):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert needle in result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_bad_ini_value_is_a_usage_error(pytester):
+    pytester.makeini("[pytest]\nmwms_workers = lots\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--mwms-workers: 'lots'" in result.stderr.str()
+
+
+def test_gpu_without_gpus_is_a_usage_error(pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_subprocess("--mwms-devices=gpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "no GPU is visible" in result.stderr.str()
+
+
+def test_marker_with_unknown_key_is_a_usage_error(pytester):
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.mwms(wokers=3)
+        def test_x(mwms_cluster): pass
+    """)
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "test_x" in err and "unknown argument(s) wokers" in err
+
+
+def test_ini_option_and_marker_override(pytester):
+    pytester.makeini("[pytest]\nmwms_workers = 3\nmwms_timeout = 7\n")
+    pytester.makepyfile("""
+        import pytest
+        def test_ini(mwms_cluster):
+            assert mwms_cluster.num_workers == 3
+            assert mwms_cluster.settings.timeout == 7
+        @pytest.mark.mwms(workers=1, timeout=2.5)
+        def test_marker(mwms_cluster):
+            assert mwms_cluster.num_workers == 1
+            assert mwms_cluster.settings.timeout == 2.5
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_help_lists_options(pytester):
+    result = pytester.runpytest_subprocess("--help")
+    out = result.stdout.str()
+    for option in ("--mwms-workers", "--mwms-timeout", "--mwms-grace", "--mwms-devices",
+                   "--mwms-start-method"):
+        assert option in out
+
+
+def test_unrelated_project_gets_fixture_from_entry_point(pytester):
+    """A project with no conftest of ours: the pytest11 entry point is enough."""
+    pytester.makepyfile(test_their_training=textwrap.dedent("""
+        import harness
+
+        def train():
+            import tensorflow as tf
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+            return strategy.num_replicas_in_sync * 100 + harness.context().index
+
+        def test_four_workers(mwms_cluster):
+            result = mwms_cluster.run(train)
+            result.assert_completed()
+            assert result.return_values == [400, 401, 402, 403]
+    """))
+    assert not list(pytester.path.glob("conftest.py"))
+    result = pytester.runpytest_subprocess("--mwms-workers=4", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+SIDE_BY_SIDE = """
+import pytest
+from helpers import allreduce_steps
+
+@pytest.mark.parametrize("i", range(4))
+def test_cluster(mwms_cluster, i):
+    for _ in range(3):
+        result = mwms_cluster.run(allreduce_steps, args=(5,), timeout=30)
+        result.assert_completed()
+"""
+
+
+def test_two_xdist_runs_side_by_side_do_not_collide(pytester):
+    """Two ``pytest -n 2`` processes at once: 4 pytest workers, 24 clusters,
+    each picking ports at the same time; none may collide."""
+    import subprocess
+    import os
+    pytester.makepyfile(test_side=SIDE_BY_SIDE)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+    cmd = [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider",
+           "test_side.py"]
+    procs = [subprocess.Popen(cmd, cwd=pytester.path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=170)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out
+        assert "4 passed" in out, out
