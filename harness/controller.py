@@ -348,6 +348,9 @@ def _size(path: str) -> int:
 def _stop(states: List[_WorkerState], handles: List[WorkerHandle], start: float) -> None:
     """Release finished workers, SIGKILL the rest with all they started."""
     by_index = {s.handle.index: s for s in states}
+    # Listed while the workers live: a released worker's children (a process
+    # in a session of its own escapes the group kill) are found only now.
+    descendants = {h.index: h.descendants() for h in handles}
     for h in handles:
         st = by_index.get(h.index)
         if st is not None and st.finished and st.exit_code is None:
@@ -362,7 +365,7 @@ def _stop(states: List[_WorkerState], handles: List[WorkerHandle], start: float)
             h.join(max(0.0, deadline - time.monotonic()))
     for h in handles:
         st = by_index.get(h.index)
-        h.kill_tree()  # also catches a released worker's leftover children
+        h.kill_tree(descendants[h.index])
         if h.exitcode is None and st is not None:
             st.killed_by_harness = True
     for h in handles:

@@ -65,6 +65,10 @@ def _flush() -> None:
             pass
 
 
+class SecondStrategyError(RuntimeError):
+    """``fn`` created a second MultiWorkerMirroredStrategy in one process."""
+
+
 def install_strategy_hook(ctx, send) -> None:
     """Report strategy creation to the parent and keep the instance on ``ctx``.
 
@@ -83,6 +87,14 @@ def install_strategy_hook(ctx, send) -> None:
 
     def __init__(self, *args, **kwargs):
         outermost = not getattr(ctx, "_creating", False)
+        if outermost and ctx.strategy is not None:
+            # TensorFlow would block here for ever with nothing but a
+            # warning ("Enabling collective ops after program startup may
+            # cause error"): say what is wrong at once instead.
+            raise SecondStrategyError(
+                "a second MultiWorkerMirroredStrategy in one worker process: TensorFlow "
+                "configures collective ops once per process and hangs silently on a second "
+                "strategy. Create one strategy per process and reuse it.")
         if outermost:
             ctx._creating = True
             send(protocol.STRATEGY_CREATING)

@@ -70,18 +70,24 @@ class WorkerHandle:
         except psutil.Error:
             return False
 
-    def kill_tree(self) -> None:
+    def descendants(self) -> List[psutil.Process]:
+        """The worker's live descendants (it is a child subreaper, so orphans
+        of a double fork are among them)."""
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def kill_tree(self, known: Sequence[psutil.Process] = ()) -> None:
         """SIGKILL the worker, its process group and every descendant.
 
-        Descendants are listed before the kill: once the worker is dead its
-        children are re-parented and can no longer be found from it.  The
-        process group catches those the listing raced with; the worker's
-        reaper (see :mod:`harness.worker`) catches the rest.
+        Descendants are listed before the kill (and ``known`` ones, listed
+        earlier, are added): once the worker is dead its children are
+        re-parented and can no longer be found from it.  The process group
+        catches those the listing raced with; the worker's reaper (see
+        :mod:`harness.worker`) catches the rest.
         """
-        try:
-            descendants = psutil.Process(self.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
+        descendants = list(known) + self.descendants()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -34,15 +34,20 @@ from . import protocol
 from .protocol import Message, WorkerError, WorkerSpec
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 DUMP_SIGNAL = signal.SIGUSR1
 
 
-def _prctl_pdeathsig(sig: int) -> None:
+def _prctl(option: int, value: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        libc.prctl(option, int(value), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _prctl_pdeathsig(sig: int) -> None:
+    _prctl(PR_SET_PDEATHSIG, sig)
 
 
 def _die_with_parent() -> None:
@@ -64,6 +69,10 @@ def _start_group_reaper() -> None:
         os.setpgid(0, 0)
     except OSError:
         return
+    # Orphans of fn's children (a double fork, a daemon) are re-parented to
+    # this worker rather than to init, so the parent can still find them
+    # among the worker's descendants when it cleans up.
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
     worker = os.getpid()
     pid = os.fork()
     if pid != 0:

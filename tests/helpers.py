@@ -7,8 +7,24 @@ import psutil
 from harness.launcher import forkserver_pid
 
 
+_SESSION_START = time.time()
+
+
+def _ours(proc):
+    """Started by this pytest process: a descendant of it, or an orphan
+    (re-parented to init) born since this test session began.  Other pytest
+    sessions running beside this one are not ours."""
+    try:
+        if os.getpid() in {p.pid for p in proc.parents()}:
+            return True
+        return proc.ppid() == 1 and proc.create_time() >= _SESSION_START - 1
+    except psutil.Error:
+        return False
+
+
 def tensorflow_pids(exclude=()):
-    """Pids of live processes that have TensorFlow loaded, but the forkserver.
+    """Pids of live processes this session started that have TensorFlow
+    loaded, but the forkserver (which lives as long as pytest, by design).
 
     A forked worker's TF_CONFIG does not show in /proc/PID/environ, so look
     for the TensorFlow library in the memory maps instead.
@@ -16,7 +32,7 @@ def tensorflow_pids(exclude=()):
     skip = {os.getpid(), forkserver_pid(), *exclude}
     found = []
     for proc in psutil.process_iter(["pid"]):
-        if proc.pid in skip:
+        if proc.pid in skip or not _ours(proc):
             continue
         try:
             with open(f"/proc/{proc.pid}/maps") as f:

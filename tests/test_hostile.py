@@ -1,0 +1,125 @@
+"""Hostile functions: each gets a clear outcome or message, and nothing hangs
+or stays behind."""
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+import harness
+from helpers import tensorflow_pids, wait_gone
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_workers():
+    yield
+    left = wait_gone(tensorflow_pids(), seconds=2)
+    assert not left, f"TensorFlow processes outlived the test: {left}"
+
+
+def _with_strategy():
+    import tensorflow as tf
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+@pytest.mark.parametrize("body,code", [
+    ("sys.exit(3)", 3),
+    ("os._exit(0)", 0),
+    ("os.abort()", -signal.SIGABRT),
+])
+def test_exits_without_returning_are_crashes(mwms_cluster, body, code):
+    def fn():
+        if harness.context().index == 0:
+            eval(body, {"sys": sys, "os": os})
+        return "ok"
+    result = mwms_cluster.run(fn, timeout=10, grace=1)
+    result.assert_crashed(culprits=[0])
+    assert result.workers[0].exit_code == code
+    assert result.workers[-1].return_value == "ok"
+
+
+def test_exit_before_strategy_while_peers_wait_in_it(mwms_cluster):
+    def fn():
+        if harness.context().index == 0:
+            os._exit(0)
+        _with_strategy()
+    result = mwms_cluster.run(fn, timeout=10, grace=1)
+    result.assert_crashed(culprits=[0])
+
+
+def test_fifty_megabytes_of_output_is_capped(mwms_cluster):
+    def chatty():
+        line = "x" * 99 + "\n"
+        for _ in range(500_000):
+            sys.stdout.write(line)
+        print("THE END")
+        return "done"
+    result = mwms_cluster.run(chatty, timeout=60)
+    result.assert_completed()
+    log = result.workers[0].log
+    assert len(log) < 2 * 1024 * 1024
+    assert "bytes of log cut" in log and log.rstrip().endswith("THE END")
+
+
+def test_child_process_that_would_outlive_the_worker_is_killed(mwms_cluster, tmp_path):
+    def spawner():
+        # One child in the worker's group, one in a session of its own.
+        a = subprocess.Popen(["sleep", "1000"])
+        b = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        return [a.pid, b.pid]
+    result = mwms_cluster.run(spawner)
+    result.assert_completed()
+    pids = [p for pair in result.return_values for p in pair]
+    assert not wait_gone(pids, seconds=3)
+
+
+def test_stray_thread_does_not_hold_the_run(mwms_cluster):
+    def leaves_a_thread():
+        threading.Thread(target=time.sleep, args=(1000,), daemon=False).start()
+        return harness.context().index
+    t0 = time.monotonic()
+    result = mwms_cluster.run(leaves_a_thread, timeout=10)
+    result.assert_completed()
+    assert time.monotonic() - t0 < 5
+
+
+def test_fn_without_a_strategy_completes(mwms_cluster):
+    result = mwms_cluster.run(lambda: harness.context().index * 2)
+    result.assert_completed()
+    assert result.return_values == [2 * i for i in range(mwms_cluster.num_workers)]
+
+
+def test_second_strategy_is_a_clear_failure_not_a_hang(mwms_cluster):
+    def two_strategies():
+        _with_strategy()
+        _with_strategy()
+    result = mwms_cluster.run(two_strategies, timeout=20)
+    assert result.outcome == "failed", result.report()
+    assert result.error == "SecondStrategyError"
+    assert "one strategy per process" in result.workers[0].exception.message
+
+
+def test_fifty_runs_keep_parent_memory_and_fds_flat(mwms_cluster):
+    me = psutil.Process()
+
+    def sample():
+        return me.memory_info().rss, me.num_fds()
+
+    for _ in range(5):  # warm up: imports, caches, the forkserver
+        mwms_cluster.run(lambda: 1).assert_completed()
+    rss0, fds0 = sample()
+    t0 = time.monotonic()
+    for _ in range(50):
+        mwms_cluster.run(lambda: 1).assert_completed()
+    rss1, fds1 = sample()
+    print(f"\n50 runs in {time.monotonic() - t0:.1f}s: parent RSS {rss0 / 2**20:.1f} -> "
+          f"{rss1 / 2**20:.1f} MiB, open fds {fds0} -> {fds1}")
+    assert fds1 - fds0 <= 2
+    assert rss1 - rss0 < 30 * 2**20
