@@ -78,3 +78,23 @@ def allreduce_steps(n_steps=20):
     for _ in ctx.steps(n_steps):
         total = step()
     return float(total)
+
+
+def variable_loop(n_steps):
+    """The standard faulted workload: a variable made in ``strategy.scope()``
+    and one all-reduce of it per step.  Returns the sum of the reductions."""
+    import tensorflow as tf
+    import harness
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        w = tf.Variable(1.0)
+
+    @tf.function
+    def step():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0), axis=None)
+
+    total = 0.0
+    for _ in ctx.steps(n_steps):
+        total += float(step())
+    return total

@@ -1,14 +1,10 @@
 """Every fault kind on real TensorFlow workers, N in {2, 3, 4}, the faulted
 worker first and last.  The assertions read the diagnosis (outcome,
 culprits), never the fault plan."""
-import os
-import signal
-import time
-
 import pytest
 
-import harness
 from harness import faults as F
+from helpers import variable_loop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -18,21 +14,7 @@ TIMEOUT = 3.0
 
 
 def training_loop():
-    """A small custom loop: a variable in scope, one all-reduce per step."""
-    import tensorflow as tf
-    ctx = harness.context()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        w = tf.Variable(1.0)
-
-    @tf.function
-    def step():
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0), axis=None)
-
-    total = 0.0
-    for _ in ctx.steps(STEPS):
-        total += float(step())
-    return total
+    return variable_loop(STEPS)
 
 
 def _make(kind, w):

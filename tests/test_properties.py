@@ -1,0 +1,51 @@
+"""Generated fault plans on real workers: the harness's outcome and culprits
+match the oracle, every run returns in time and leaves nothing behind."""
+import socket
+import time
+
+import pytest
+from hypothesis import given, note
+
+from harness.plans import fault_plans, replay
+from helpers import tensorflow_pids, variable_loop, wait_gone
+from oracle import expect
+
+GRACE = 2.0
+
+
+def _ports(result):
+    ports = set()
+    for w in result.observation.workers:
+        if w.tf_config:
+            ports.update(int(a.rsplit(":", 1)[1]) for a in w.tf_config["cluster"]["worker"])
+    return ports
+
+
+def _bindable(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.timeout(900)
+@given(plan=fault_plans())
+def test_generated_plan_matches_the_oracle(plan):
+    note(f"replay: harness.plans.replay({plan!r}, helpers.variable_loop)")
+    outcome, culprits = expect(plan)
+    t0 = time.monotonic()
+    result = replay(plan, variable_loop, grace=GRACE)
+    wall = time.monotonic() - t0
+    print(f"{plan} -> {result.outcome} {result.culprits} in {wall:.2f}s")
+    assert result.outcome == outcome, result.report()
+    assert result.culprits == culprits, result.report()
+    # In time: start-up and steps take well under 10 s here; on top come the
+    # hang timeout or the grace, and any injected delays or pauses.
+    waits = sum(getattr(f, "seconds", 0) or 0 for f in plan.faults)
+    assert wall < 10 + plan.timeout + GRACE + waits
+    assert not wait_gone(tensorflow_pids(), seconds=2)
+    busy = [p for p in _ports(result) if not _bindable(p)]
+    assert not busy, f"ports still bound after the run: {busy}"
