@@ -238,13 +238,16 @@ class Cluster:
 
     def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
             timeout: Optional[float] = None, faults: Sequence = (),
-            grace: Optional[float] = None) -> RunResult:
+            grace: Optional[float] = None, sync_check: bool = False) -> RunResult:
         """Run ``fn`` on every worker; see the class docstring.
 
         ``timeout`` overrides the hang timeout (seconds without progress);
         ``grace`` how long peers get once one worker has raised or died;
         ``faults`` a plan of :mod:`harness.faults` values, checked before any
-        process starts.
+        process starts.  ``sync_check=True`` makes every ``steps()`` boundary
+        all-reduce the workers' step numbers, so a divergence fails at once
+        with ``StepDesyncError`` naming the worker instead of hanging at the
+        end (one extra tiny all-reduce per step).
         """
         settings = self.settings.with_overrides(
             timeout=None if timeout is None else parse_seconds(timeout, "run(timeout=...)"),
@@ -261,19 +264,21 @@ class Cluster:
                     configs = tfconfig.apply_bad_config(configs, f.worker, f.kind, spare)
             tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
             try:
-                result = self._run(payload, settings, configs, envs, plan, tmpdir)
+                result = self._run(payload, settings, configs, envs, plan, tmpdir,
+                                   bool(sync_check))
             finally:
                 shutil.rmtree(tmpdir, ignore_errors=True)
         self.runs.append(result)
         return result
 
-    def _run(self, payload, settings, configs, envs, plan, tmpdir) -> RunResult:
+    def _run(self, payload, settings, configs, envs, plan, tmpdir, sync_check) -> RunResult:
         n = settings.workers
         specs = [protocol.WorkerSpec(
             index=i, num_workers=n, payload=payload, tf_config=configs[i], env=envs[i],
             log_path=os.path.join(tmpdir, f"worker-{i}.log"),
             stack_path=os.path.join(tmpdir, f"worker-{i}.stack"),
-            faults=faults_module.for_worker(plan, i)) for i in range(n)]
+            faults=faults_module.for_worker(plan, i), sync_check=sync_check)
+            for i in range(n)]
         start = time.monotonic()
         handles: List[WorkerHandle] = []
         states: List[_WorkerState] = []

@@ -507,6 +507,8 @@ def _blame_failed(obs: RunObservation) -> _Blame:
     if not roots:
         return _blame_stuck(obs)
     first = roots[0]
+    if _short(first.error.type_name) == "StepDesyncError":
+        return _blame_desync_check(obs, first)
     same = [w.index for w in roots if _short(w.error.type_name) == _short(first.error.type_name)]
     head = f"{_names(same)} raised {first.error} (root error"
     echoes = [w for w in obs.workers if w.error is not None and is_echo(w.error)]
@@ -514,6 +516,31 @@ def _blame_failed(obs: RunObservation) -> _Blame:
         kinds = "/".join(sorted({_short(w.error.type_name) for w in echoes}))
         head += f"; {_names([w.index for w in echoes])} reported it as {kinds}"
     return _Blame(same, f"raised {first.error}", _last_step(first), headline=head + ")")
+
+
+_ODD_RE = re.compile(r"odd one out: ((?:worker \d+(?:, )?)+)")
+_AT_RE = re.compile(r"worker (\d+) at step (-?\d+)")
+
+
+def _blame_desync_check(obs: RunObservation, first: WorkerObservation) -> _Blame:
+    """The opt-in sync check saw workers at different steps.  Every worker
+    raises the same StepDesyncError, computed from the same all-reduced
+    vector, so its message (which names the odd ones out, or says there is
+    no majority) is the observation to read."""
+    message = first.error.message or ""
+    steps = {int(i): int(k) for i, k in _AT_RE.findall(message)}
+    odd = _ODD_RE.search(message)
+    if odd:
+        culprits = [int(x) for x in re.findall(r"\d+", odd.group(1))]
+        step = min(steps.values()) if steps else None
+        return _Blame(culprits, f"out of step (sync check: {message})", step,
+                      headline=f"{_names(culprits)} out of step with the others "
+                               f"(sync check at step {step})")
+    everyone = sorted(steps) or [w.index for w in obs.workers]
+    return _Blame(everyone, f"cannot tell which side is wrong with no majority: {message}",
+                  min(steps.values()) if steps else None, ambiguous=True,
+                  headline="workers out of step and no majority (sync check); "
+                           "it cannot tell which side is wrong")
 
 
 # ---------------------------------------------------------------- text

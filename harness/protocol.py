@@ -86,4 +86,4 @@ class WorkerSpec:
     log_path: str
     stack_path: str
     faults: tuple = ()
-    preload_keras: bool = False
+    sync_check: bool = False

@@ -161,7 +161,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
 
     channel = _Channel(conn, spec.index)
     ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
-                                       channel.send, spec.faults)
+                                       channel.send, spec.faults, spec.sync_check)
     context_module._current = ctx
     code = 1
     try:

@@ -46,8 +46,10 @@ class WorkerContext:
     """
 
     def __init__(self, index: int, num_workers: int, tf_config: Optional[dict],
-                 send: Callable[..., None], faults: Tuple[Fault, ...] = ()):
+                 send: Callable[..., None], faults: Tuple[Fault, ...] = (),
+                 sync_check: bool = False):
         self.index = index
+        self.sync_check = sync_check
         self.num_workers = num_workers
         self.tf_config = tf_config
         self.faults = tuple(f for f in faults if f.worker == index)
@@ -86,6 +88,9 @@ class WorkerContext:
             self._send(protocol.FAULT, step=step, data=repr(SkipStep(self.index, step)))
             return False
         self._send(protocol.STEP, step=step)
+        if self.sync_check and self.strategy is not None:
+            from .inject import check_step_sync
+            check_step_sync(self, step)
         for f in faults:
             self._send(protocol.FAULT, step=step, data=repr(f))
             from .inject import apply_step_fault

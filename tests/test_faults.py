@@ -85,3 +85,25 @@ def test_fault_matrix(mwms_cluster, kind, n, position):
         assert result.culprits == (w,), result.report()
     if result.outcome == "hang":
         assert result.observation.detection_delay < 1.0, record
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sync_check_turns_a_skip_into_an_immediate_error(mwms_cluster, n):
+    mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=n)
+    last = n - 1
+    result = mwms_cluster.run(training_loop, faults=[F.SkipStep(last, FAULT_STEP)],
+                              timeout=TIMEOUT, grace=2, sync_check=True)
+    assert result.outcome == "failed", result.report()
+    assert result.error == "StepDesyncError"
+    # Caught at the first boundary after the skip, not at the end.
+    assert max(w.last_step for w in result.workers) == FAULT_STEP + 1
+    if n == 2:
+        assert result.verdict.ambiguous and result.culprits == (0, 1), result.report()
+        assert "cannot tell" in result.diagnosis
+    else:
+        assert result.culprits == (last,), result.report()
+
+
+def test_sync_check_passes_a_healthy_run(mwms_cluster):
+    result = mwms_cluster.run(training_loop, sync_check=True).assert_completed()
+    assert result.return_values == [float(mwms_cluster.num_workers) * STEPS] * mwms_cluster.num_workers
