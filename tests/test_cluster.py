@@ -148,3 +148,13 @@ def test_unserializable_return_value_is_failed(mwms_cluster):
 def test_bad_fault_plan_rejected_before_start(mwms_cluster):
     with pytest.raises(harness.faults.FaultError, match="worker 7 does not exist"):
         mwms_cluster.run(allreduce_steps, faults=[harness.faults.Crash(7, 1)])
+
+
+def test_spawn_start_method(mwms_cluster):
+    """The fallback (and the GPU default): a fresh interpreter per worker."""
+    from harness.controller import Cluster
+    cluster = Cluster(mwms_cluster.settings.with_overrides(start_method="spawn"))
+    result = cluster.run(allreduce_steps, args=(5,), timeout=60)
+    result.assert_completed()
+    n = cluster.num_workers
+    assert result.return_values == [float(n)] * n
