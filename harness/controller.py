@@ -15,6 +15,7 @@ import dataclasses
 import math
 import os
 import shutil
+import signal
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -30,6 +31,7 @@ from .ports import reserve_ports
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
 from .result import RunResult, WorkerResult
 from .settings import RunSettings, gpu_assignment, parse_seconds, visible_gpus
+from .worker import DUMP_SIGNAL
 
 # How long a finished worker gets to exit by itself once released, and how
 # long a live one gets to write its faulthandler dump, before SIGKILL.
@@ -127,13 +129,14 @@ class _Watch:
         elif msg.kind == protocol.RAISED:
             st.error, st.finish_time = msg.data, t
             self._trouble(now)
+        elif msg.kind == protocol.FAULT:
+            fault = msg.data
+            # The record keeps plain text: it must load without harness.faults.
+            st.events.append(Event(t, msg.kind, msg.step, repr(fault)))
+            if isinstance(fault, faults_module.Pause) and fault.seconds is not None:
+                self.resumes.append((now + fault.seconds, st.handle.index))
         else:
-            data = msg.data
-            st.events.append(Event(t, msg.kind, msg.step, data))
-            if msg.kind == protocol.FAULT and isinstance(data, str) and data.startswith("Pause("):
-                seconds = _pause_seconds(data)
-                if seconds is not None:
-                    self.resumes.append((now + seconds, st.handle.index))
+            st.events.append(Event(t, msg.kind, msg.step, msg.data))
         self._progress(now)
 
     def _drain(self, st: _WorkerState, now: float) -> None:
@@ -163,7 +166,7 @@ class _Watch:
             if st.exit_code is not None:
                 continue
             if st.handle.is_stopped():
-                st.handle.send_signal(__import__("signal").SIGCONT)
+                st.handle.send_signal(signal.SIGCONT)
             elif now - when < 1.0:  # it has not stopped itself yet; look again soon
                 self.resumes.append((now + 0.02, index))
 
@@ -195,12 +198,6 @@ class _Watch:
                     self._drain(st, now)
                 else:
                     self._reap(st, now)
-
-
-def _pause_seconds(text: str) -> Optional[float]:
-    import re
-    m = re.search(r"seconds=([0-9.eE+-]+)", text)
-    return float(m.group(1)) if m else None
 
 
 class Cluster:
@@ -320,8 +317,7 @@ def _load_return(st: _WorkerState) -> Any:
 
 
 def _dump_stacks(states: List[_WorkerState], specs) -> None:
-    """Ask every live, unfinished worker for its Python stacks (SIGUSR1)."""
-    import signal
+    """Ask every live, unfinished worker for its Python stacks (faulthandler)."""
     asked = []
     for st in states:
         if not st.pending:
@@ -329,7 +325,7 @@ def _dump_stacks(states: List[_WorkerState], specs) -> None:
         if st.handle.is_stopped():
             st.stopped = True
             continue
-        if st.handle.send_signal(signal.SIGUSR1):
+        if st.handle.send_signal(DUMP_SIGNAL):
             asked.append(specs[st.handle.index].stack_path)
     deadline = time.monotonic() + STACK_WAIT
     sizes: Dict[str, int] = {}

@@ -20,7 +20,7 @@ STRATEGY_CREATING = "strategy_creating"  # entered MultiWorkerMirroredStrategy()
 STRATEGY_CREATED = "strategy_created"    # data: num_replicas_in_sync
 STEP = "step"                          # step: the step index about to run
 STEPS_DONE = "steps_done"              # step: how many steps the loop ran
-FAULT = "fault"                        # data: repr of a fault being applied
+FAULT = "fault"                        # data: the fault being applied (the record keeps its repr)
 RETURNED = "returned"                  # data: dill bytes of fn's return value
 RAISED = "raised"                      # data: WorkerError
 

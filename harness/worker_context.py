@@ -85,14 +85,14 @@ class WorkerContext:
         """Report step ``step`` and apply its faults; False when it is skipped."""
         faults = at_step(self.faults, step)
         if any(isinstance(f, SkipStep) for f in faults):
-            self._send(protocol.FAULT, step=step, data=repr(SkipStep(self.index, step)))
+            self._send(protocol.FAULT, step=step, data=SkipStep(self.index, step))
             return False
         self._send(protocol.STEP, step=step)
         if self.sync_check and self.strategy is not None:
             from .inject import check_step_sync
             check_step_sync(self, step)
         for f in faults:
-            self._send(protocol.FAULT, step=step, data=repr(f))
+            self._send(protocol.FAULT, step=step, data=f)
             from .inject import apply_step_fault
             apply_step_fault(f, self)
         return True

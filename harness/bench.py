@@ -1,0 +1,548 @@
+"""``python -m harness.bench``: the harness against the other ways to launch MWMS workers.
+
+The same workloads run under three launchers, in one process, alternating
+run by run (A B C A B C ...) so that drift on a shared machine hits all of
+them alike.  It prints a markdown table (ratios quoted against the harness)
+and writes the same figures, with every run's raw numbers, as JSON.
+
+Launchers (:mod:`harness.bench_launchers`)
+------------------------------------------
+``harness``
+    ``harness.controller.Cluster(RunSettings(workers=N, timeout=T)).run(fn)``
+    in the benchmark's own process: workers forked from a forkserver that
+    imported TensorFlow once, a progress channel per worker, hang detection
+    by time since the last progress.
+``spawn``
+    A fresh ``python -c`` per worker with its own ``TF_CONFIG`` (ports from
+    :func:`harness.ports.reserve_ports`), each importing TensorFlow: what a
+    hand-rolled script does.  It has no progress channel, so for a hang it
+    can only apply a whole-run wall-clock timeout of T counted from launch,
+    and then kill.  It names nobody and dumps no stack.
+``runner``
+    TensorFlow's own ``tf.__internal__.distribute.multi_process_runner.run``,
+    from a generated script without a ``.py`` suffix that calls
+    ``test_main()`` (the only way it works outside bazel), kept running as a
+    server so its forkserver stays warm between runs as the harness's does.
+
+Workloads (:mod:`harness.bench_workloads`; the same functions under every launcher)
+-----------------------------------------------------------------------------------
+1. 2 workers, 20 all-reduce steps on a scalar, completing;
+2. the same with 4 workers;
+3. the seed article's training loop (its bugs fixed), 2 workers, 100 steps;
+4. 2 workers, worker 1 skips step 5 and stays alive: worker 0 blocks in its
+   last all-reduce for ever.  Hang timeout T (``--hang-timeout``, 10 s).
+   The harness gets the ``SkipStep(1, 5)`` fault; elsewhere the loop skips
+   the step itself and the skipper then sleeps (stays alive).
+
+Figures, and what to keep in mind reading them
+----------------------------------------------
+wall time (median, min-max spread, ratio vs harness)
+    From the launcher's call to its return: for the harness ``Cluster.run``,
+    for spawn from the first ``Popen`` to the last worker's exit, for the
+    runner ``multi_process_runner.run`` as timed inside the runner's
+    process.  Every run ends with all workers gone, so start-up and exit
+    are counted for all.  Medians are over the warm runs only (the cold run
+    is reported apart).  For workload 4 it is launch-to-report.
+cold
+    The first run of each launcher (of workload 1, or of the first selected
+    completing workload): for the harness and the runner, the one that pays
+    their forkserver's TensorFlow import.  The runner's own process also
+    imports TensorFlow before that; that start-up is recorded apart in the
+    JSON (``launcher_startup_s``).  Every spawn run is cold in that sense.
+workers' PSS
+    Summed over the workers, each measuring its own PSS
+    (``psutil.Process().memory_full_info().pss``) as its loop ends, while
+    all are alive.  PSS splits shared pages among the processes sharing
+    them, so forked workers are not charged the TensorFlow pages they share
+    with their forkserver; the forkserver's (and the runner process's) own
+    share is reported apart as ``overhead_pss_mib`` in the JSON.
+hang reported (workload 4)
+    When the launcher reported the problem, as T plus how much, measured
+    from the moment the hang began: the skipping worker stamps
+    ``time.monotonic()`` when its loop ends (its last all-reduce paired with
+    its peer's next-to-last; from then on the peer waits for ever).  For the
+    harness the JSON also has ``detection_delay_s``: its watch loop's own
+    latency past T from the last progress it saw.  Spawn's timeout counts
+    from launch, so it can fire before the hang even began (then shown as
+    such) and would kill a slow but healthy run alike.
+culprit named, stack
+    Whom the report blames (the harness's ``result.culprits``; the runner's
+    exception message is searched for the worker; spawn names nobody).
+    "ambiguous" means the worker at fault was named among others: with two
+    workers a step skipped by one looks exactly like an extra collective on
+    the other, and the harness says so.  Stack: whether any worker's Python
+    stack was dumped (the harness's ``WorkerResult.stack``; for the runner,
+    a faulthandler dump in its streamed output).
+gone after report
+    Seconds from the report until every worker pid (each worker writes its
+    pid first thing) is gone, zombies counting as gone.
+
+Each workload-4 run costs at least T, the runner's about T + 30 s: workload 4
+runs ``min(repeats, --hang-repeats)`` times.  ``--launchers harness,spawn``
+skips the runner.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
+
+ALL_LAUNCHERS = ("harness", "spawn", "runner")
+ALL_WORKLOADS = (1, 2, 3, 4)
+MIB = float(1 << 20)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One benchmark workload: which function, on how many workers, with what."""
+
+    number: int
+    title: str
+    fn: str                     # a key of bench_workloads.WORKLOAD_FNS
+    workers: int
+    kwargs: dict
+    skip: Optional[tuple] = None  # (worker, step) that worker leaves out
+    hang_timeout: float = 10.0
+
+    @property
+    def expect_hang(self) -> bool:
+        return self.skip is not None
+
+
+def make_workloads(hang_timeout: float = 10.0) -> Dict[int, Workload]:
+    return {
+        1: Workload(1, "2 workers, 20 all-reduce steps", "allreduce", 2, {"n_steps": 20}),
+        2: Workload(2, "4 workers, 20 all-reduce steps", "allreduce", 4, {"n_steps": 20}),
+        3: Workload(3, "seed training loop, 2 workers, 100 steps", "seed_training", 2,
+                    {"n_steps": 100}),
+        4: Workload(4, f"2 workers, worker 1 skips step 5 (T={hang_timeout:g} s)", "allreduce", 2,
+                    {"n_steps": 20}, skip=(1, 5), hang_timeout=hang_timeout),
+    }
+
+
+# -- statistics and formatting (pure) ------------------------------------------
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (numpy's default)."""
+    if not sorted_values:
+        raise ValueError("quantile of no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def stats(values: Sequence[Optional[float]]) -> Optional[dict]:
+    """Median, min, max and quartiles of the values that are not None."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    return {"n": len(v), "median": quantile(v, 0.5), "min": v[0], "max": v[-1],
+            "q1": quantile(v, 0.25), "q3": quantile(v, 0.75)}
+
+
+def ratio(value: Optional[float], reference: Optional[float]) -> Optional[float]:
+    if value is None or not reference:
+        return None
+    return value / reference
+
+
+def fmt_seconds(s: Optional[float]) -> str:
+    if s is None:
+        return "–"
+    return f"{s:.2f} s" if s < 100 else f"{s:.0f} s"
+
+
+def fmt_spread(st: Optional[dict]) -> str:
+    if not st:
+        return "–"
+    if st["n"] == 1:
+        return "(1 run)"
+    return f"{st['min']:.2f}–{st['max']:.2f} s"
+
+
+def fmt_ratio(r: Optional[float]) -> str:
+    if r is None:
+        return "–"
+    return f"{r:.1f}×" if r < 100 else f"{r:.0f}×"
+
+
+def fmt_mib(b: Optional[float]) -> str:
+    return "–" if b is None else f"{b:.0f}"
+
+
+def fmt_over_t(x: Optional[float], seen: bool = True) -> str:
+    """A detection time past T as ``T + 0.05 s`` (or ``T − 1.20 s``)."""
+    if not seen:
+        return "before the hang began"
+    if x is None:
+        return "–"
+    sign = "+" if x >= 0 else "−"
+    return f"T {sign} {abs(x):.2f} s"
+
+
+def fmt_culprits(per_run: Sequence[Optional[Sequence[int]]], expected: int) -> str:
+    """Whom the reports blamed, over the runs: ``yes (worker 1)`` when every
+    run named exactly the worker at fault, ``ambiguous (workers 0,1)`` when it
+    was among several named, ``no`` when nobody was named."""
+    runs = [tuple(sorted(c)) for c in per_run if c is not None]
+    if not runs:
+        return "–"
+    if all(c == (expected,) for c in runs):
+        return f"yes (worker {expected})"
+    if all(expected in c for c in runs) and len(set(runs)) == 1:
+        return f"ambiguous (workers {','.join(map(str, runs[0]))})"
+    if not any(runs):
+        return "no"
+    exact = sum(1 for c in runs if c == (expected,))
+    among = sum(1 for c in runs if expected in c and c != (expected,))
+    return f"exact {exact}/{len(runs)}, among several {among}/{len(runs)}"
+
+
+def fmt_bool_runs(values: Sequence[Optional[bool]]) -> str:
+    """``yes``/``no`` when all runs agree, else ``2/3``."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return "–"
+    if all(v):
+        return "yes"
+    if not any(v):
+        return "no"
+    return f"{sum(v)}/{len(v)}"
+
+
+# -- summary and table (pure) ---------------------------------------------------
+
+def summarize(runs: List[dict], launchers: Sequence[str], workloads: Sequence[int]) -> dict:
+    """``{launcher: {str(workload): figures}}`` from the raw runs.
+
+    Warm figures come from the ok, non-cold runs; a launcher's cold run is
+    reported as ``cold_s`` under the workload it ran.
+    """
+    out: dict = {}
+    for name in launchers:
+        out[name] = {}
+        for w in workloads:
+            mine = [r for r in runs if r["launcher"] == name and r["workload"] == w]
+            warm = [r for r in mine if not r.get("cold") and r.get("ok")]
+            cold = [r for r in mine if r.get("cold")]
+            if not mine:
+                continue
+            fig = {
+                "runs": len([r for r in mine if not r.get("cold")]),
+                "failed": len([r for r in mine if not r.get("ok")]),
+                "wall": stats([r.get("wall_s") for r in warm]),
+                "cold_s": cold[0].get("wall_s") if cold else None,
+                "cold_ok": cold[0].get("ok") if cold else None,
+            }
+            pss = stats([r["pss_bytes"] / MIB for r in warm if r.get("pss_bytes")])
+            fig["pss_mib"] = pss["median"] if pss else None
+            if any("gone_after_report_s" in r for r in mine):
+                fig["detection_over_T"] = stats([r.get("detection_over_T_s") for r in warm])
+                fig["report_after_hang"] = stats([r.get("report_after_hang_s") for r in warm])
+                fig["hang_start_seen"] = [r.get("hang_start_seen") for r in warm]
+                fig["named_culprit"] = [r.get("named_culprit") for r in warm]
+                fig["culprits"] = [r.get("culprits") for r in warm]
+                fig["stack_dumped"] = [r.get("stack_dumped") for r in warm]
+                fig["gone_after_report"] = stats([r.get("gone_after_report_s") for r in warm])
+                fig["gone_never"] = len([r for r in warm if r.get("gone_after_report_s") is None])
+                delays = [r.get("detection_delay_s") for r in warm if "detection_delay_s" in r]
+                if delays:
+                    fig["detection_delay"] = stats(delays)
+            out[name][str(w)] = fig
+    for name in launchers:
+        for w, fig in out[name].items():
+            ref = out.get("harness", {}).get(w, {}).get("wall")
+            mine = fig.get("wall")
+            fig["ratio_vs_harness"] = ratio(mine and mine["median"], ref and ref["median"])
+            ref_cold = out.get("harness", {}).get(w, {}).get("cold_s")
+            fig["cold_ratio_vs_harness"] = ratio(fig.get("cold_s"), ref_cold)
+    return out
+
+
+TABLE_HEADER = ("| launcher | workload | median | spread (min–max) | vs harness | cold | "
+                "workers' PSS MiB | hang reported | culprit named | stack | gone after report |")
+
+
+def render_table(summary: dict, workloads: Dict[int, Workload]) -> str:
+    lines = [TABLE_HEADER, "|" + "---|" * TABLE_HEADER.count(" | ") + "---|"]
+    numbers = sorted({int(w) for per in summary.values() for w in per})
+    for w in numbers:
+        for name, per in summary.items():
+            fig = per.get(str(w))
+            if fig is None:
+                continue
+            wall = fig.get("wall")
+            wl = workloads.get(w)
+            title = f"{w}: {wl.title}" if wl else str(w)
+            if fig["failed"]:
+                title += f" ({fig['failed']} failed)"
+            if "gone_after_report" in fig:
+                seen = bool(fig["hang_start_seen"]) and all(fig["hang_start_seen"])
+                det = fig.get("detection_over_T")
+                gone = fig.get("gone_after_report")
+                gone_txt = fmt_seconds(gone and gone["max"]) + (" (max)" if gone and gone["n"] > 1 else "")
+                if fig.get("gone_never"):
+                    gone_txt = f"{fig['gone_never']} run(s) left workers alive"
+                hang = (fmt_over_t(det and det["median"], seen),
+                        fmt_culprits(fig["culprits"], wl.skip[0] if wl and wl.skip else 1),
+                        fmt_bool_runs(fig["stack_dumped"]),
+                        gone_txt)
+            else:
+                hang = ("", "", "", "")
+            cells = (name, title, fmt_seconds(wall and wall["median"]), fmt_spread(wall),
+                     fmt_ratio(fig.get("ratio_vs_harness")), fmt_seconds(fig.get("cold_s")),
+                     fmt_mib(fig.get("pss_mib"))) + hang
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+NOTES = {
+    "harness": "harness: `Cluster.run` in the benchmark's process; workers forked from a "
+               "forkserver that imported TensorFlow once (its first run is the cold one).",
+    "spawn": "spawn: a fresh `python -c` per worker, each importing TensorFlow. No progress "
+             "channel: a hang can only be caught by a whole-run timeout of T counted from launch, "
+             "which cannot tell a hang from a slow start (it may fire before the hang begins, and "
+             "would kill a healthy run slower than T); it names nobody and dumps no stack.",
+    "runner": "runner: `tf.__internal__.distribute.multi_process_runner.run` from a generated "
+              "`test_main()` script kept running (its forkserver warm). Its parent polls once a "
+              "second; on a timeout it sends SIGTERM, waits 30 s for stacks, then SIGKILLs.",
+}
+
+
+def render_notes(summary: dict, extra: dict) -> str:
+    out = [f"- {NOTES[name]}" for name in summary if name in NOTES]
+    out.append("- median/spread: warm runs only; workload 4's is launch to report. "
+               "hang reported: from the moment the hang began (the skipping worker's loop end). "
+               "PSS: summed over the workers, each measured as its loop ends "
+               "(forkserver/runner-process share not included: "
+               + ", ".join(f"{k} {fmt_mib(v)} MiB" for k, v in extra.get("overhead_pss_mib", {}).items())
+               + ").")
+    if extra.get("launcher_startup_s"):
+        out.append("- start-up before the first run, not in 'cold': " + ", ".join(
+            f"{k} {fmt_seconds(v)}" for k, v in extra["launcher_startup_s"].items()) + ".")
+    return "\n".join(out)
+
+
+# -- the machine ----------------------------------------------------------------
+
+def _version(dist: str) -> Optional[str]:
+    from importlib import metadata
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict:
+    """Cores, RAM, CPU model, load, Python and TensorFlow versions, without
+    importing TensorFlow into this process."""
+    cpu_model = None
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    ram = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    ram = int(line.split()[1]) * 1024
+                    break
+    return {
+        "cores": os.cpu_count(),
+        "ram_gib": None if ram is None else round(ram / (1 << 30), 1),
+        "cpu_model": cpu_model or platform.processor() or "unknown",
+        "python": platform.python_version(),
+        "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
+        "keras": _version("keras"),
+        "platform": platform.platform(),
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def machine_line(m: dict) -> str:
+    load, end = m.get("load_avg"), m.get("load_avg_end")
+    load_txt = f", 1-min load {load[0]:.1f} at start" if load else ""
+    if load and end:
+        load_txt += f", {end[0]:.1f} at end"
+    return (f"Machine: {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['cpu_model']}; "
+            f"Python {m['python']}, TensorFlow {m['tensorflow']}, Keras {m['keras']}{load_txt}.")
+
+
+# -- running ----------------------------------------------------------------------
+
+def schedule(launchers: Sequence[str], workloads: Sequence[int], repeats: int,
+             hang_repeats: int) -> List[tuple]:
+    """The run order: ``(launcher, workload, repeat, cold)`` tuples.
+
+    One cold run per launcher first, then rounds in which each workload runs
+    under every launcher in turn (A B C A B C ...), so drift hits all alike.
+    Workload 4 runs only in the first ``hang_repeats`` rounds.
+    """
+    completing = [w for w in workloads if w != 4]
+    cold_workload = completing[0] if completing else 1
+    plan = [(name, cold_workload, -1, True) for name in launchers]
+    for rep in range(repeats):
+        for w in workloads:
+            if w == 4 and rep >= hang_repeats:
+                continue
+            plan.extend((name, w, rep, False) for name in launchers)
+    return plan
+
+
+def _parse_list(text: str, allowed: Sequence, kind=str) -> list:
+    items = [kind(x.strip()) for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: choose from {', '.join(str(a) for a in allowed)}")
+    return list(dict.fromkeys(items))
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.bench",
+        description="Benchmark the harness against spawn-per-worker and TensorFlow's "
+                    "multi_process_runner on the same MWMS workloads.")
+    p.add_argument("--repeats", type=int, default=5, help="warm runs per launcher and workload (5)")
+    p.add_argument("--hang-repeats", type=int, default=2,
+                   help="runs of workload 4 at most (each costs >= T; the runner's T + 30 s) (2)")
+    p.add_argument("--launchers", default=",".join(ALL_LAUNCHERS),
+                   type=lambda s: _parse_list(s, ALL_LAUNCHERS),
+                   help="subset of harness,spawn,runner")
+    p.add_argument("--workloads", default="1,2,3,4",
+                   type=lambda s: _parse_list(s, ALL_WORKLOADS, int), help="subset of 1,2,3,4")
+    p.add_argument("--hang-timeout", type=float, default=10.0, help="T for workload 4 (10 s)")
+    p.add_argument("--json", default="bench-results.json", help="where to write the figures")
+    p.add_argument("--markdown", default=None,
+                   help="also write the machine line, table and notes here (for the README)")
+    args = p.parse_args(argv)
+    if args.repeats < 1 or args.hang_repeats < 1:
+        p.error("--repeats and --hang-repeats must be at least 1")
+    if args.hang_timeout <= 0:
+        p.error("--hang-timeout must be greater than 0")
+    return args
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _describe(r: dict) -> str:
+    txt = f"{r['outcome']}, {fmt_seconds(r.get('wall_s'))}"
+    if r.get("pss_bytes"):
+        txt += f", PSS {r['pss_bytes'] / MIB:.0f} MiB"
+    if "detection_over_T_s" in r:
+        txt += f", reported {fmt_over_t(r['detection_over_T_s'])} after the hang began"
+    if "gone_after_report_s" in r:
+        txt += f", gone {fmt_seconds(r['gone_after_report_s'])} after"
+    if not r.get("ok"):
+        txt += " [NOT OK]"
+    return txt
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    from . import bench_launchers
+    workloads = make_workloads(args.hang_timeout)
+    machine = machine_info()
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    runs: List[dict] = []
+    launchers: Dict[str, object] = {}
+    startup: Dict[str, float] = {}
+    broken: Dict[str, str] = {}
+    overhead: Dict[str, Optional[float]] = {}
+    plan = schedule(args.launchers, args.workloads, args.repeats, args.hang_repeats)
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        for name in args.launchers:
+            t0 = time.monotonic()
+            try:
+                launchers[name] = bench_launchers.LAUNCHERS[name]()
+            except Exception as e:  # record it, go on with the others
+                broken[name] = f"{type(e).__name__}: {e}"
+                _log(f"launcher {name} could not start: {broken[name]}")
+                continue
+            startup[name] = getattr(launchers[name], "startup_s", time.monotonic() - t0)
+        for i, (name, w, rep, cold) in enumerate(plan, 1):
+            if name not in launchers:
+                continue
+            stamp_dir = tempfile.mkdtemp(prefix="mwms-bench-")
+            try:
+                r = launchers[name].run(workloads[w], stamp_dir)
+            except Exception as e:
+                r = {"outcome": "bench_error", "ok": False, "wall_s": None,
+                     "error": f"{type(e).__name__}: {e}"}
+            finally:
+                shutil.rmtree(stamp_dir, ignore_errors=True)
+            r.update(launcher=name, workload=w, repeat=rep, cold=cold)
+            runs.append(r)
+            _log(f"[{i}/{len(plan)}] {name} w{w} {'cold' if cold else f'rep {rep}'}: {_describe(r)}")
+        for name, launcher in launchers.items():
+            pss = launcher.overhead_pss()
+            overhead[name] = None if pss is None else pss / MIB
+    finally:
+        for launcher in launchers.values():
+            with contextlib.suppress(Exception):
+                launcher.close()
+        signal.signal(signal.SIGTERM, old_term)
+    summary = summarize(runs, [n for n in args.launchers if n in launchers], args.workloads)
+    extra = {"overhead_pss_mib": overhead,
+             "launcher_startup_s": {k: v for k, v in startup.items() if k == "runner"}}
+    machine["load_avg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    table = render_table(summary, workloads)
+    markdown = machine_line(machine) + "\n\n" + table + "\n\n" + render_notes(summary, extra) + "\n"
+    return {
+        "machine": machine,
+        "settings": {"repeats": args.repeats, "hang_repeats": args.hang_repeats,
+                     "hang_timeout": args.hang_timeout, "launchers": args.launchers,
+                     "workloads": args.workloads},
+        "workloads": {str(k): dataclasses.asdict(v) for k, v in workloads.items()
+                      if k in args.workloads},
+        "started": started,
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "launcher_errors": broken,
+        "launcher_startup_s": startup,
+        "overhead_pss_mib": overhead,
+        "summary": summary,
+        "runs": runs,
+        "markdown": markdown,
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        results = run_bench(args)
+    except KeyboardInterrupt:
+        # run_bench has already stopped every launcher and all they started.
+        _log("interrupted; nothing written")
+        return 130
+    print(results["markdown"])
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    _log(f"figures written to {os.path.abspath(args.json)}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(results["markdown"])
+    return 0 if all(r.get("ok") for r in results["runs"]) and not results["launcher_errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
