@@ -456,6 +456,16 @@ def _structural(obs: RunObservation) -> Optional[_Blame]:
             ahead = next(x for x in parts if pos[x.index] != low)
             return _Blame(behind, f"behind: its progress stopped {_at(w)} while the others "
                           f"went on and are blocked {_at(ahead)}", _last_step(w))
+    gapped = _skipped_boundary(parts)
+    if gapped is not None:
+        w, other, missing = gapped
+        return _Blame([w.index], f"skipped step {_ranges(missing)}: its step record jumps over "
+                      f"{'it' if len(missing) == 1 else 'them'} while {_names([other.index])} "
+                      f"ran every step, so every collective after it paired with the wrong "
+                      f"step; it {'returned' if sig[w.index][0] else 'is blocked ' + _at(w)} "
+                      f"and {_names([other.index])} is "
+                      f"{'finished' if sig[other.index][0] else 'blocked ' + _at(other)}",
+                      _last_step(other) if not sig[other.index][0] else _last_step(w))
     desc = "; ".join(f"{_names([w.index])} ran {_steps_text(_steps(w), ref)}, and "
                      f"{'returned' if sig[w.index][0] else 'is blocked ' + _at(w)}" for w in parts)
     waiting = [w for w in parts if not sig[w.index][0]]
@@ -464,6 +474,28 @@ def _structural(obs: RunObservation) -> Optional[_Blame]:
            "cannot tell which side is wrong: ") + desc
     return _Blame([w.index for w in parts], why,
                   _last_step(waiting[0]) if waiting else None, ambiguous=True)
+
+
+def _skipped_boundary(parts: Sequence[WorkerObservation]):
+    """Two workers, one of whose step record has a hole the other's has not.
+
+    A hole means the worker's own loop never crossed that step's boundary:
+    it skipped the step, which is direct evidence, not the N = 2 ambiguity
+    between "skipped one collective" and "made an extra one" (that arises
+    when both report the same steps).  Returns (skipper, other, missing).
+    """
+    if len(parts) != 2:
+        return None
+    a, b = parts
+    for w, other in ((a, b), (b, a)):
+        mine, theirs = _steps(w), _steps(other)
+        if not mine or not theirs:
+            continue
+        missing = [s for s in theirs if s not in set(mine) and s < max(mine)]
+        contiguous = list(theirs) == list(range(theirs[0], theirs[0] + len(theirs)))
+        if missing and contiguous:
+            return w, other, missing
+    return None
 
 
 def _blame_stuck(obs: RunObservation) -> _Blame:
@@ -536,6 +568,12 @@ def _blame_desync_check(obs: RunObservation, first: WorkerObservation) -> _Blame
         return _Blame(culprits, f"out of step (sync check: {message})", step,
                       headline=f"{_names(culprits)} out of step with the others "
                                f"(sync check at step {step})")
+    gapped = _skipped_boundary(obs.workers)
+    if gapped is not None:
+        w, _, missing = gapped
+        return _Blame([w.index], f"skipped step {_ranges(missing)} (sync check: {message})",
+                      missing[0], headline=f"{_names([w.index])} out of step: it skipped step "
+                                           f"{_ranges(missing)} (sync check)")
     everyone = sorted(steps) or [w.index for w in obs.workers]
     return _Blame(everyone, f"cannot tell which side is wrong with no majority: {message}",
                   min(steps.values()) if steps else None, ambiguous=True,

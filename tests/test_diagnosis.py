@@ -208,13 +208,22 @@ def test_hang_skipper_finished_while_others_block(n, skipper):
     assert "skipping step 5" in head
 
 
-def test_hang_two_workers_skip_is_ambiguous():
+def test_hang_two_workers_hole_in_step_record_names_the_skipper():
+    # Worker 1's own loop never crossed step 5's boundary: direct evidence.
     v = diagnose(run(blocked(0, 2), returned(1, 2, steps=SKIP5), ended_by="hang"))
+    assert (v.outcome, v.culprits, v.ambiguous, v.step) == ("hang", (1,), False, 9)
+    assert "skipped step 5" in v.text.splitlines()[0]
+    assert "worker 1: returned; ran 9 steps (0-4,6-9), skipping step 5" in v.text
+
+
+def test_hang_two_workers_same_steps_is_ambiguous():
+    # A user's loop that reports every step but skips the collective in one
+    # of them: both records are the same, so two workers are symmetric.
+    v = diagnose(run(blocked(0, 2), returned(1, 2), ended_by="hang"))
     assert (v.outcome, v.culprits, v.ambiguous, v.step) == ("hang", (0, 1), True, 9)
     assert ("with 2 workers it cannot tell a skipped step on one from an extra "
             "collective on the other") in v.text
     assert "worker 0 ran 10 steps (0-9)" in v.text
-    assert "worker 1 ran 9 steps (0-4,6-9), skipping step 5" in v.text
 
 
 @pytest.mark.parametrize("n", [2, 3])
