@@ -42,7 +42,14 @@ wall time (median, min-max spread, ratio vs harness)
     runner ``multi_process_runner.run`` as timed inside the runner's
     process.  Every run ends with all workers gone, so start-up and exit
     are counted for all.  Medians are over the warm runs only (the cold run
-    is reported apart).  For workload 4 it is launch-to-report.
+    is reported apart).  For workload 4 it is launch-to-report.  The
+    runner's parent polls once a second, so its times come in steps of
+    about 1 s.  The JSON also has ``fn_s``, the slowest worker's time inside
+    the workload function up to the end of its loop: the same work under
+    every launcher, so ``wall - fn_s`` is the launcher's own cost plus
+    TensorFlow's teardown after the loop (in workload 3, deleting the
+    distributed dataset iterator takes 0-1.5 s on a busy 2-core machine,
+    under every launcher; it is most of workload 3's spread).
 cold
     The first run of each launcher (of workload 1, or of the first selected
     completing workload): for the harness and the runner, the one that pays
@@ -75,7 +82,8 @@ culprit named, stack
     a faulthandler dump in its streamed output).
 gone after report
     Seconds from the report until every worker pid (each worker writes its
-    pid first thing) is gone, zombies counting as gone.
+    pid first thing) is gone, zombies counting as gone; for the runner,
+    checked in its own process right after ``run`` raised.
 
 Each workload-4 run costs at least T, the runner's about T + 30 s: workload 4
 runs ``min(repeats, --hang-repeats)`` times.  ``--launchers harness,spawn``
@@ -245,6 +253,9 @@ def summarize(runs: List[dict], launchers: Sequence[str], workloads: Sequence[in
                 "cold_s": cold[0].get("wall_s") if cold else None,
                 "cold_ok": cold[0].get("ok") if cold else None,
             }
+            # Time inside the workload function (slowest worker): the same work
+            # under every launcher; wall minus this is the launcher's own cost.
+            fig["fn"] = stats([r.get("fn_s") for r in warm])
             pss = stats([r["pss_bytes"] / MIB for r in warm if r.get("pss_bytes")])
             fig["pss_mib"] = pss["median"] if pss else None
             if any("gone_after_report_s" in r for r in mine):
@@ -288,13 +299,23 @@ def render_table(summary: dict, workloads: Dict[int, Workload]) -> str:
             if fig["failed"]:
                 title += f" ({fig['failed']} failed)"
             if "gone_after_report" in fig:
-                seen = bool(fig["hang_start_seen"]) and all(fig["hang_start_seen"])
+                seen_runs = fig["hang_start_seen"]
+                seen = any(seen_runs)
                 det = fig.get("detection_over_T")
                 gone = fig.get("gone_after_report")
                 gone_txt = fmt_seconds(gone and gone["max"]) + (" (max)" if gone and gone["n"] > 1 else "")
                 if fig.get("gone_never"):
                     gone_txt = f"{fig['gone_never']} run(s) left workers alive"
-                hang = (fmt_over_t(det and det["median"], seen),
+                hang_txt = fmt_over_t(det and det["median"], seen)
+                if seen and not all(seen_runs):
+                    hang_txt += (f" ({len(seen_runs) - sum(map(bool, seen_runs))}/{len(seen_runs)}"
+                                 f" before the hang began)")
+                delay = fig.get("detection_delay")
+                if delay:
+                    # The harness's own figure: declared this long past T after
+                    # the last progress it saw.
+                    hang_txt += f" (declared T + {delay['median']:.2f} s)"
+                hang = (hang_txt,
                         fmt_culprits(fig["culprits"], wl.skip[0] if wl and wl.skip else 1),
                         fmt_bool_runs(fig["stack_dumped"]),
                         gone_txt)
@@ -443,6 +464,8 @@ def _log(msg: str) -> None:
 
 def _describe(r: dict) -> str:
     txt = f"{r['outcome']}, {fmt_seconds(r.get('wall_s'))}"
+    if r.get("fn_s") is not None:
+        txt += f" ({r['fn_s']:.2f} s in fn)"
     if r.get("pss_bytes"):
         txt += f", PSS {r['pss_bytes'] / MIB:.0f} MiB"
     if "detection_over_T_s" in r:

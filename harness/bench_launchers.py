@@ -48,6 +48,8 @@ GONE_WAIT = 60.0
 def read_marks(stamp_dir: str, prefix: str) -> dict:
     """``{worker index: value}`` of the ``<prefix>.<index>`` marks in ``stamp_dir``."""
     out = {}
+    if not stamp_dir:
+        return out
     try:
         names = os.listdir(stamp_dir)
     except OSError:
@@ -146,6 +148,14 @@ def _pss_total(return_values, num_workers: int) -> Optional[int]:
     return int(sum(pss))
 
 
+def _fn_seconds(return_values) -> Optional[float]:
+    """The slowest worker's time inside the workload function (see
+    :func:`harness.bench_workloads._finish`)."""
+    times = [r.get("fn_s") for r in return_values if isinstance(r, dict)]
+    times = [t for t in times if t is not None]
+    return max(times) if times else None
+
+
 def _completed_ok(workload, return_values) -> bool:
     """Every worker returned, and for the all-reduce the sum is N."""
     if len(return_values) != workload.workers:
@@ -213,6 +223,7 @@ class HarnessLauncher:
             values = result.return_values
             out["ok"] = result.outcome == "completed" and _completed_ok(workload, values)
             out["pss_bytes"] = _pss_total(values, workload.workers)
+            out["fn_s"] = _fn_seconds(values)
             if not out["ok"]:
                 out["error"] = result.report()[-4000:]
         return out
@@ -315,6 +326,7 @@ class SpawnLauncher:
         else:
             out["ok"] = out["outcome"] == "completed" and _completed_ok(workload, results)
             out["pss_bytes"] = _pss_total(results, n)
+            out["fn_s"] = _fn_seconds(results)
             if not out["ok"]:
                 out["error"] = "\n".join(tails)[-4000:]
         return out
@@ -427,6 +439,10 @@ def _runner_run(mpr, cmd: dict, log_path: Optional[str]) -> dict:
             out.update(outcome="failed", message=f"{type(e).__name__}: {e}"[:4000])
         out["t_report"] = time.monotonic()
     out["wall_s"] = out["t_report"] - t0
+    if out["outcome"] != "completed":
+        # Checked here, at once, not after the answer's trip to the benchmark.
+        pids = [int(p) for p in read_marks(cmd["kwargs"].get("stamp_dir"), "pid").values()]
+        out["gone_after_report_s"] = wait_gone(pids, out["t_report"])
     # Did it dump any Python stack (faulthandler's header) into its output
     # during this run?  Its streaming threads may still be flushing.
     time.sleep(0.2)
@@ -528,13 +544,14 @@ class RunnerLauncher:
             task = workload.skip[0]
             out["named_culprit"] = bool(re.search(rf"worker[-_ :]*{task}\b", reply.get("message", "")))
             out["culprits"] = [task] if out["named_culprit"] else []
-            pids = [int(p) for p in read_marks(stamp_dir, "pid").values()]
-            gone = wait_gone(pids, received)
-            out["gone_after_report_s"] = None if gone is None else gone + (received - reply["t_report"])
+            out["gone_after_report_s"] = reply.get("gone_after_report_s")
+            # Whatever the runner said, nothing of this run may live on.
+            wait_gone([int(p) for p in read_marks(stamp_dir, "pid").values()], received, limit=5.0)
         else:
             values = reply.get("return_values", [])
             out["ok"] = reply["outcome"] == "completed" and _completed_ok(workload, values)
             out["pss_bytes"] = _pss_total(values, workload.workers)
+            out["fn_s"] = _fn_seconds(values)
             if not out["ok"]:
                 out["error"] = (reply.get("message", "") + "\n" + self.log_tail())[-4000:]
         return out

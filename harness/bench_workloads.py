@@ -92,9 +92,15 @@ def _index(harness: bool) -> int:
     return task_index()
 
 
-def _finish(stamp_dir: Optional[str], index: int, value: float, linger: float) -> dict:
-    _mark(stamp_dir, f"loop_end.{index}", time.monotonic())
-    out = {"index": index, "pid": os.getpid(), "value": value, "pss": _own_pss()}
+def _finish(stamp_dir: Optional[str], index: int, value: float, linger: float,
+            started: float) -> dict:
+    end = time.monotonic()
+    _mark(stamp_dir, f"loop_end.{index}", end)
+    # fn_s: from entering the function to the end of its loop (strategy,
+    # model, steps): the same work under every launcher, so the rest of a
+    # run's wall time is the launcher's own.
+    out = {"index": index, "pid": os.getpid(), "value": value, "pss": _own_pss(),
+           "fn_s": end - started}
     if linger:
         # Workload 4 outside the harness: the worker that skipped a step
         # stays alive (its gRPC server up), so its peer blocks forever
@@ -106,6 +112,7 @@ def _finish(stamp_dir: Optional[str], index: int, value: float, linger: float) -
 def allreduce(n_steps: int = 20, harness: bool = False, skip: Optional[Sequence[int]] = None,
               stamp_dir: Optional[str] = None, linger: float = 0.0) -> dict:
     """Workloads 1, 2 and 4: ``n_steps`` all-reduces (SUM) of a scalar."""
+    started = time.monotonic()
     index = _index(harness)
     _mark(stamp_dir, f"pid.{index}", os.getpid())
     import tensorflow as tf
@@ -119,7 +126,7 @@ def allreduce(n_steps: int = 20, harness: bool = False, skip: Optional[Sequence[
     total = None
     for _ in _steps(n_steps, harness, skip, index):
         total = step()
-    return _finish(stamp_dir, index, None if total is None else float(total), linger)
+    return _finish(stamp_dir, index, None if total is None else float(total), linger, started)
 
 
 def make_data(n: int = 2048, seed: int = 0):
@@ -143,6 +150,7 @@ def seed_training(n_steps: int = 100, harness: bool = False, stamp_dir: Optional
     instead of a download.  Keras 3 layers in a custom loop work under MWMS
     (``model.fit`` does not).
     """
+    started = time.monotonic()
     index = _index(harness)
     _mark(stamp_dir, f"pid.{index}", os.getpid())
     import tensorflow as tf
@@ -192,7 +200,8 @@ def seed_training(n_steps: int = 100, harness: bool = False, stamp_dir: Optional
         total_loss = distributed_train_step(next(iterator))
         if is_chief and step % 10 == 0:
             print(f"Step {step}, Loss: {float(total_loss):.4f}")
-    return _finish(stamp_dir, index, None if total_loss is None else float(total_loss), linger)
+    return _finish(stamp_dir, index, None if total_loss is None else float(total_loss), linger,
+                   started)
 
 
 WORKLOAD_FNS = {"allreduce": allreduce, "seed_training": seed_training}

@@ -1,0 +1,293 @@
+"""Tests of the benchmark, ``python -m harness.bench``.
+
+Most are of its pure parts (statistics, formatting, the run order, the
+summary and the table, built from made-up runs) and need no TensorFlow.
+One smoke test runs the real thing, harness launcher only, workload 1, one
+repeat, in a subprocess, and checks the JSON it writes.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness import bench
+
+
+# -- statistics -----------------------------------------------------------------
+
+def test_quantile_interpolates_like_numpy():
+    v = [1.0, 2.0, 3.0, 4.0]
+    assert bench.quantile(v, 0.5) == 2.5
+    assert bench.quantile(v, 0.25) == 1.75
+    assert bench.quantile(v, 0.75) == 3.25
+    assert bench.quantile([7.0], 0.5) == 7.0
+    with pytest.raises(ValueError):
+        bench.quantile([], 0.5)
+
+
+def test_stats_ignores_missing_values():
+    st = bench.stats([3.0, None, 1.0, 2.0])
+    assert st == {"n": 3, "median": 2.0, "min": 1.0, "max": 3.0, "q1": 1.5, "q3": 2.5}
+    assert bench.stats([None, None]) is None
+    assert bench.stats([]) is None
+
+
+def test_ratio():
+    assert bench.ratio(2.0, 0.5) == 4.0
+    assert bench.ratio(None, 1.0) is None
+    assert bench.ratio(1.0, None) is None
+    assert bench.ratio(1.0, 0.0) is None
+
+
+# -- formatting -------------------------------------------------------------------
+
+def test_fmt_seconds_and_ratio():
+    assert bench.fmt_seconds(0.4123) == "0.41 s"
+    assert bench.fmt_seconds(150.2) == "150 s"
+    assert bench.fmt_seconds(None) == "–"
+    assert bench.fmt_ratio(1.0) == "1.0×"
+    assert bench.fmt_ratio(12.34) == "12.3×"
+    assert bench.fmt_ratio(250.0) == "250×"
+    assert bench.fmt_ratio(None) == "–"
+    assert bench.fmt_mib(255.4) == "255"
+    assert bench.fmt_mib(None) == "–"
+
+
+def test_fmt_spread():
+    assert bench.fmt_spread(bench.stats([0.4, 0.5, 0.45])) == "0.40–0.50 s"
+    assert bench.fmt_spread(bench.stats([0.4])) == "(1 run)"
+    assert bench.fmt_spread(None) == "–"
+
+
+def test_fmt_over_t_says_plus_or_minus():
+    assert bench.fmt_over_t(0.0912) == "T + 0.09 s"
+    assert bench.fmt_over_t(-4.49) == "T − 4.49 s"
+    assert bench.fmt_over_t(None) == "–"
+    assert bench.fmt_over_t(None, seen=False) == "before the hang began"
+
+
+def test_fmt_culprits():
+    assert bench.fmt_culprits([[1], [1]], 1) == "yes (worker 1)"
+    assert bench.fmt_culprits([[0, 1], [1, 0]], 1) == "ambiguous (workers 0,1)"
+    assert bench.fmt_culprits([[], []], 1) == "no"
+    assert bench.fmt_culprits([[1], [0, 1]], 1) == "exact 1/2, among several 1/2"
+    assert bench.fmt_culprits([], 1) == "–"
+
+
+def test_fmt_bool_runs():
+    assert bench.fmt_bool_runs([True, True]) == "yes"
+    assert bench.fmt_bool_runs([False, None]) == "no"
+    assert bench.fmt_bool_runs([True, False, True]) == "2/3"
+    assert bench.fmt_bool_runs([None]) == "–"
+
+
+# -- run order and options --------------------------------------------------------------
+
+def test_schedule_alternates_launchers_and_caps_hang_runs():
+    plan = bench.schedule(["harness", "spawn", "runner"], [1, 4], repeats=3, hang_repeats=2)
+    # One cold run per launcher first, of the first completing workload.
+    assert plan[:3] == [("harness", 1, -1, True), ("spawn", 1, -1, True), ("runner", 1, -1, True)]
+    warm = plan[3:]
+    # A B C A B C ...: every consecutive triple is one workload under all three launchers.
+    for i in range(0, len(warm), 3):
+        triple = warm[i:i + 3]
+        assert [t[0] for t in triple] == ["harness", "spawn", "runner"]
+        assert len({(t[1], t[2]) for t in triple}) == 1
+    assert sum(1 for t in warm if t[1] == 1) == 9
+    assert sum(1 for t in warm if t[1] == 4) == 6  # hang_repeats=2 rounds x 3 launchers
+    assert not any(t[3] for t in warm)
+
+
+def test_schedule_cold_run_is_a_completing_workload():
+    plan = bench.schedule(["harness"], [4], repeats=1, hang_repeats=1)
+    assert plan[0] == ("harness", 1, -1, True)
+    assert plan[1] == ("harness", 4, 0, False)
+
+
+def test_parse_args_defaults_and_subsets():
+    a = bench.parse_args([])
+    assert (a.repeats, a.hang_timeout, a.json) == (5, 10.0, "bench-results.json")
+    assert a.launchers == ["harness", "spawn", "runner"]
+    assert a.workloads == [1, 2, 3, 4]
+    a = bench.parse_args(["--launchers", "harness,spawn", "--workloads", "1,4", "--repeats", "2"])
+    assert a.launchers == ["harness", "spawn"] and a.workloads == [1, 4] and a.repeats == 2
+
+
+@pytest.mark.parametrize("argv", [["--launchers", "harness,mpi"], ["--workloads", "5"],
+                                  ["--repeats", "0"], ["--hang-timeout", "0"]])
+def test_parse_args_rejects_bad_values(argv, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+
+
+def test_workloads_match_the_issue():
+    w = bench.make_workloads(10.0)
+    assert (w[1].workers, w[1].kwargs["n_steps"], w[1].expect_hang) == (2, 20, False)
+    assert (w[2].workers, w[2].kwargs["n_steps"]) == (4, 20)
+    assert (w[3].fn, w[3].workers, w[3].kwargs["n_steps"]) == ("seed_training", 2, 100)
+    assert w[4].expect_hang and w[4].skip == (1, 5) and w[4].hang_timeout == 10.0
+
+
+# -- summary and table from a made-up results set ------------------------------------------
+
+def _run(launcher, workload, wall, rep=0, cold=False, ok=True, **kw):
+    """One raw run as the launchers record it (only the fields the summary reads)."""
+    run = dict(launcher=launcher, workload=workload, repeat=rep, cold=cold, ok=ok,
+               outcome="completed", wall_s=wall)
+    run.update(kw)
+    return run
+
+
+def _hang(launcher, wall, over_t, culprits, stack, gone, rep=0, seen=True):
+    """A workload-4 run: reported ``over_t`` past T after the hang began."""
+    r = _run(launcher, 4, wall, rep=rep, outcome="hang", culprits=culprits, stack_dumped=stack,
+             named_culprit=culprits == [1], gone_after_report_s=gone, hang_start_seen=seen)
+    if seen:
+        r["detection_over_T_s"] = over_t
+        r["report_after_hang_s"] = 10.0 + over_t
+    return r
+
+
+FAKE_RUNS = [
+    _run("harness", 1, 5.0, rep=-1, cold=True, pss_bytes=250 << 20),
+    _run("runner", 1, 5.5, rep=-1, cold=True, pss_bytes=280 << 20),
+    _run("harness", 1, 0.40, pss_bytes=250 << 20), _run("runner", 1, 1.02, pss_bytes=280 << 20),
+    _run("harness", 1, 0.44, rep=1, pss_bytes=260 << 20),
+    _run("runner", 1, 1.06, rep=1, pss_bytes=290 << 20),
+    _run("harness", 1, 9.0, rep=2, ok=False, error="boom"),
+    dict(_hang("harness", 10.5, 0.09, [0, 1], True, 0.0), detection_delay_s=0.012),
+    _hang("runner", 40.0, 28.8, [], False, 0.2),
+]
+
+
+def test_summarize_uses_warm_ok_runs_and_ratios_against_the_harness():
+    s = bench.summarize(FAKE_RUNS, ["harness", "runner"], [1, 4])
+    h1, r1 = s["harness"]["1"], s["runner"]["1"]
+    assert h1["wall"]["n"] == 2 and h1["wall"]["median"] == pytest.approx(0.42)
+    assert h1["failed"] == 1 and h1["runs"] == 3
+    assert h1["cold_s"] == 5.0 and r1["cold_s"] == 5.5
+    assert h1["ratio_vs_harness"] == pytest.approx(1.0)
+    assert r1["ratio_vs_harness"] == pytest.approx(1.04 / 0.42)
+    assert r1["cold_ratio_vs_harness"] == pytest.approx(1.1)
+    assert h1["pss_mib"] == pytest.approx(255.0)
+    h4, r4 = s["harness"]["4"], s["runner"]["4"]
+    assert h4["detection_over_T"]["median"] == pytest.approx(0.09)
+    assert r4["detection_over_T"]["median"] == pytest.approx(28.8)
+    assert h4["culprits"] == [[0, 1]] and r4["stack_dumped"] == [False]
+    assert r4["gone_after_report"]["max"] == pytest.approx(0.2)
+    assert h4["cold_s"] is None
+
+
+def test_render_table_rows_and_cells():
+    s = bench.summarize(FAKE_RUNS, ["harness", "runner"], [1, 4])
+    table = bench.render_table(s, bench.make_workloads(10.0))
+    lines = table.splitlines()
+    assert lines[0] == bench.TABLE_HEADER
+    assert len(lines) == 2 + 4
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert all(len(c) == lines[0].count("|") - 1 for c in cells)
+    h1, r1, h4, r4 = cells
+    assert h1[:7] == ["harness", "1: 2 workers, 20 all-reduce steps (1 failed)", "0.42 s",
+                      "0.40–0.44 s", "1.0×", "5.00 s", "255"]
+    assert r1[0] == "runner" and r1[4] == "2.5×" and r1[5] == "5.50 s"
+    assert h4[7:] == ["T + 0.09 s (declared T + 0.01 s)", "ambiguous (workers 0,1)", "yes",
+                      "0.00 s"]
+    assert r4[7:] == ["T + 28.80 s", "no", "no", "0.20 s"]
+    assert r4[4] == "3.8×"
+
+
+def test_render_table_when_a_launcher_fired_before_the_hang_began():
+    runs = [_hang("spawn", 10.0, None, [], False, 0.03, seen=False)]
+    s = bench.summarize(runs, ["spawn"], [4])
+    table = bench.render_table(s, bench.make_workloads(10.0))
+    assert "before the hang began" in table
+    assert "| – |" in table  # no harness figure to compare with
+    runs.append(_hang("spawn", 10.0, -2.0, [], False, 0.03, rep=1))
+    table = bench.render_table(bench.summarize(runs, ["spawn"], [4]), bench.make_workloads(10.0))
+    assert "T − 2.00 s (1/2 before the hang began)" in table
+
+
+def test_notes_and_machine_line():
+    s = bench.summarize(FAKE_RUNS, ["harness", "runner"], [1])
+    notes = bench.render_notes(s, {"overhead_pss_mib": {"harness": 256.0, "runner": 777.0},
+                                   "launcher_startup_s": {"runner": 2.5}})
+    assert "harness 256 MiB" in notes and "runner 777 MiB" in notes
+    assert "runner 2.50 s" in notes and "30 s" in notes
+    line = bench.machine_line({"cores": 2, "ram_gib": 23.5, "cpu_model": "Xeon", "python": "3.11.7",
+                               "tensorflow": "2.21.0", "keras": "3.15.1",
+                               "load_avg": [3.0, 2, 1], "load_avg_end": [2.5, 2, 1]})
+    assert line.startswith("Machine: 2 cores, 23.5 GiB RAM, Xeon; Python 3.11.7, TensorFlow 2.21.0")
+    assert "load 3.0 at start, 2.5 at end" in line
+
+
+def test_machine_info_does_not_import_tensorflow():
+    code = ("import sys; from harness import bench, bench_launchers, bench_workloads; "
+            "m = bench.machine_info(); assert m['cores'] and m['python']; "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# -- the real thing, once ------------------------------------------------------------------------
+
+@pytest.mark.timeout(300)
+def test_smoke_harness_workload_1(tmp_path):
+    out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.bench", "--repeats", "1", "--launchers", "harness",
+         "--workloads", "1", "--json", str(out), "--markdown", str(md)],
+        capture_output=True, text=True, timeout=280, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    for key in ("machine", "settings", "workloads", "runs", "summary", "markdown",
+                "overhead_pss_mib", "launcher_errors"):
+        assert key in data, key
+    assert data["launcher_errors"] == {}
+    runs = data["runs"]
+    assert [(r["launcher"], r["workload"], r["cold"]) for r in runs] == [
+        ("harness", 1, True), ("harness", 1, False)]
+    assert all(r["ok"] and r["outcome"] == "completed" for r in runs)
+    assert all(r["pss_bytes"] > 0 for r in runs)
+    fig = data["summary"]["harness"]["1"]
+    assert fig["wall"]["n"] == 1 and fig["wall"]["median"] > 0 and fig["cold_s"] > 0
+    assert bench.TABLE_HEADER in proc.stdout
+    assert md.read_text() == data["markdown"]
+
+
+# -- the launchers' pure helpers ------------------------------------------------------------------
+
+def test_marks_and_hang_start(tmp_path):
+    from harness import bench_launchers as bl
+    assert bl.read_marks(str(tmp_path), "pid") == {}
+    assert bl.read_marks(None, "pid") == {}
+    (tmp_path / "pid.0").write_text("123")
+    (tmp_path / "pid.1").write_text("456")
+    (tmp_path / "pid.2.tmp").write_text("7")      # half-written: ignored
+    (tmp_path / "loop_end.1").write_text("100.5")
+    assert bl.read_marks(str(tmp_path), "pid") == {0: 123.0, 1: 456.0}
+    assert bl.hang_start(str(tmp_path)) == 100.5
+    figs = bl._detection_figures(str(tmp_path), report_time=110.6, timeout=10.0)
+    assert figs["hang_start_seen"] and figs["detection_over_T_s"] == pytest.approx(0.1)
+    assert bl._detection_figures(str(tmp_path / "none"), 1.0, 10.0) == {"hang_start_seen": False}
+
+
+def test_return_value_checks():
+    from harness import bench_launchers as bl
+    w1 = bench.make_workloads()[1]
+    good = [{"value": 2.0, "pss": 100, "fn_s": 0.2}, {"value": 2.0, "pss": 50, "fn_s": 0.3}]
+    assert bl._completed_ok(w1, good)
+    assert not bl._completed_ok(w1, good[:1])
+    assert not bl._completed_ok(w1, [{"value": 1.0}, {"value": 2.0}])
+    assert bl._pss_total(good, 2) == 150
+    assert bl._pss_total([{"pss": None}, {"pss": 5}], 2) is None
+    assert bl._fn_seconds(good) == 0.3
+    assert bl._fn_seconds([]) is None
+
+
+def test_wait_gone_counts_dead_pids_as_gone():
+    from harness import bench_launchers as bl
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    import time
+    assert bl.wait_gone([proc.pid], time.monotonic(), limit=1.0) < 1.0
+    assert bl.wait_gone([], time.monotonic()) < 1.0
