@@ -491,11 +491,21 @@ def _skipped_boundary(parts: Sequence[WorkerObservation]):
         mine, theirs = _steps(w), _steps(other)
         if not mine or not theirs:
             continue
-        missing = [s for s in theirs if s not in set(mine) and s < max(mine)]
+        asked = _steps_asked(w)
+        # A loop that finished knows how many steps it was asked for, so a
+        # skipped last step shows too; otherwise only holes below its last.
+        horizon = asked if asked is not None else max(mine) + 1
+        missing = [s for s in theirs if s not in set(mine) and s < horizon]
         contiguous = list(theirs) == list(range(theirs[0], theirs[0] + len(theirs)))
         if missing and contiguous:
             return w, other, missing
     return None
+
+
+def _steps_asked(w: WorkerObservation) -> Optional[int]:
+    """``n`` of the worker's finished ``steps(n)`` loop, when it reported it."""
+    done = [e for e in w.events if e.kind == "steps_done" and isinstance(e.data, int)]
+    return done[-1].data if done else None
 
 
 def _blame_stuck(obs: RunObservation) -> _Blame:

@@ -79,7 +79,7 @@ class WorkerContext:
             if self._boundary(k):
                 ran += 1
                 yield k
-        self._send(protocol.STEPS_DONE, step=ran)
+        self._send(protocol.STEPS_DONE, step=ran, data=n)
 
     def _boundary(self, step: int) -> bool:
         """Report step ``step`` and apply its faults; False when it is skipped."""

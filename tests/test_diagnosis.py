@@ -64,7 +64,8 @@ def config(index: int, n: int, port_list: Optional[Sequence[int]] = None) -> dic
 
 
 def events(steps: Sequence[int] = (), n: int = 2, created: Optional[int] = None,
-           creating_only: bool = False, done: bool = False, faults=()) -> tuple:
+           creating_only: bool = False, done: bool = False, faults=(),
+           asked: Optional[int] = None) -> tuple:
     """The phase events a worker reports, 0.1 s apart, plus its faults."""
     out = [Event(0.0, "started"), Event(0.1, "strategy_creating")]
     if creating_only:
@@ -78,13 +79,15 @@ def events(steps: Sequence[int] = (), n: int = 2, created: Optional[int] = None,
         out.append(Event(t, "step", step=s))
         t += 0.1
     if done:
-        out.append(Event(t, "steps_done", step=len(steps)))
+        out.append(Event(t, "steps_done", step=len(steps), data=asked))
     return tuple(out)
 
 
-def returned(i: int, n: int, steps=range(10), t: float = 2.0, **kw) -> WorkerObservation:
+def returned(i: int, n: int, steps=range(10), t: float = 2.0, asked: int = 10,
+             **kw) -> WorkerObservation:
     kw.setdefault("tf_config", config(i, n))
-    return WorkerObservation(i, events=events(list(steps), n, done=True), returned=True,
+    return WorkerObservation(i, events=events(list(steps), n, done=True, asked=asked),
+                             returned=True,
                              finish_time=t, exit_code=0, exit_time=t + 0.1, **kw)
 
 
@@ -214,6 +217,14 @@ def test_hang_two_workers_hole_in_step_record_names_the_skipper():
     assert (v.outcome, v.culprits, v.ambiguous, v.step) == ("hang", (1,), False, 9)
     assert "skipped step 5" in v.text.splitlines()[0]
     assert "worker 1: returned; ran 9 steps (0-4,6-9), skipping step 5" in v.text
+
+
+def test_hang_two_workers_skipped_last_step_names_the_skipper():
+    # Found by the property test: SkipStep on the last step leaves no hole,
+    # but the finished loop says it was asked for 10 steps and ran 9.
+    v = diagnose(run(blocked(0, 2), returned(1, 2, steps=range(9)), ended_by="hang"))
+    assert (v.outcome, v.culprits, v.ambiguous) == ("hang", (1,), False)
+    assert "skipped step 9" in v.text.splitlines()[0]
 
 
 def test_hang_two_workers_same_steps_is_ambiguous():
