@@ -366,8 +366,12 @@ def _stop(states: List[_WorkerState], handles: List[WorkerHandle], start: float)
             h.join(max(0.0, deadline - time.monotonic()))
     for h in handles:
         st = by_index.get(h.index)
+        # Decide before the kill: once SIGKILL is sent the exit status can
+        # arrive at once, and a worker we killed must not read as a crash.
+        h.join(0)
+        alive = h.exitcode is None
         h.kill_tree(descendants[h.index])
-        if h.exitcode is None and st is not None:
+        if alive and st is not None:
             st.killed_by_harness = True
     for h in handles:
         h.join(5)

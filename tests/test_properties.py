@@ -37,6 +37,9 @@ def _bindable(port):
 # Found by the thorough profile: a skipped *last* step leaves no hole in the
 # skipper's step record, and the diagnosis called it ambiguous.
 @example(plan=Plan(workers=2, faults=(F.SkipStep(worker=0, step=5),), timeout=3.0, steps=6))
+# Found by the thorough profile: a worker killed by the harness's cleanup
+# whose exit status arrived before the harness marked it read as a crash.
+@example(plan=Plan(workers=4, faults=(F.BadTFConfig(worker=3, kind="missing"),), timeout=3.0))
 def test_generated_plan_matches_the_oracle(plan):
     note(f"replay: harness.plans.replay({plan!r}, helpers.variable_loop)")
     outcome, culprits = expect(plan)
