@@ -1,0 +1,130 @@
+"""Fixtures and checks shared by the scenario catalogue.
+
+* ``scenario_run``: runs a scenario's ``fn`` on ``mwms_cluster`` once per
+  key and cluster size, so that a scenario test and its separate culprit
+  check (see ``scenarios/meta.py``) share one run instead of paying for two.
+* After each scenario test's body has passed, its last run must have ended
+  as its ``@scenario(outcome=...)`` declares: the README table is rendered
+  from those declarations, so the table cannot drift from what the tests see.
+* After each test, no TensorFlow worker may be left running.
+"""
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from scenarios.meta import culprit_check_of, declared
+
+_LAST_RESULT = "_mwms_scenario_last_result"
+
+
+@pytest.fixture(scope="session")
+def _scenario_run_cache():
+    return {}
+
+
+@pytest.fixture
+def scenario_run(request, mwms_cluster, _scenario_run_cache):
+    """``scenario_run(key, fn, *args, **run_kwargs)``: ``mwms_cluster.run(fn, ...)``,
+    cached per ``key`` and number of workers for the whole session.
+
+    ``run_kwargs`` are ``run()``'s (``kwargs=``, ``timeout=``, ``faults=``,
+    ``grace=``); a key must always be used with the same ones.  Use it for a
+    run whose result a separate culprit check also reads.
+    ``scenario_run.shared(key, make)`` caches what ``make()`` returns instead
+    (a ``RunResult`` that takes more than one run to make, say).
+    """
+    def cache_key(key):
+        return (request.module.__name__, key, mwms_cluster.num_workers)
+
+    def shared(key, make):
+        if cache_key(key) not in _scenario_run_cache:
+            _scenario_run_cache[cache_key(key)] = make()
+        result = _scenario_run_cache[cache_key(key)]
+        setattr(request.node, _LAST_RESULT, result)
+        return result
+
+    def run(key, fn, *args, **run_kwargs):
+        return shared(key, lambda: mwms_cluster.run(fn, *args, **run_kwargs))
+
+    run.shared = shared
+    return run
+
+
+def _last_result(item):
+    result = getattr(item, _LAST_RESULT, None)
+    if result is not None:
+        return result
+    cluster = getattr(item, "funcargs", {}).get("mwms_cluster")
+    if cluster is not None and cluster.runs:
+        return cluster.runs[-1]
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    outcome = yield  # re-raises when the test body failed, skipped or xfailed
+    fn = getattr(item, "function", None)
+    meta = declared(fn)
+    if meta is not None:
+        result = _last_result(item)
+        if result is None:
+            raise AssertionError(f"{item.name}: a @scenario test must run its scenario on "
+                                 f"mwms_cluster (directly or through scenario_run)")
+        if result.outcome not in meta.outcomes:
+            raise AssertionError(
+                f"{item.name}: its last run ended {result.outcome!r}, but @scenario declares "
+                f"{' or '.join(meta.outcomes)} (the README table says so too)\n{result.report()}")
+        if meta.error is not None:
+            raised = {w.exception.type_name.rsplit('.', 1)[-1]
+                      for w in result.workers if w.exception is not None}
+            if meta.error not in raised and result.error != meta.error:
+                raise AssertionError(
+                    f"{item.name}: @scenario declares error {meta.error!r}, but the workers "
+                    f"raised {sorted(raised) or 'nothing'}\n{result.report()}")
+    elif culprit_check_of(fn) is None and item.name.startswith("test_"):
+        raise AssertionError(f"{item.name}: every test in scenarios/ is a @scenario or a "
+                             f"@culprit_check (see scenarios/meta.py)")
+    return outcome
+
+
+def _tensorflow_pids():
+    """This pytest's descendants with TensorFlow loaded, but its forkserver.
+
+    Only descendants: other pytest sessions on the same machine may have
+    workers of their own running.
+    """
+    from harness.launcher import forkserver_pid
+    skip = {forkserver_pid()}
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid in skip:
+            continue
+        try:
+            with open(f"/proc/{proc.pid}/maps") as f:
+                if "libtensorflow_framework" in f.read() and \
+                        proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_left_behind():
+    yield
+    left = _tensorflow_pids()
+    deadline = time.monotonic() + 3
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if _alive(p)]
+    assert not left, f"TensorFlow worker processes outlived the test: {left}"

@@ -1,0 +1,99 @@
+"""The metadata every scenario test carries: the single source of truth for
+the README table and for the outcome the test must see.
+
+``@scenario(outcome=..., source=..., fixed_by=...)`` on a test function:
+
+``outcome``
+    What the scenario's run ends as on this TensorFlow version: one of
+    ``completed``, ``failed``, ``crashed``, ``hang``, or a tuple of them when
+    TensorFlow is not deterministic here (the docstring must then say so).
+    ``scenarios/conftest.py`` checks, after the test body passed, that the
+    test's last ``mwms_cluster.run`` ended as declared, so the table cannot
+    drift from what the tests see.
+``source``
+    Where users hit it: a TensorFlow or Keras issue (``tensorflow#34568``,
+    ``keras#20585``), a rule of the seed article (``seed rule 2``) or its
+    example, or the MWMS documentation.
+``fixed_by``
+    For a broken variant: the name of the test in the same file that shows
+    the fix and completes.  None for a fixed variant (which must declare
+    ``completed``).
+``error``
+    Optional: the error type the run's failing workers raise (shown in the
+    table and checked after the run).
+
+A scenario's culprit expectation lives in the scenario test when the
+current diagnosis names the right worker for every N from 2 to 4.  Where it
+does not, the expectation (what is right) goes in a separate test decorated
+``@culprit_check("test_scenario_name")`` and
+``@pytest.mark.xfail(strict=False, reason="diagnosis: <what it says instead>")``;
+both tests share one run (``scenario_run`` in ``scenarios/conftest.py``).
+
+Every scenario test's docstring has a first line (the mistake, or for a
+fixed variant what it does right) and three labelled paragraphs:
+``TensorFlow:`` (what TensorFlow does), ``Source:`` (where users hit it)
+and ``Fix:``.  ``tests/test_catalogue.py`` enforces all of this.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple, Union
+
+OUTCOMES = ("completed", "failed", "crashed", "hang")
+DOC_LABELS = ("TensorFlow:", "Source:", "Fix:")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    outcomes: Tuple[str, ...]
+    source: str
+    fixed_by: Optional[str] = None
+    error: Optional[str] = None
+
+    @property
+    def variant(self) -> str:
+        return "broken" if self.fixed_by else "fixed"
+
+    @property
+    def outcome_text(self) -> str:
+        text = " or ".join(self.outcomes)
+        if self.error:
+            text += f" ({self.error})"
+        return text
+
+
+def scenario(outcome: Union[str, Tuple[str, ...]], source: str,
+             fixed_by: Optional[str] = None, error: Optional[str] = None):
+    """Mark a test function as a catalogue scenario (see the module docstring)."""
+    outcomes = (outcome,) if isinstance(outcome, str) else tuple(outcome)
+    bad = [o for o in outcomes if o not in OUTCOMES]
+    if not outcomes or bad:
+        raise ValueError(f"@scenario: outcome must be among {OUTCOMES}, got {outcome!r}")
+    if not source or not isinstance(source, str):
+        raise ValueError("@scenario: source is required")
+    if fixed_by is None and outcomes != ("completed",):
+        raise ValueError("@scenario: a fixed variant (no fixed_by) must declare "
+                         "outcome='completed'")
+    meta = Scenario(outcomes, source, fixed_by, error)
+
+    def mark(fn):
+        fn.scenario = meta
+        return fn
+    return mark
+
+
+def declared(fn) -> Optional[Scenario]:
+    return getattr(fn, "scenario", None)
+
+
+def culprit_check(scenario_test: str):
+    """Mark a test as the culprit check of the scenario test ``scenario_test``
+    (in the same file); it is not a scenario of its own."""
+    def mark(fn):
+        fn.culprit_check_of = scenario_test
+        return fn
+    return mark
+
+
+def culprit_check_of(fn) -> Optional[str]:
+    return getattr(fn, "culprit_check_of", None)

@@ -1,0 +1,126 @@
+"""Collectives: every step through ``strategy.run`` (the seed article's rule 3),
+and the same collectives, in the same order, on every worker."""
+import pytest
+
+from scenarios.meta import culprit_check, scenario
+
+STEPS = 5
+
+
+def train_collectives(mode="fixed"):
+    """The seed's model for 5 steps after one warm-up step; returns the last loss.
+
+    ``mode``: ``"fixed"`` (warm-up on every worker, steps through
+    ``strategy.run``), ``"no_strategy_run"`` (the step function is called
+    directly, with the distributed batch) or ``"warmup_on_chief"`` (only the
+    chief runs the warm-up step).
+    """
+    import tensorflow as tf
+
+    import harness
+    from scenarios import mnist_like
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer, distributed_step = mnist_like.make_training(strategy)
+    x, y = mnist_like.make_data()
+    iterator = iter(mnist_like.distributed_dataset(strategy, x, y))
+
+    if mode == "no_strategy_run":
+        loss_object = tf.keras.losses.SparseCategoricalCrossentropy(
+            reduction=tf.keras.losses.Reduction.NONE)
+
+        @tf.function
+        def step(inputs):  # the seed's train_step, without strategy.run around it
+            images, labels = inputs
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(
+                    loss_object(labels, model(images, training=True)),
+                    global_batch_size=mnist_like.GLOBAL_BATCH_SIZE)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+    else:
+        step = distributed_step
+
+    if mode != "warmup_on_chief" or mnist_like.is_chief(strategy):
+        step(next(iterator))  # warm-up: trace the step once before timing it
+    losses = [float(step(next(iterator))) for _ in ctx.steps(STEPS)]
+    return losses[-1]
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="seed rule 3")
+def test_same_collectives_on_every_worker(mwms_cluster):
+    """Fixed: every worker runs the warm-up and every step, each through
+    ``strategy.run`` inside one ``tf.function``.
+
+    TensorFlow: each step's all-reduces pair up across workers, in order;
+    all workers complete with the same loss.
+
+    Source: seed rule 3.
+
+    Fix: call the step through ``strategy.run`` and make every worker call
+    it the same number of times (warm-ups, extra evaluations and
+    checkpoints included).
+    """
+    result = mwms_cluster.run(train_collectives, timeout=20)
+    result.assert_completed()
+    assert len(set(result.return_values)) == 1
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="ValueError", source="seed rule 3",
+          fixed_by="test_same_collectives_on_every_worker")
+def test_step_without_strategy_run(mwms_cluster):
+    """The train step is called directly on the distributed batch, not
+    through ``strategy.run``.
+
+    TensorFlow: in cross-replica context the batch is a ``PerReplica`` value;
+    the Keras 3 model refuses it and every worker raises ``ValueError: Only
+    input tensors may be passed as positional arguments ... PerReplica`` at
+    step 0.  (With plain tensors, the optimizer fails instead: ``Need to be
+    inside "with strategy.scope()"``.)
+
+    Source: seed rule 3.
+
+    Fix: ``strategy.run(train_step, args=(dist_inputs,))`` inside a
+    ``tf.function``, then ``strategy.reduce`` the per-replica losses.
+    """
+    result = mwms_cluster.run(train_collectives, kwargs={"mode": "no_strategy_run"},
+                              timeout=20)
+    n = mwms_cluster.num_workers
+    result.assert_failed(culprits=range(n), error="ValueError")
+    assert all("PerReplica" in w.exception.message for w in result.workers)
+
+
+_WARMUP_RUN = dict(kwargs={"mode": "warmup_on_chief"}, timeout=5)
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="hang", source="seed rule 3", fixed_by="test_same_collectives_on_every_worker")
+def test_strategy_run_more_often_on_chief(mwms_cluster, scenario_run):
+    """Only the chief runs a warm-up step: ``strategy.run`` is called once
+    more on the chief than on the others.
+
+    TensorFlow: collectives pair up by order, not by meaning: the chief's
+    warm-up pairs with the others' step 0, and so on, silently; at the end
+    the others return and the chief blocks forever in its last all-reduce.
+
+    Source: seed rule 3 (every worker runs the same steps).
+
+    Fix: run the warm-up (or any extra step) on every worker, or on none.
+    """
+    result = scenario_run("warmup", train_collectives, **_WARMUP_RUN)
+    result.assert_hang()
+    assert result.workers[0].return_value is None
+    assert all(w.return_value is not None for w in result.workers[1:])
+    assert "train_collectives" in result.workers[0].stack
+
+
+@pytest.mark.timeout(60)
+@culprit_check("test_strategy_run_more_often_on_chief")
+@pytest.mark.xfail(strict=False, reason="diagnosis: with 2 workers names workers 0,1 "
+                   "(ambiguous: one extra collective on one side)")
+def test_strategy_run_more_often_on_chief_culprit(mwms_cluster, scenario_run):
+    """The chief made the extra call: it is the culprit."""
+    scenario_run("warmup", train_collectives, **_WARMUP_RUN).assert_hang(culprits=[0])

@@ -1,0 +1,234 @@
+"""``TF_CONFIG`` mistakes (the seed article's rule 1).
+
+The wrong ``TF_CONFIG`` comes from the ``BadTFConfig`` fault, always on the
+last worker (the chief stays right), except for the one set too late, which
+``fn`` does itself.  Each run trains the seed's loop for 10 steps.
+"""
+import os
+
+import pytest
+
+from harness.faults import BadTFConfig
+from scenarios.meta import culprit_check, scenario
+
+STEPS = 10
+
+
+def train_and_report(tf_config_late=False):
+    """The seed's loop for 10 steps; returns (replicas in sync, losses).
+
+    ``tf_config_late``: build the strategy while ``TF_CONFIG`` is unset and
+    set it right after, as in tensorflow#31154.
+    """
+    import tensorflow as tf
+
+    import harness
+    from scenarios import mnist_like
+    ctx = harness.context()
+    if tf_config_late:
+        saved = os.environ.pop("TF_CONFIG")
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        os.environ["TF_CONFIG"] = saved
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    _, _, step = mnist_like.make_training(strategy)
+    x, y = mnist_like.make_data()
+    iterator = iter(mnist_like.distributed_dataset(strategy, x, y))
+    losses = [float(step(next(iterator))) for _ in ctx.steps(STEPS)]
+    return strategy.num_replicas_in_sync, losses
+
+
+def _last(mwms_cluster):
+    return mwms_cluster.num_workers - 1
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="seed rule 1")
+def test_tf_config_consistent(mwms_cluster):
+    """Fixed: every worker gets the same cluster list and its own index, before
+    the strategy is built.
+
+    TensorFlow: the workers form one cluster of N replicas and train in step;
+    the reduced loss is the same on every worker.
+
+    Source: seed rule 1; tensorflow#31154.
+
+    Fix: set ``TF_CONFIG`` in each worker's environment before it creates
+    ``MultiWorkerMirroredStrategy``: same ``cluster.worker`` list everywhere,
+    in the same order, ``task.index`` its own position in that list.
+    """
+    result = mwms_cluster.run(train_and_report, timeout=20)
+    result.assert_completed()
+    n = mwms_cluster.num_workers
+    assert [r[0] for r in result.return_values] == [n] * n
+    assert all(r[1] == result.return_values[0][1] for r in result.return_values)
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="hang", source="seed rule 1", fixed_by="test_tf_config_consistent")
+def test_tf_config_missing_on_one_worker(mwms_cluster):
+    """One worker starts with no ``TF_CONFIG`` at all.
+
+    TensorFlow: that worker builds a 1-replica strategy of its own, trains
+    alone and returns; the others block forever in
+    ``MultiWorkerMirroredStrategy()``, waiting for a peer that never joins.
+    No error anywhere.
+
+    Source: seed rule 1.
+
+    Fix: set ``TF_CONFIG`` on every worker; fail fast when a worker's
+    ``strategy.num_replicas_in_sync`` is not the expected cluster size.
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(train_and_report, timeout=3,
+                              faults=[BadTFConfig(last, "missing")])
+    result.assert_hang(culprits=[last])
+    replicas, losses = result.workers[last].return_value
+    assert replicas == 1 and len(losses) == STEPS  # it trained alone
+    assert all(w.last_step is None for w in result.workers[:last])
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="InternalError", source="seed rule 1",
+          fixed_by="test_tf_config_consistent")
+def test_tf_config_cluster_lists_of_different_size(mwms_cluster):
+    """One worker's cluster list has an extra worker.
+
+    TensorFlow: within a second every worker raises ``InternalError``
+    "... is joining a group with size N, but that group has size N+1" from
+    the strategy's first collective (the initial broadcast of the variables).
+
+    Source: seed rule 1.
+
+    Fix: generate ``TF_CONFIG`` for all workers from one list.
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(train_and_report, timeout=10,
+                              faults=[BadTFConfig(last, "wrong_size")])
+    result.assert_failed(culprits=[last], error="InternalError")
+    assert all("is joining a group with" in w.exception.message for w in result.workers)
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="UnknownError", source="seed rule 1",
+          fixed_by="test_tf_config_consistent")
+def test_tf_config_duplicate_index(mwms_cluster):
+    """Two workers are given the same ``task.index``.
+
+    TensorFlow: the one that comes second cannot bind the address of its
+    index and raises ``UnknownError: Could not start gRPC server``; the
+    others block forever in ``MultiWorkerMirroredStrategy()``.
+
+    Source: seed rule 1.
+
+    Fix: ``task.index`` is each worker's own position in the cluster list.
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(train_and_report, timeout=10, grace=1,
+                              faults=[BadTFConfig(last, "duplicate_index")])
+    result.assert_failed(culprits=[last], error="UnknownError")
+    assert "Could not start gRPC server" in result.workers[last].exception.message
+    assert all(w.exception is None for w in result.workers[:last])
+
+
+_SWAPPED_RUN = dict(timeout=10, grace=1)
+
+
+def _swapped(scenario_run, mwms_cluster):
+    return scenario_run("swapped", train_and_report, **_SWAPPED_RUN,
+                        faults=[BadTFConfig(_last(mwms_cluster), "swapped")])
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="UnknownError", source="seed rule 1",
+          fixed_by="test_tf_config_consistent")
+def test_tf_config_reordered_lists(mwms_cluster, scenario_run):
+    """One worker's cluster list is in another order than the others'.
+
+    TensorFlow: its index now points at another worker's address, so two
+    workers try to serve one port: the one that binds second (here the
+    reordered one) raises ``UnknownError: Could not start gRPC server``, the
+    rest block forever in strategy creation.
+
+    Source: seed rule 1.
+
+    Fix: generate ``TF_CONFIG`` for all workers from one list, in one order.
+    """
+    result = _swapped(scenario_run, mwms_cluster)
+    result.assert_failed(error="UnknownError")
+    raised = [w for w in result.workers if w.exception is not None]
+    assert len(raised) == 1 and "Could not start gRPC server" in raised[0].exception.message
+    assert all(w.last_step is None for w in result.workers)
+
+
+@pytest.mark.timeout(60)
+@culprit_check("test_tf_config_reordered_lists")
+@pytest.mark.xfail(strict=False, reason="diagnosis: with 2 workers names workers 0,1 "
+                   "(ambiguous: two lists, no majority)")
+def test_tf_config_reordered_lists_culprit(mwms_cluster, scenario_run):
+    """The reordered list is the last worker's: it is the culprit."""
+    _swapped(scenario_run, mwms_cluster).assert_failed(culprits=[_last(mwms_cluster)])
+
+
+_WRONG_PORT_RUN = dict(timeout=10, grace=2)
+
+
+def _wrong_port(scenario_run, mwms_cluster):
+    return scenario_run("wrong_port", train_and_report, **_WRONG_PORT_RUN,
+                        faults=[BadTFConfig(_last(mwms_cluster), "wrong_port")])
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="UnavailableError", source="seed rule 1",
+          fixed_by="test_tf_config_consistent")
+def test_tf_config_wrong_port(mwms_cluster, scenario_run):
+    """One worker's cluster list gives its own address a wrong port.
+
+    TensorFlow: it serves on that port while its peers look for it on the
+    right one.  The strategy still forms (the coordination service runs on
+    worker 0, which everyone reaches), but the first all-reduce cannot
+    connect: ``UnavailableError`` "failed to connect to all addresses ...
+    Connection refused" at step 0, on every worker or, on some runs, on all
+    but one, which stays blocked until killed (nondeterministic which).
+
+    Source: seed rule 1.
+
+    Fix: generate ``TF_CONFIG`` for all workers from one list.
+    """
+    result = _wrong_port(scenario_run, mwms_cluster)
+    result.assert_failed(error="UnavailableError")
+    raised = [w for w in result.workers if w.exception is not None]
+    assert raised and all(w.exception.type_name == "UnavailableError" for w in raised)
+    assert any("Connection refused" in w.exception.message for w in raised)
+    assert all(w.last_step == 0 for w in result.workers)
+
+
+@pytest.mark.timeout(60)
+@culprit_check("test_tf_config_wrong_port")
+@pytest.mark.xfail(strict=False, reason="diagnosis: with 2 workers names workers 0,1 "
+                   "(ambiguous: two lists, no majority)")
+def test_tf_config_wrong_port_culprit(mwms_cluster, scenario_run):
+    """The wrong port is in the last worker's list: it is the culprit."""
+    _wrong_port(scenario_run, mwms_cluster).assert_failed(culprits=[_last(mwms_cluster)])
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="tensorflow#31154", fixed_by="test_tf_config_consistent")
+def test_tf_config_set_after_strategy(mwms_cluster):
+    """``TF_CONFIG`` is set after ``MultiWorkerMirroredStrategy()`` was created.
+
+    TensorFlow: the strategy reads ``TF_CONFIG`` only when it is created, so
+    each worker builds a 1-replica strategy of its own and trains alone:
+    every worker completes, no error, no hang, and the workers' models
+    silently differ ("workers are out of sync").
+
+    Source: tensorflow#31154.
+
+    Fix: set ``TF_CONFIG`` before creating the strategy (in the job's
+    environment, not from the training script after the fact), and check
+    ``strategy.num_replicas_in_sync``.
+    """
+    result = mwms_cluster.run(train_and_report, kwargs={"tf_config_late": True}, timeout=20)
+    result.assert_completed()
+    n = mwms_cluster.num_workers
+    assert [r[0] for r in result.return_values] == [1] * n  # nobody formed a cluster

@@ -1,0 +1,178 @@
+"""The scenario catalogue's bookkeeping, without any TensorFlow worker: the
+README table matches the scenarios' metadata, and every scenario test has
+its metadata and docstring parts (see scenarios/meta.py)."""
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from scenarios import catalogue  # noqa: E402
+from scenarios.meta import culprit_check, scenario  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_readme_region_matches_the_rendering():
+    with open(catalogue.README, encoding="utf-8") as f:
+        region = catalogue.readme_region(f.read())
+    assert region == catalogue.render(), (
+        "README.md's scenario table is stale: run  python scenarios/catalogue.py --write")
+
+
+def test_every_scenario_test_has_metadata_and_docstring_parts():
+    assert catalogue.problems() == []
+
+
+def test_the_catalogue_covers_every_file_and_pairs_each_broken_variant():
+    entries = catalogue.collect()
+    assert {e.file for e in entries} == set(catalogue.scenario_files())
+    names = {(e.file, e.name) for e in entries}
+    assert len(names) == len(entries)
+    for e in entries:
+        if e.variant == "broken":
+            assert (e.file, e.fixed_by) in names
+        else:
+            assert e.outcomes == ("completed",)
+    rendered = catalogue.render(entries)
+    assert all(f"`{e.file}::{e.name}`" in rendered for e in entries)
+
+
+def test_catalogue_imports_no_tensorflow():
+    code = ("import sys; from scenarios import catalogue; catalogue.collect(); "
+            "catalogue.problems(); print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------- the checks catch mistakes
+
+def _fake_module(monkeypatch, **functions):
+    """Make the catalogue see one scenario file holding ``functions``."""
+    module = types.ModuleType("scenarios.test_fake")
+    for name, fn in functions.items():
+        fn.__module__ = module.__name__
+        fn.__name__ = name
+        setattr(module, name, fn)
+    monkeypatch.setattr(catalogue, "scenario_files", lambda: ["test_fake.py"])
+    monkeypatch.setattr(catalogue, "_module", lambda filename: module)
+    return module
+
+
+GOOD_DOC = """A worker does something wrong.
+
+    TensorFlow: it hangs.
+
+    Source: seed rule 1.
+
+    Fix: do it right.
+    """
+
+
+def _fn(doc=GOOD_DOC, fixture=True):
+    if fixture:
+        def test(mwms_cluster):
+            pass
+    else:
+        def test():
+            pass
+    test.__doc__ = doc
+    return test
+
+
+def _timeout(fn):
+    return pytest.mark.timeout(10)(fn)
+
+
+def test_check_accepts_a_well_formed_pair(monkeypatch):
+    _fake_module(
+        monkeypatch,
+        test_fixed=_timeout(scenario(outcome="completed", source="seed rule 1")(_fn())),
+        test_broken=_timeout(scenario(outcome="hang", source="seed rule 1",
+                                      fixed_by="test_fixed")(_fn())))
+    assert catalogue.problems() == []
+    assert [e.variant for e in catalogue.collect()] == ["fixed", "broken"]
+
+
+@pytest.mark.parametrize("doc,complaint", [
+    (None, "no docstring"),
+    ("TensorFlow: it hangs.\n\nSource: x.\n\nFix: y.", "open with the mistake"),
+    ("Mistake.\n\nSource: x.\n\nFix: y.", "no 'TensorFlow:'"),
+    ("Mistake.\n\nTensorFlow: it hangs.\n\nFix: y.", "no 'Source:'"),
+    ("Mistake.\n\nTensorFlow: it hangs.\n\nSource: x.", "no 'Fix:'"),
+    ("Mistake.\n\nTensorFlow: it hangs.\n\nSource: x.\n\nFix:", "no 'Fix:'"),
+    ("x" * 300 + "\n\nTensorFlow: a.\n\nSource: b.\n\nFix: c.", "characters"),
+])
+def test_check_catches_docstring_without_its_parts(monkeypatch, doc, complaint):
+    _fake_module(monkeypatch, test_x=_timeout(
+        scenario(outcome="completed", source="seed rule 1")(_fn(doc))))
+    found = catalogue.problems()
+    assert any(complaint in p for p in found), found
+
+
+def test_check_catches_a_test_without_metadata(monkeypatch):
+    _fake_module(monkeypatch, test_plain=_timeout(_fn()))
+    assert any("neither @scenario" in p for p in catalogue.problems())
+
+
+def test_check_catches_missing_timeout_fixture_and_fix(monkeypatch):
+    _fake_module(
+        monkeypatch,
+        test_a=scenario(outcome="hang", source="s", fixed_by="test_nowhere")(
+            _fn(fixture=False)))
+    found = " | ".join(catalogue.problems())
+    assert "no @pytest.mark.timeout" in found
+    assert "mwms_cluster" in found
+    assert "fixed_by='test_nowhere'" in found
+
+
+def test_check_catches_undocumented_nondeterminism(monkeypatch):
+    _fake_module(
+        monkeypatch,
+        test_fixed=_timeout(scenario(outcome="completed", source="s")(_fn())),
+        test_flaky=_timeout(scenario(outcome=("hang", "failed"), source="s",
+                                     fixed_by="test_fixed")(_fn())))
+    assert any("not deterministic" in p for p in catalogue.problems())
+
+
+def test_check_catches_a_culprit_check_of_nothing(monkeypatch):
+    check = pytest.mark.xfail(strict=False, reason="flaky")(culprit_check("test_gone")(_fn()))
+    _fake_module(monkeypatch, test_gone_culprit=_timeout(check))
+    found = " | ".join(catalogue.problems())
+    assert "not a scenario" in found and "'diagnosis:'" in found
+
+
+def test_scenario_metadata_is_validated_when_declared():
+    with pytest.raises(ValueError, match="outcome"):
+        scenario(outcome="stuck", source="s")
+    with pytest.raises(ValueError, match="fixed variant"):
+        scenario(outcome="hang", source="s")
+    with pytest.raises(ValueError, match="source"):
+        scenario(outcome="completed", source="")
+
+
+def test_render_escapes_and_counts():
+    entries = [catalogue.Entry("test_a.py", "test_x", "broken", ("hang",), "hang", "a|b",
+                               "test_y", "Uses ``x | y``."),
+               catalogue.Entry("test_a.py", "test_y", "fixed", ("completed",), "completed",
+                               "s", None, "Fixed.")]
+    text = catalogue.render(entries)
+    assert "2 scenarios in 1 files (1 broken variants, 1 fixed)" in text
+    assert "| Uses `x \\| y`. | `test_a.py::test_x` | broken (fix: `test_y`) | hang | a\\|b |" \
+        in text
+
+
+def test_write_rewrites_only_the_region(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{catalogue.START}\nold\n{catalogue.END}\nafter\n")
+    monkeypatch.setattr(catalogue, "render", lambda entries=None: "\nnew\n")
+    assert catalogue.write_readme(str(readme)) is True
+    assert readme.read_text() == f"before\n{catalogue.START}\nnew\n{catalogue.END}\nafter\n"
+    assert catalogue.write_readme(str(readme)) is False
