@@ -235,7 +235,8 @@ class Cluster:
 
     def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
             timeout: Optional[float] = None, faults: Sequence = (),
-            grace: Optional[float] = None, sync_check: bool = False) -> RunResult:
+            grace: Optional[float] = None, sync_check: bool = False,
+            env: Optional[dict] = None) -> RunResult:
         """Run ``fn`` on every worker; see the class docstring.
 
         ``timeout`` overrides the hang timeout (seconds without progress);
@@ -244,7 +245,9 @@ class Cluster:
         process starts.  ``sync_check=True`` makes every ``steps()`` boundary
         all-reduce the workers' step numbers, so a divergence fails at once
         with ``StepDesyncError`` naming the worker instead of hanging at the
-        end (one extra tiny all-reduce per step).
+        end (one extra tiny all-reduce per step).  ``env`` adds environment
+        variables for the workers only (each worker starts from the parent's
+        environment as it is at the call, whatever the start method).
         """
         settings = self.settings.with_overrides(
             timeout=None if timeout is None else parse_seconds(timeout, "run(timeout=...)"),
@@ -253,6 +256,12 @@ class Cluster:
         plan = faults_module.validate(faults, n)
         payload = serialize_call(fn, args, kwargs)
         envs = self._worker_envs()
+        if env:
+            bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+            if bad or "TF_CONFIG" in env:
+                raise ValueError("run(env=...): give str names and str values, and no TF_CONFIG "
+                                 "(the harness sets it; use faults=[BadTFConfig(...)] to break it)")
+            envs = [{**e, **env} for e in envs]
         with reserve_ports(n + 1) as reservation:
             ports, spare = reservation.ports[:n], reservation.ports[n]
             configs: List[Optional[dict]] = tfconfig.cluster_configs(ports)

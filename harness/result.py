@@ -64,6 +64,12 @@ class RunResult:
         return [w.return_value for w in self.workers]
 
     @property
+    def ambiguous(self) -> bool:
+        """True when the diagnosis could not single out a culprit and named
+        every candidate (two workers out of step, two disagreeing configs)."""
+        return bool(getattr(self.verdict, "ambiguous", False))
+
+    @property
     def step(self) -> Optional[int]:
         return getattr(self.verdict, "step", None)
 

@@ -7,6 +7,7 @@ and where step-keyed faults act; a Keras ``fit`` gets the same through
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Callable, Iterator, Optional, Tuple
@@ -65,17 +66,19 @@ class WorkerContext:
         return f"WorkerContext(index={self.index}, num_workers={self.num_workers})"
 
     # -- progress -------------------------------------------------------
-    def steps(self, n: int) -> Iterator[int]:
+    def steps(self, n: Optional[int] = None) -> Iterator[int]:
         """Iterate over ``0..n-1``, reporting each step boundary to the parent.
 
         Step-keyed faults for this worker act here, after the boundary is
         reported and before the step's body runs: a ``SkipStep`` makes the
-        loop not yield that step at all.
+        loop not yield that step at all.  With ``n=None`` it counts without
+        end, for loops driven by something else:
+        ``for batch, k in zip(dist_dataset, ctx.steps()):``.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"steps(n): n must be an integer 0 or more, got {n!r}")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"steps(n): n must be an integer 0 or more or None, got {n!r}")
         ran = 0
-        for k in range(n):
+        for k in (range(n) if n is not None else itertools.count()):
             if self._boundary(k):
                 ran += 1
                 yield k

@@ -158,3 +158,22 @@ def test_spawn_start_method(mwms_cluster):
     result.assert_completed()
     n = cluster.num_workers
     assert result.return_values == [float(n)] * n
+
+
+def test_env_reaches_the_workers_only(mwms_cluster):
+    result = mwms_cluster.run(lambda: os.environ.get("MWMS_TEST_FLAG"), env={"MWMS_TEST_FLAG": "on"})
+    assert result.assert_completed().return_values == ["on"] * mwms_cluster.num_workers
+    assert "MWMS_TEST_FLAG" not in os.environ
+    with pytest.raises(ValueError, match="no TF_CONFIG"):
+        mwms_cluster.run(lambda: 1, env={"TF_CONFIG": "{}"})
+
+
+def test_unbounded_steps(mwms_cluster):
+    def loop():
+        ctx = harness.context()
+        # The data first: when it runs out, no further boundary is reported.
+        return [k for _, k in zip(range(4), ctx.steps())]
+    result = mwms_cluster.run(loop).assert_completed()
+    assert result.return_values == [[0, 1, 2, 3]] * mwms_cluster.num_workers
+    assert [w.last_step for w in result.workers] == [3] * mwms_cluster.num_workers
+    assert result.ambiguous is False
