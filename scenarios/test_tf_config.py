@@ -117,7 +117,10 @@ def test_tf_config_duplicate_index(mwms_cluster):
 
     TensorFlow: the one that comes second cannot bind the address of its
     index and raises ``UnknownError: Could not start gRPC server``; the
-    others block forever in ``MultiWorkerMirroredStrategy()``.
+    others block forever in ``MultiWorkerMirroredStrategy()``.  Which of the
+    two claimants comes second is a race: usually the duplicate, sometimes
+    worker 0 (seen once in CI at N=2); the outcome and the culprit (from the
+    configs) are the same either way.
 
     Source: seed rule 1.
 
@@ -127,8 +130,9 @@ def test_tf_config_duplicate_index(mwms_cluster):
     result = mwms_cluster.run(train_and_report, timeout=10, grace=1,
                               faults=[BadTFConfig(last, "duplicate_index")])
     result.assert_failed(culprits=[last], error="UnknownError")
-    assert "Could not start gRPC server" in result.workers[last].exception.message
-    assert all(w.exception is None for w in result.workers[:last])
+    raised = [w.index for w in result.workers if w.exception is not None]
+    assert len(raised) == 1 and raised[0] in (0, last), result.report()
+    assert "Could not start gRPC server" in result.workers[raised[0]].exception.message
 
 
 _SWAPPED_RUN = dict(timeout=10, grace=1)
