@@ -543,7 +543,56 @@ def _blame_stuck(obs: RunObservation) -> _Blame:
                   f"({_at(pool[0])})", _last_step(pool[0]), ambiguous=True)
 
 
+_SHAPE_RE = re.compile(r"Op at device /job:worker/replica:\d+/task:(\d+)\S* expected shape "
+                       r"(\[[^\]]*\]) but another member in the group expected shape "
+                       r"(\[[^\]]*\])")
+
+
+def _blame_shape_mismatch(obs: RunObservation) -> Optional[_Blame]:
+    """Collectives that paired tensors of different shapes.
+
+    TensorFlow's "Shape mismatch in the collective instance" names the task
+    that noticed and its own shape, and the other shape.  Collected over all
+    errors, that is each task's shape; the odd one out against a strict
+    majority (N >= 3) is the worker whose collective differed: a different
+    batch size, or a collective the others did not make.  Two workers are
+    symmetric: each only sees that the other differs.
+    """
+    known: Dict[int, str] = {}
+    other_shapes = set()
+    for w in obs.workers:
+        for task, mine, other in _SHAPE_RE.findall((w.error.message or "") if w.error else ""):
+            known[int(task)] = mine
+            other_shapes.add(other)
+    if not known:
+        return None
+    n = obs.num_workers
+    shapes = ", ".join(f"{_names([t])} {s}" for t, s in sorted(known.items()))
+    if n == 2:
+        return _Blame([0, 1], "with 2 workers it cannot tell whose collective is the wrong one: "
+                      f"the all-reduce paired tensors of different shapes ({shapes}; the other "
+                      f"side {', '.join(sorted(other_shapes))})", 0, ambiguous=True,
+                      headline="collective shape mismatch between the 2 workers; it cannot "
+                               "tell whose collective is the wrong one")
+    counts = collections.Counter(known.values())
+    top, hits = counts.most_common(1)[0]
+    if len(counts) > 1 and 2 * hits > len(known):
+        odd = sorted(t for t, v in known.items() if v != top)
+    elif len(counts) == 1 and len(known) == n - 1 and other_shapes - {top}:
+        odd = sorted(set(range(n)) - set(known))
+    else:
+        return None
+    steps = [_last_step(w) for w in obs.workers if w.index in odd]
+    return _Blame(odd, f"its collective had a different shape from the others' ({shapes}; "
+                  f"majority {top})", steps[0] if steps else None,
+                  headline=f"{_names(odd)}: collective shape differs from the other workers' "
+                           f"(Shape mismatch; majority shape {top})")
+
+
 def _blame_failed(obs: RunObservation) -> _Blame:
+    shape = _blame_shape_mismatch(obs)
+    if shape is not None:
+        return shape
     roots = sorted((w for w in obs.workers if w.error is not None and not is_echo(w.error)),
                    key=lambda w: _time(w.finish_time))
     if not roots:

@@ -460,3 +460,43 @@ def test_property_precedence_and_culprits(obs):
     assert list(v.culprits) == sorted(set(v.culprits))
     assert bool(v.culprits) == (expected != "completed")
     assert v.text and len(v.text.splitlines()) <= 40
+
+
+def _shape_error(task: int, mine: str, other: str) -> WorkerError:
+    return WorkerError(
+        "InvalidArgumentError",
+        "{{function_node __wrapped__CollectiveReduceV2}} Collective ops is aborted by: Shape "
+        f"mismatch in the collective instance 105. Op at device /job:worker/replica:0/task:{task}"
+        f"/device:CPU:0 expected shape {mine} but another member in the group expected shape "
+        f"{other}. This is likely due to different input shapes at different members of the "
+        "collective op.")
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_shape_mismatch_names_the_odd_shape_when_it_did_not_raise(n):
+    # Workers 1..n-1 noticed; worker 0 (batch 4 instead of 8) was killed blocked.
+    ws = [blocked(0, n, steps=[0])] + [
+        WorkerObservation(i, tf_config=config(i, n), events=events([0], n),
+                          error=_shape_error(i, "[8]", "[4]"), finish_time=0.5 + i / 10,
+                          exit_code=1) for i in range(1, n)]
+    v = diagnose(run(*ws, ended_by="grace_expired"))
+    assert (v.outcome, v.culprits, v.ambiguous) == ("failed", (0,), False)
+    assert "shape" in v.text.splitlines()[0].lower()
+
+
+def test_shape_mismatch_names_the_odd_shape_among_raisers():
+    ws = [WorkerObservation(i, tf_config=config(i, 4), events=events([0], 4),
+                            error=_shape_error(i, "[]" if i == 0 else "[10]", "[10]" if i == 0
+                                               else "[]"), finish_time=1.0 - i / 10, exit_code=1)
+          for i in range(4)]
+    v = diagnose(run(*ws))
+    assert (v.outcome, v.culprits) == ("failed", (0,))
+
+
+def test_shape_mismatch_with_two_workers_is_ambiguous():
+    ws = [blocked(0, 2, steps=[0]),
+          WorkerObservation(1, tf_config=config(1, 2), events=events([0], 2),
+                            error=_shape_error(1, "[8]", "[4]"), finish_time=0.5, exit_code=1)]
+    v = diagnose(run(*ws, ended_by="grace_expired"))
+    assert (v.outcome, v.culprits, v.ambiguous) == ("failed", (0, 1), True)
+    assert "cannot tell" in v.text
