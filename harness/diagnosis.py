@@ -556,7 +556,7 @@ def _blame_shape_mismatch(obs: RunObservation) -> Optional[_Blame]:
     errors, that is each task's shape; the odd one out against a strict
     majority (N >= 3) is the worker whose collective differed: a different
     batch size, or a collective the others did not make.  Two workers are
-    symmetric: each only sees that the other differs.
+    symmetric (each only sees that the other differs): no verdict here.
     """
     known: Dict[int, str] = {}
     other_shapes = set()
@@ -567,13 +567,11 @@ def _blame_shape_mismatch(obs: RunObservation) -> Optional[_Blame]:
     if not known:
         return None
     n = obs.num_workers
+    if n < 3:
+        # Each of two workers only sees that the other differs; leave it to
+        # the rules on timing and progress.
+        return None
     shapes = ", ".join(f"{_names([t])} {s}" for t, s in sorted(known.items()))
-    if n == 2:
-        return _Blame([0, 1], "with 2 workers it cannot tell whose collective is the wrong one: "
-                      f"the all-reduce paired tensors of different shapes ({shapes}; the other "
-                      f"side {', '.join(sorted(other_shapes))})", 0, ambiguous=True,
-                      headline="collective shape mismatch between the 2 workers; it cannot "
-                               "tell whose collective is the wrong one")
     counts = collections.Counter(known.values())
     top, hits = counts.most_common(1)[0]
     if len(counts) > 1 and 2 * hits > len(known):

@@ -89,7 +89,7 @@ def test_branch_on_task_id_with_collective(mwms_cluster, scenario_run):
 @culprit_check("test_branch_on_task_id_with_collective")
 @pytest.mark.xfail(strict=False, reason="diagnosis: at N=4 it names the chief by the shape "
                    "majority in 3 of 4 runs (when enough workers' errors carry the shapes); with 2 "
-                   "workers the shapes are symmetric and it names both as ambiguous")
+                   "workers the shapes are symmetric and it blames the worker that raised first")
 def test_branch_on_task_id_with_collective_culprit(mwms_cluster, scenario_run):
     """The chief took the branch with the extra all-reduce: it is the culprit."""
     scenario_run("branch", train_with_branch, **_BRANCH_RUN).assert_failed(culprits=[0])

@@ -415,8 +415,8 @@ def test_per_worker_batch_size_mismatch(mwms_cluster, scenario_run):
 @pytest.mark.timeout(60)
 @culprit_check("test_per_worker_batch_size_mismatch")
 @pytest.mark.xfail(strict=False, reason="diagnosis: from 3 workers up it names the odd shape "
-                   "(worker 0, measured at N=4); with 2 the shapes are symmetric and it names "
-                   "both as ambiguous")
+                   "(worker 0, measured at N=4); with 2 the shapes are symmetric and it blames "
+                   "the worker that raised first (worker 1)")
 def test_per_worker_batch_size_mismatch_culprit(mwms_cluster, scenario_run):
     """The chief's batch differs from all the others': it is the culprit."""
     scenario_run("batch", train_batch_sizes, **_BATCH_RUN).assert_failed(culprits=[0])

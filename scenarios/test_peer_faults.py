@@ -209,8 +209,10 @@ def test_paused_worker_with_collective_timeout(mwms_cluster, scenario_run):
     Collective has timed out during execution``: an error instead of a
     hang.  Not deterministic here: on some 4-worker runs (3 of 8 measured)
     one or two survivors die of SIGSEGV while aborting the timed-out
-    collective, and the outcome is ``crashed``; with 2 workers always
-    ``failed``.
+    collective, and the outcome is ``crashed``; with 2 workers it was
+    ``failed`` in 11 runs alone, and ``crashed`` (the one survivor died of
+    SIGSEGV) once when two ``pytest -n 2`` runs of the catalogue shared the
+    machine's 2 cores.
 
     Source: ``tf.distribute.experimental.CommunicationOptions``.
 
@@ -222,7 +224,8 @@ def test_paused_worker_with_collective_timeout(mwms_cluster, scenario_run):
     result = _paused_with_timeout(scenario_run, mwms_cluster)
     assert result.outcome in ("failed", "crashed"), result.report()
     raised = [w for w in result.workers[:last] if w.exception is not None]
-    assert raised and all(w.exception.type_name == "DeadlineExceededError" for w in raised)
+    assert raised or result.outcome == "crashed", result.report()
+    assert all(w.exception.type_name == "DeadlineExceededError" for w in raised)
     assert all("Collective has timed out" in w.exception.message for w in raised)
     died = [w for w in result.workers[:last] if w.exception is None]
     assert all(w.exit_code == -11 for w in died), result.report()  # SIGSEGV, see above
