@@ -9,6 +9,7 @@ import signal
 import time
 
 from . import protocol
+from .worker import _flush
 from .faults import (Crash, Delay, ExtraCollective, InjectedFault, Pause, RaiseError,
                      SkipStep)
 
@@ -105,15 +106,6 @@ def describe_desync(seen) -> str:
         return (f"step desync: {at}; odd one out: "
                 + ", ".join(f"worker {i}" for i in odd))
     return f"step desync: {at}; no majority, so no single worker can be blamed"
-
-
-def _flush() -> None:
-    import sys
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
 
 
 CHIEF_WAIT = 1.0

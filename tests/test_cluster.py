@@ -8,16 +8,11 @@ import pytest
 
 import harness
 from harness.controller import SerializationError
-from helpers import allreduce_steps, tensorflow_pids, wait_gone
+from helpers import allreduce_steps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_workers():
-    yield
-    left = wait_gone(tensorflow_pids(), seconds=2)
-    assert not left, f"TensorFlow processes outlived the test: {left}"
 
 
 def _trainer(fail_worker=None, how=None, at_step=3, steps=10):

@@ -1,7 +1,6 @@
 """Hostile functions: each gets a clear outcome or message, and nothing hangs
 or stays behind."""
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -12,16 +11,11 @@ import psutil
 import pytest
 
 import harness
-from helpers import tensorflow_pids, wait_gone
+from helpers import wait_gone
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_workers():
-    yield
-    left = wait_gone(tensorflow_pids(), seconds=2)
-    assert not left, f"TensorFlow processes outlived the test: {left}"
 
 
 def _with_strategy():
