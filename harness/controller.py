@@ -112,12 +112,6 @@ class _Watch:
         self.trouble_at: Optional[float] = None
         self.resumes: List[tuple] = []  # (monotonic time, worker index)
 
-    def _now(self) -> float:
-        return time.monotonic()
-
-    def _progress(self, now: float) -> None:
-        self.last_progress = now
-
     def _trouble(self, now: float) -> None:
         if self.trouble_at is None:
             self.trouble_at = now
@@ -137,7 +131,7 @@ class _Watch:
                 self.resumes.append((now + fault.seconds, st.handle.index))
         else:
             st.events.append(Event(t, msg.kind, msg.step, msg.data))
-        self._progress(now)
+        self.last_progress = now
 
     def _drain(self, st: _WorkerState, now: float) -> None:
         try:
@@ -156,7 +150,7 @@ class _Watch:
         st.channel_open = False
         if not st.finished:
             self._trouble(now)
-        self._progress(now)
+        self.last_progress = now
 
     def _resume_due(self, now: float) -> None:
         due = [r for r in self.resumes if r[0] <= now]
@@ -175,7 +169,7 @@ class _Watch:
             pending = [s for s in self.states if s.pending]
             if not pending:
                 return ALL_FINISHED
-            now = self._now()
+            now = time.monotonic()
             hang_at = self.last_progress + self.timeout
             grace_at = self.trouble_at + self.grace if self.trouble_at is not None else math.inf
             resume_at = min((r[0] for r in self.resumes), default=math.inf)
@@ -191,7 +185,7 @@ class _Watch:
                 if s.pending:
                     waitables[s.handle.sentinel] = ("sentinel", s)
             ready = connection.wait(list(waitables), timeout=min(hang_at, grace_at, resume_at) - now)
-            now = self._now()
+            now = time.monotonic()
             for obj in ready:
                 what, st = waitables[obj]
                 if what == "conn":

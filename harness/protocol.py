@@ -24,9 +24,6 @@ FAULT = "fault"                        # data: the fault being applied (the reco
 RETURNED = "returned"                  # data: dill bytes of fn's return value
 RAISED = "raised"                      # data: WorkerError
 
-PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
-FINAL = (RETURNED, RAISED)
-
 
 @dataclasses.dataclass(frozen=True)
 class WorkerError:

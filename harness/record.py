@@ -61,15 +61,6 @@ class WorkerObservation:
         return steps[-1] if steps else None
 
     @property
-    def step_count(self) -> int:
-        """How many step boundaries this worker reported."""
-        return sum(1 for e in self.events if e.kind == "step")
-
-    @property
-    def last_progress_time(self) -> Optional[float]:
-        return self.events[-1].time if self.events else None
-
-    @property
     def finished(self) -> bool:
         return self.returned or self.error is not None
 

@@ -81,8 +81,6 @@ class RunResult:
         """The diagnosis, then the log tail of each worker that did not return."""
         parts = [self.diagnosis]
         for w in self.workers:
-            if w.observation is not None and w.observation.returned and not w.log.strip():
-                continue
             if w.observation is not None and w.observation.returned:
                 continue
             parts.append(f"--- worker {w.index} (exit code {w.exit_code}), last "

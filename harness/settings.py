@@ -44,7 +44,7 @@ def parse_workers(value: Any, option: str = "--mwms-workers", limit: Optional[in
         n = int(str(value).strip()) if not isinstance(value, bool) else None
     except ValueError:
         n = None
-    if n is None or (isinstance(value, float) and value != int(value)):
+    if n is None:
         raise SettingError(f"{option}: {value!r} is not a whole number; "
                            f"use an integer from 1 to {limit}")
     if not 1 <= n <= limit:
