@@ -2,20 +2,24 @@
 cluster of real TensorFlow processes, inject faults, and tell completion from
 a hang, an error or a crash, naming the culprit.
 
-Parent side (pytest process): :mod:`harness.plugin` (options, marker,
-fixture), :mod:`harness.controller` (launch, watch, collect),
-:mod:`harness.launcher` (how processes start), :mod:`harness.diagnosis`
-(pure verdict).  Worker side: :mod:`harness.worker` and
-:mod:`harness.context`.  Between them: :mod:`harness.protocol`.
+The layout is drawn in README.md ("How it works").  What a user touches:
+``harness.context()`` inside a worker, :mod:`harness.faults`, the results
+(``RunResult``, ``WorkerResult``), the errors below, and
+:mod:`harness.workloads` (known-good MWMS jobs to try the harness on).
 
 Importing this package does not import TensorFlow.
 """
-from .worker_context import context, WorkerContext, NotInWorkerError
-from .protocol import WorkerError
 from . import faults
+from .errors import (FaultError, HarnessError, InjectedFault, NotInWorkerError,
+                     SecondStrategyError, SerializationError, SettingError, StateDirError,
+                     StepDesyncError)
+from .protocol import WorkerError
+from .worker.context import WorkerContext, context
 
-__all__ = ["context", "WorkerContext", "NotInWorkerError", "WorkerError", "faults",
-           "RunResult", "WorkerResult", "Cluster"]
+__all__ = ["context", "WorkerContext", "WorkerError", "faults", "RunResult", "WorkerResult",
+           "Cluster", "HarnessError", "SettingError", "FaultError", "SerializationError",
+           "StateDirError", "NotInWorkerError", "InjectedFault", "SecondStrategyError",
+           "StepDesyncError"]
 
 
 def __getattr__(name):

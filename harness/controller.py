@@ -3,7 +3,7 @@
 :class:`Cluster` is what the ``mwms_cluster`` fixture hands a test.  Each
 ``run`` reserves ports, builds every worker's ``TF_CONFIG``, starts the
 workers through a :class:`~harness.launcher.Launcher`, and then watches them
-in :class:`_Watch`: one ``wait()`` on all the workers' channels and process
+in :class:`WatchLoop`: one ``wait()`` on all the workers' channels and process
 sentinels, so a report or a death wakes it at once and a hang is declared
 exactly ``timeout`` seconds after the last progress.  Whatever happens,
 including Ctrl-C, every worker and all it started is killed before ``run``
@@ -26,12 +26,12 @@ from multiprocess import connection
 from . import faults as faults_module
 from . import protocol, serialize, tfconfig
 from .diagnosis import diagnose
-from .launcher import Launcher, LocalLauncher, WorkerHandle
+from .errors import SerializationError
+from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
 from .ports import reserve_ports
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
 from .result import RunResult, WorkerResult
-from .settings import RunSettings, gpu_assignment, parse_seconds, visible_gpus
-from .worker import DUMP_SIGNAL
+from .settings import RunSettings, parse_seconds
 
 # How long a finished worker gets to exit by itself once released, and how
 # long a live one gets to write its faulthandler dump, before SIGKILL.
@@ -41,10 +41,6 @@ STACK_WAIT = 0.5
 # cannot swallow the parent's memory.
 LOG_HEAD = 64 * 1024
 LOG_TAIL = 1024 * 1024
-
-
-class SerializationError(TypeError):
-    """``fn``, its arguments or its result cannot cross a process boundary."""
 
 
 def serialize_call(fn: Callable, args: Sequence, kwargs: Optional[dict]) -> bytes:
@@ -77,101 +73,114 @@ def read_capped(path: str, head: int = LOG_HEAD, tail: int = LOG_TAIL) -> str:
 
 
 @dataclasses.dataclass
-class _WorkerState:
+class _TrackedWorker:
+    """What the parent knows of one worker while the run lasts.
+
+    ``seen`` is the worker's observation so far (a frozen record, replaced
+    as news arrives); its events are gathered apart, in ``events``, and put
+    in when the run ends.
+    """
+
     handle: WorkerHandle
-    tf_config: Optional[dict]
+    seen: WorkerObservation
     events: List[Event] = dataclasses.field(default_factory=list)
-    returned: bool = False
     return_payload: Optional[bytes] = None
-    error: Optional[protocol.WorkerError] = None
-    finish_time: Optional[float] = None
-    exit_code: Optional[int] = None
-    exit_time: Optional[float] = None
     channel_open: bool = True
-    killed_by_harness: bool = False
-    stopped: bool = False
+
+    def note(self, **changes: Any) -> None:
+        self.seen = dataclasses.replace(self.seen, **changes)
+
+    @property
+    def index(self) -> int:
+        return self.handle.index
 
     @property
     def finished(self) -> bool:
-        return self.returned or self.error is not None
+        return self.seen.finished
 
     @property
     def pending(self) -> bool:
-        return not self.finished and self.exit_code is None
+        return not self.finished and self.seen.exit_code is None
+
+    def observation(self, stack: str) -> WorkerObservation:
+        return dataclasses.replace(self.seen, events=tuple(self.events), stack=stack)
 
 
-class _Watch:
+class WatchLoop:
     """The watch loop of one run; see the module docstring."""
 
-    def __init__(self, states: List[_WorkerState], settings: RunSettings, start: float):
-        self.states = states
+    def __init__(self, workers: List[_TrackedWorker], settings: RunSettings, start: float):
+        self.workers = workers
         self.timeout = settings.timeout
         self.grace = min(settings.grace, settings.timeout)
         self.start = start
         self.last_progress = start
-        self.trouble_at: Optional[float] = None
+        self.first_failure: Optional[float] = None   # when a worker first raised or died
         self.resumes: List[tuple] = []  # (monotonic time, worker index)
 
-    def _trouble(self, now: float) -> None:
-        if self.trouble_at is None:
-            self.trouble_at = now
+    def _failure_at(self, now: float) -> None:
+        """A worker raised or died: its peers' grace starts now, if it has not yet."""
+        if self.first_failure is None:
+            self.first_failure = now
 
-    def _receive(self, st: _WorkerState, msg: protocol.Message, now: float) -> None:
+    def _receive(self, tw: _TrackedWorker, msg: protocol.Message, now: float) -> None:
         t = now - self.start
         if msg.kind == protocol.RETURNED:
-            st.returned, st.return_payload, st.finish_time = True, msg.data, t
+            tw.return_payload = msg.data
+            tw.note(returned=True, finish_time=t)
         elif msg.kind == protocol.RAISED:
-            st.error, st.finish_time = msg.data, t
-            self._trouble(now)
+            tw.note(error=msg.data, finish_time=t)
+            self._failure_at(now)
         elif msg.kind == protocol.FAULT:
             fault = msg.data
             # The record keeps plain text: it must load without harness.faults.
-            st.events.append(Event(t, msg.kind, msg.step, repr(fault)))
-            if isinstance(fault, faults_module.Pause) and fault.seconds is not None:
-                self.resumes.append((now + fault.seconds, st.handle.index))
+            tw.events.append(Event(t, msg.kind, msg.step, repr(fault)))
+            if fault.resume_after is not None:
+                self.resumes.append((now + fault.resume_after, tw.index))
         else:
-            st.events.append(Event(t, msg.kind, msg.step, msg.data))
+            tw.events.append(Event(t, msg.kind, msg.step, msg.data))
         self.last_progress = now
 
-    def _drain(self, st: _WorkerState, now: float) -> None:
+    def _drain(self, tw: _TrackedWorker, now: float) -> None:
         try:
-            while st.channel_open and st.handle.conn.poll(0):
-                self._receive(st, st.handle.conn.recv(), now)
+            while tw.channel_open and tw.handle.conn.poll(0):
+                self._receive(tw, tw.handle.conn.recv(), now)
         except (EOFError, OSError):
-            st.channel_open = False
+            tw.channel_open = False
 
-    def _reap(self, st: _WorkerState, now: float) -> None:
-        st.handle.join(0)
-        code = st.handle.exitcode
+    def _collect_exit(self, tw: _TrackedWorker, now: float) -> None:
+        tw.handle.join(0)
+        code = tw.handle.exitcode
         if code is None:
             return
-        self._drain(st, now)
-        st.exit_code, st.exit_time = code, now - self.start
-        st.channel_open = False
-        if not st.finished:
-            self._trouble(now)
+        self._drain(tw, now)
+        tw.note(exit_code=code, exit_time=now - self.start)
+        tw.channel_open = False
+        if not tw.finished:
+            self._failure_at(now)
         self.last_progress = now
 
     def _resume_due(self, now: float) -> None:
         due = [r for r in self.resumes if r[0] <= now]
         self.resumes = [r for r in self.resumes if r[0] > now]
         for when, index in due:
-            st = self.states[index]
-            if st.exit_code is not None:
+            tw = self.workers[index]
+            if tw.seen.exit_code is not None:
                 continue
-            if st.handle.is_stopped():
-                st.handle.send_signal(signal.SIGCONT)
+            if tw.handle.is_stopped():
+                tw.handle.send_signal(signal.SIGCONT)
             elif now - when < 1.0:  # it has not stopped itself yet; look again soon
                 self.resumes.append((now + 0.02, index))
 
     def loop(self) -> str:
         while True:
-            pending = [s for s in self.states if s.pending]
+            pending = [w for w in self.workers if w.pending]
             if not pending:
                 return ALL_FINISHED
             now = time.monotonic()
             hang_at = self.last_progress + self.timeout
-            grace_at = self.trouble_at + self.grace if self.trouble_at is not None else math.inf
+            grace_at = (self.first_failure + self.grace if self.first_failure is not None
+                        else math.inf)
             resume_at = min((r[0] for r in self.resumes), default=math.inf)
             if now >= resume_at:
                 self._resume_due(now)
@@ -179,29 +188,29 @@ class _Watch:
             if now >= hang_at or now >= grace_at:
                 return GRACE_EXPIRED if grace_at <= hang_at else HANG
             waitables: Dict[Any, tuple] = {}
-            for s in self.states:
-                if s.channel_open and not s.finished:
-                    waitables[s.handle.conn] = ("conn", s)
-                if s.pending:
-                    waitables[s.handle.sentinel] = ("sentinel", s)
+            for w in self.workers:
+                if w.channel_open and not w.finished:
+                    waitables[w.handle.conn] = ("conn", w)
+                if w.pending:
+                    waitables[w.handle.sentinel] = ("sentinel", w)
             ready = connection.wait(list(waitables), timeout=min(hang_at, grace_at, resume_at) - now)
             now = time.monotonic()
             for obj in ready:
-                what, st = waitables[obj]
+                what, tw = waitables[obj]
                 if what == "conn":
-                    self._drain(st, now)
+                    self._drain(tw, now)
                 else:
-                    self._reap(st, now)
+                    self._collect_exit(tw, now)
 
 
 class Cluster:
     """The ``mwms_cluster`` fixture: runs functions on an N-worker MWMS cluster.
 
-    ``num_workers`` is N.  ``run(fn, args, kwargs, timeout=, faults=, grace=)``
-    calls ``fn(*args, **kwargs)`` in each of N fresh worker processes whose
-    ``TF_CONFIG`` makes them one cluster, and returns a :class:`RunResult`.
-    Each call is a new cluster on new ports: one strategy per process is all
-    TensorFlow allows.
+    ``num_workers`` is N.  :meth:`run` calls ``fn(*args, **kwargs)`` in each
+    of N fresh worker processes whose ``TF_CONFIG`` makes them one cluster,
+    and returns a :class:`~harness.result.RunResult`.  Each call is a new
+    cluster on new ports: one strategy per process is all TensorFlow allows.
+    ``runs`` lists the results of every call so far.
     """
 
     def __init__(self, settings: RunSettings, launcher: Optional[Launcher] = None):
@@ -218,20 +227,11 @@ class Cluster:
         return (f"Cluster(workers={s.workers}, timeout={s.timeout:g}, devices={s.devices!r}, "
                 f"start_method={s.start_method!r})")
 
-    def _worker_envs(self) -> List[dict]:
-        base = dict(os.environ)
-        base.pop("TF_CONFIG", None)
-        n = self.settings.workers
-        if self.settings.devices == "gpu":
-            shares = gpu_assignment(n, visible_gpus())
-            return [{**base, "CUDA_VISIBLE_DEVICES": share} for share in shares]
-        return [{**base, "CUDA_VISIBLE_DEVICES": "-1"} for _ in range(n)]
-
     def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
             timeout: Optional[float] = None, faults: Sequence = (),
             grace: Optional[float] = None, sync_check: bool = False,
             env: Optional[dict] = None) -> RunResult:
-        """Run ``fn`` on every worker; see the class docstring.
+        """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         ``timeout`` overrides the hang timeout (seconds without progress);
         ``grace`` how long peers get once one worker has raised or died;
@@ -249,20 +249,21 @@ class Cluster:
         n = settings.workers
         plan = faults_module.validate(faults, n)
         payload = serialize_call(fn, args, kwargs)
-        envs = self._worker_envs()
+        envs = worker_environments(n, settings.devices)
         if env:
             bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
             if bad or "TF_CONFIG" in env:
                 raise ValueError("run(env=...): give str names and str values, and no TF_CONFIG "
                                  "(the harness sets it; use faults=[BadTFConfig(...)] to break it)")
-            envs = [{**e, **env} for e in envs]
-        with reserve_ports(n + 1) as reservation:
+        with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation:
             ports, spare = reservation.ports[:n], reservation.ports[n]
-            configs: List[Optional[dict]] = tfconfig.cluster_configs(ports)
-            for f in plan:
-                if isinstance(f, faults_module.BadTFConfig):
-                    configs = tfconfig.apply_bad_config(configs, f.worker, f.kind, spare)
+            configs = faults_module.configs_under(plan, tfconfig.cluster_configs(ports), spare)
+            # 0700, holds the logs; removed after the run.  It is also the
+            # workers' TMPDIR (unless env= sets one), so what TensorFlow and fn
+            # leave in the temp directory (autograph's generated files: one
+            # per traced function per worker) goes with it.
             tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
+            envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
             try:
                 result = self._run(payload, settings, configs, envs, plan, tmpdir,
                                    bool(sync_check))
@@ -281,55 +282,51 @@ class Cluster:
             for i in range(n)]
         start = time.monotonic()
         handles: List[WorkerHandle] = []
-        states: List[_WorkerState] = []
+        tracked: List[_TrackedWorker] = []
         ended_by = HANG
         try:
             handles = self.launcher.start(specs)
-            states = [_WorkerState(h, configs[h.index]) for h in handles]
-            ended_by = _Watch(states, settings, start).loop()
+            tracked = [_TrackedWorker(h, WorkerObservation(index=h.index,
+                                                           tf_config=configs[h.index]))
+                       for h in handles]
+            ended_by = WatchLoop(tracked, settings, start).loop()
             duration = time.monotonic() - start
             if ended_by != ALL_FINISHED:
-                _dump_stacks(states, specs)
+                _dump_stacks(tracked, specs)
         finally:
-            _stop(states, handles, start)
+            _stop(tracked, handles, start)
         obs = RunObservation(
             num_workers=n, timeout=settings.timeout, grace=settings.grace, ended_by=ended_by,
             duration=duration, workers=tuple(
-                WorkerObservation(
-                    index=s.handle.index, tf_config=s.tf_config, events=tuple(s.events),
-                    returned=s.returned, error=s.error, finish_time=s.finish_time,
-                    exit_code=s.exit_code, exit_time=s.exit_time,
-                    killed_by_harness=s.killed_by_harness, stopped=s.stopped,
-                    stack=read_capped(specs[s.handle.index].stack_path))
-                for s in states))
+                tw.observation(stack=read_capped(specs[tw.index].stack_path)) for tw in tracked))
         verdict = diagnose(obs)
         workers = tuple(
-            WorkerResult(index=w.index, return_value=_load_return(s), exception=w.error,
+            WorkerResult(index=w.index, return_value=_load_return(tw), exception=w.error,
                          exit_code=w.exit_code, log=read_capped(specs[w.index].log_path),
                          last_step=w.last_step, stack=w.stack, observation=w)
-            for w, s in zip(obs.workers, states))
+            for w, tw in zip(obs.workers, tracked))
         return RunResult(outcome=verdict.outcome, workers=workers, culprits=tuple(verdict.culprits),
                          diagnosis=verdict.text, duration=duration, observation=obs,
                          verdict=verdict)
 
 
-def _load_return(st: _WorkerState) -> Any:
-    if not st.returned or st.return_payload is None:
+def _load_return(tw: _TrackedWorker) -> Any:
+    if not tw.seen.returned or tw.return_payload is None:
         return None
-    return serialize.loads(st.return_payload)
+    return serialize.loads(tw.return_payload)
 
 
-def _dump_stacks(states: List[_WorkerState], specs) -> None:
+def _dump_stacks(tracked: List[_TrackedWorker], specs) -> None:
     """Ask every live, unfinished worker for its Python stacks (faulthandler)."""
     asked = []
-    for st in states:
-        if not st.pending:
+    for tw in tracked:
+        if not tw.pending:
             continue
-        if st.handle.is_stopped():
-            st.stopped = True
+        if tw.handle.is_stopped():
+            tw.note(stopped=True)
             continue
-        if st.handle.send_signal(DUMP_SIGNAL):
-            asked.append(specs[st.handle.index].stack_path)
+        if tw.handle.send_signal(protocol.DUMP_SIGNAL):
+            asked.append(specs[tw.index].stack_path)
     deadline = time.monotonic() + STACK_WAIT
     sizes: Dict[str, int] = {}
     while asked and time.monotonic() < deadline:
@@ -349,37 +346,39 @@ def _size(path: str) -> int:
         return 0
 
 
-def _stop(states: List[_WorkerState], handles: List[WorkerHandle], start: float) -> None:
+def _stop(tracked: List[_TrackedWorker], handles: List[WorkerHandle], start: float) -> None:
     """Release finished workers, SIGKILL the rest with all they started."""
-    by_index = {s.handle.index: s for s in states}
+    by_index = {tw.index: tw for tw in tracked}
+
+    def released(h: WorkerHandle) -> bool:
+        tw = by_index.get(h.index)
+        return tw is not None and tw.finished and tw.seen.exit_code is None
+
     # Listed while the workers live: a released worker's children (a process
     # in a session of its own escapes the group kill) are found only now.
     descendants = {h.index: h.descendants() for h in handles}
     for h in handles:
-        st = by_index.get(h.index)
-        if st is not None and st.finished and st.exit_code is None:
+        if released(h):
             try:
                 h.conn.send(protocol.RELEASE)
             except (OSError, EOFError):
                 pass
     deadline = time.monotonic() + RELEASE_WAIT
     for h in handles:
-        st = by_index.get(h.index)
-        if st is not None and st.finished and st.exit_code is None:
+        if released(h):
             h.join(max(0.0, deadline - time.monotonic()))
     for h in handles:
-        st = by_index.get(h.index)
+        tw = by_index.get(h.index)
         # Decide before the kill: once SIGKILL is sent the exit status can
         # arrive at once, and a worker we killed must not read as a crash.
         h.join(0)
         alive = h.exitcode is None
         h.kill_tree(descendants[h.index])
-        if alive and st is not None:
-            st.killed_by_harness = True
+        if alive and tw is not None:
+            tw.note(killed_by_harness=True)
     for h in handles:
         h.join(5)
-        st = by_index.get(h.index)
-        if st is not None and st.exit_code is None:
-            st.exit_code = h.exitcode
-            st.exit_time = time.monotonic() - start
+        tw = by_index.get(h.index)
+        if tw is not None and tw.seen.exit_code is None:
+            tw.note(exit_code=h.exitcode, exit_time=time.monotonic() - start)
         h.close()

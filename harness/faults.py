@@ -9,83 +9,23 @@ replay it.
 The diagnosis never reads the fault plan: it works out the culprit from
 what it observed, as it must for a user's real bug.  Faults only exist to
 prove that it does.
+
+Adding a fault kind is two edits: its class here (fields, and ``check`` for
+what its fields must hold), and a row in the worker's action table
+(:data:`harness.worker.actions.ACTIONS`) saying what it does there.  What a
+fault does in the parent is declared on the class: ``edit_configs`` (a
+``TF_CONFIG`` fault) and ``resume_after`` (a pause the parent ends).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Optional, Tuple, Union
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from .errors import FaultError, InjectedFault  # noqa: F401  (InjectedFault: RaiseError raises it)
+from . import tfconfig
 
 CRASH_HOW = ("exit", "kill", "abort")
-BAD_CONFIG_KINDS = ("missing", "wrong_size", "duplicate_index", "swapped", "wrong_port")
-
-
-class InjectedFault(RuntimeError):
-    """What :class:`RaiseError` raises inside the worker's training loop."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SkipStep:
-    """The worker does not run ``step``: its step count diverges by one."""
-    worker: int
-    step: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ExtraCollective:
-    """At ``step`` the worker runs one all-reduce the others do not."""
-    worker: int
-    step: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Crash:
-    """At ``step`` the worker dies: ``os._exit(1)``, SIGKILL of itself, or ``abort()``."""
-    worker: int
-    step: int
-    how: str = "exit"
-
-
-@dataclasses.dataclass(frozen=True)
-class RaiseError:
-    """At ``step`` the worker's training loop raises :class:`InjectedFault`."""
-    worker: int
-    step: int
-    message: str = "injected fault"
-
-
-@dataclasses.dataclass(frozen=True)
-class Pause:
-    """At ``step`` the worker is stopped with SIGSTOP; the parent sends
-    SIGCONT after ``seconds``, or never when ``seconds`` is None."""
-    worker: int
-    step: int
-    seconds: Optional[float] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Delay:
-    """At ``step`` the worker sleeps ``seconds``: a straggler that should
-    still complete when ``seconds`` is below the hang timeout."""
-    worker: int
-    step: int
-    seconds: float
-
-
-@dataclasses.dataclass(frozen=True)
-class BadTFConfig:
-    """The worker's ``TF_CONFIG`` is wrong from the start (see
-    :func:`harness.tfconfig.apply_bad_config` for each ``kind``)."""
-    worker: int
-    kind: str
-
-
-Fault = Union[SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, BadTFConfig]
-STEP_FAULTS = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay)
-FAULT_TYPES = STEP_FAULTS + (BadTFConfig,)
-
-
-class FaultError(ValueError):
-    """A fault plan that cannot be applied; raised before any process starts."""
+BAD_CONFIG_KINDS = tfconfig.BAD_CONFIG_KINDS
 
 
 def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
@@ -97,43 +37,137 @@ def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
         raise FaultError(f"{fault!r}: {name} must be 0 or more, got {value!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """Base of every fault: the worker it acts in."""
+    worker: int
+
+    def check(self, num_workers: int) -> None:
+        """Raise :class:`FaultError` unless this fault can act in a cluster of ``num_workers``."""
+        if isinstance(self.worker, bool) or not isinstance(self.worker, int) \
+                or not 0 <= self.worker < num_workers:
+            raise FaultError(f"{self!r}: worker {self.worker!r} does not exist in a cluster of "
+                             f"{num_workers} workers (0..{num_workers - 1})")
+
+    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+        """The workers' ``TF_CONFIG`` dicts as this fault leaves them (most leave them be)."""
+        return configs
+
+    @property
+    def resume_after(self) -> Optional[float]:
+        """Seconds after this fault acted at which the parent resumes the stopped worker."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFault(Fault):
+    """A fault that acts at the boundary of step ``step`` of the worker's loop."""
+    step: int
+
+    def check(self, num_workers: int) -> None:
+        super().check(num_workers)
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise FaultError(f"{self!r}: step must be an integer 0 or more, got {self.step!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipStep(StepFault):
+    """The worker does not run ``step``: its step count diverges by one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraCollective(StepFault):
+    """At ``step`` the worker runs one all-reduce the others do not."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Crash(StepFault):
+    """At ``step`` the worker dies: ``os._exit(1)``, SIGKILL of itself, or ``abort()``."""
+    how: str = "exit"
+
+    def check(self, num_workers: int) -> None:
+        super().check(num_workers)
+        if self.how not in CRASH_HOW:
+            raise FaultError(f"{self!r}: how must be one of {', '.join(CRASH_HOW)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaiseError(StepFault):
+    """At ``step`` the worker's training loop raises :class:`~harness.errors.InjectedFault`."""
+    message: str = "injected fault"
+
+    def check(self, num_workers: int) -> None:
+        super().check(num_workers)
+        if not isinstance(self.message, str):
+            raise FaultError(f"{self!r}: message must be a string")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pause(StepFault):
+    """At ``step`` the worker is stopped with SIGSTOP; the parent sends
+    SIGCONT after ``seconds``, or never when ``seconds`` is None."""
+    seconds: Optional[float] = None
+
+    def check(self, num_workers: int) -> None:
+        super().check(num_workers)
+        _check_number(self, "seconds", self.seconds, allow_none=True)
+
+    @property
+    def resume_after(self) -> Optional[float]:
+        # A stopped process cannot wake itself: the parent, which saw the
+        # fault's message first, sends SIGCONT.
+        return self.seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Delay(StepFault):
+    """At ``step`` the worker sleeps ``seconds``: a straggler that should
+    still complete when ``seconds`` is below the hang timeout."""
+    seconds: float
+
+    def check(self, num_workers: int) -> None:
+        super().check(num_workers)
+        _check_number(self, "seconds", self.seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class BadTFConfig(Fault):
+    """The worker's ``TF_CONFIG`` is wrong from the start (see
+    :func:`harness.tfconfig.apply_bad_config` for each ``kind``)."""
+    kind: str
+
+    def check(self, num_workers: int) -> None:
+        super().check(num_workers)
+        if self.kind not in BAD_CONFIG_KINDS:
+            raise FaultError(f"{self!r}: kind must be one of {', '.join(BAD_CONFIG_KINDS)}")
+        if self.kind in ("duplicate_index", "swapped") and num_workers < 2:
+            raise FaultError(f"{self!r}: needs at least 2 workers")
+
+    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+        return tfconfig.apply_bad_config(configs, self.worker, self.kind, spare_port)
+
+
+FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, BadTFConfig)
+
+
 def validate(faults: Iterable, num_workers: int) -> Tuple[Fault, ...]:
     """Check a fault plan against a cluster of ``num_workers``; return it as a tuple.
 
-    Rejects: something that is not a fault, a worker outside
-    ``0..num_workers-1``, a negative or non-integer step, a negative delay or
-    pause, an unknown ``how`` or ``kind``, and two ``BadTFConfig`` for one worker.
+    Each fault checks its own fields (:meth:`Fault.check`); across the plan,
+    a worker may have one ``BadTFConfig`` at most.
     """
     if faults is None:
         return ()
-    if isinstance(faults, FAULT_TYPES):
+    if isinstance(faults, Fault):
         faults = (faults,)
     plan = tuple(faults)
     seen_config = set()
     for f in plan:
-        if not isinstance(f, FAULT_TYPES):
+        if not isinstance(f, Fault):
             raise FaultError(f"{f!r} is not a fault; use one of "
                              f"{', '.join(t.__name__ for t in FAULT_TYPES)} from harness.faults")
-        if isinstance(f.worker, bool) or not isinstance(f.worker, int) \
-                or not 0 <= f.worker < num_workers:
-            raise FaultError(f"{f!r}: worker {f.worker!r} does not exist in a cluster of "
-                             f"{num_workers} workers (0..{num_workers - 1})")
-        if isinstance(f, STEP_FAULTS):
-            if isinstance(f.step, bool) or not isinstance(f.step, int) or f.step < 0:
-                raise FaultError(f"{f!r}: step must be an integer 0 or more, got {f.step!r}")
-        if isinstance(f, Crash) and f.how not in CRASH_HOW:
-            raise FaultError(f"{f!r}: how must be one of {', '.join(CRASH_HOW)}")
-        if isinstance(f, Delay):
-            _check_number(f, "seconds", f.seconds)
-        if isinstance(f, Pause):
-            _check_number(f, "seconds", f.seconds, allow_none=True)
-        if isinstance(f, RaiseError) and not isinstance(f.message, str):
-            raise FaultError(f"{f!r}: message must be a string")
+        f.check(num_workers)
         if isinstance(f, BadTFConfig):
-            if f.kind not in BAD_CONFIG_KINDS:
-                raise FaultError(f"{f!r}: kind must be one of {', '.join(BAD_CONFIG_KINDS)}")
-            if f.kind in ("duplicate_index", "swapped") and num_workers < 2:
-                raise FaultError(f"{f!r}: needs at least 2 workers")
             if f.worker in seen_config:
                 raise FaultError(f"{f!r}: worker {f.worker} already has a BadTFConfig")
             seen_config.add(f.worker)
@@ -144,5 +178,13 @@ def for_worker(plan: Iterable[Fault], index: int) -> Tuple[Fault, ...]:
     return tuple(f for f in plan if f.worker == index)
 
 
-def at_step(plan: Iterable[Fault], step: int) -> Tuple[Fault, ...]:
-    return tuple(f for f in plan if isinstance(f, STEP_FAULTS) and f.step == step)
+def at_step(plan: Iterable[Fault], step: int) -> Tuple[StepFault, ...]:
+    return tuple(f for f in plan if isinstance(f, StepFault) and f.step == step)
+
+
+def configs_under(plan: Sequence[Fault], configs: List[Optional[dict]],
+                  spare_port: int) -> List[Optional[dict]]:
+    """The workers' ``TF_CONFIG`` dicts once every fault of ``plan`` has edited them."""
+    for f in plan:
+        configs = f.edit_configs(configs, spare_port)
+    return configs

@@ -8,7 +8,7 @@ implements the same two classes.
 :class:`LocalLauncher` has two start methods:
 
 ``forkserver`` (default for CPU)
-    A server process imports TensorFlow once (:mod:`harness._preload`); each
+    A server process imports TensorFlow once (:mod:`harness.worker.preload`); each
     worker is a ``fork()`` of it.  After the first run a 2-worker cluster
     starts in a fraction of a second.  The server lives as long as the
     pytest process and exits when pytest does, even on SIGKILL (its
@@ -30,8 +30,43 @@ import multiprocess
 import psutil
 
 from .protocol import WorkerSpec
+from .settings import START_METHODS, gpu_assignment, visible_gpus
 
-START_METHODS = ("forkserver", "spawn")
+
+def worker_environments(num_workers: int, devices: str = "cpu",
+                        base: Optional[dict] = None) -> List[dict]:
+    """The environment of each of ``num_workers`` workers: ``base`` (the
+    parent's environment by default) without ``TF_CONFIG``, and for ``cpu``
+    every GPU hidden, for ``gpu`` an equal share of the visible GPUs."""
+    base = dict(os.environ if base is None else base)
+    base.pop("TF_CONFIG", None)
+    if devices == "gpu":
+        shares = gpu_assignment(num_workers, visible_gpus())
+        return [{**base, "CUDA_VISIBLE_DEVICES": share} for share in shares]
+    return [{**base, "CUDA_VISIBLE_DEVICES": "-1"} for _ in range(num_workers)]
+
+
+def kill_tree(pid: int, known: Sequence[psutil.Process] = ()) -> None:
+    """SIGKILL process ``pid``, its process group and every descendant.
+
+    Descendants are listed before the kill (and ``known`` ones, listed
+    earlier, are added): once ``pid`` is dead its children are re-parented
+    and can no longer be found from it.  The process group catches those the
+    listing raced with; a worker's reaper (see :mod:`harness.worker`) catches
+    the rest.  The group kill only applies when ``pid`` leads its group, as
+    every worker does.
+    """
+    try:
+        descendants = list(known) + psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = list(known)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)   # no such group unless pid leads one
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 class WorkerHandle:
@@ -79,22 +114,8 @@ class WorkerHandle:
             return []
 
     def kill_tree(self, known: Sequence[psutil.Process] = ()) -> None:
-        """SIGKILL the worker, its process group and every descendant.
-
-        Descendants are listed before the kill (and ``known`` ones, listed
-        earlier, are added): once the worker is dead its children are
-        re-parented and can no longer be found from it.  The process group
-        catches those the listing raced with; the worker's reaper (see
-        :mod:`harness.worker`) catches the rest.
-        """
-        descendants = list(known) + self.descendants()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self.pid, signal.SIGKILL)
-        for child in descendants:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
+        """SIGKILL the worker with all it started; see :func:`kill_tree`."""
+        kill_tree(self.pid, known)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -119,7 +140,7 @@ _forkserver_lock = threading.Lock()
 def _forkserver_context():
     ctx = multiprocess.get_context("forkserver")
     with _forkserver_lock:
-        ctx.set_forkserver_preload(["harness._preload"])
+        ctx.set_forkserver_preload(["harness.worker.preload"])
     return ctx
 
 
@@ -153,7 +174,7 @@ class LocalLauncher(Launcher):
             forkserver.ensure_running()
 
     def start(self, specs: Sequence[WorkerSpec]) -> List[WorkerHandle]:
-        from .worker import worker_main
+        from .worker import worker_main   # the worker side's one entry point
         ctx = self._context()
         handles: List[WorkerHandle] = []
         try:

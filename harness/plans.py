@@ -17,7 +17,8 @@ from typing import Tuple
 
 from hypothesis import strategies as st
 
-from . import faults as F
+from .faults import (BAD_CONFIG_KINDS, CRASH_HOW, BadTFConfig, Crash, Delay, ExtraCollective,
+                     Fault, Pause, RaiseError, SkipStep, StepFault)
 
 PLAN_STEPS = 6
 
@@ -25,7 +26,7 @@ PLAN_STEPS = 6
 @dataclasses.dataclass(frozen=True)
 class Plan:
     workers: int
-    faults: Tuple[F.Fault, ...] = ()
+    faults: Tuple[Fault, ...] = ()
     timeout: float = 3.0
     steps: int = PLAN_STEPS
 
@@ -40,18 +41,18 @@ def faults_for(n: int, steps: int = PLAN_STEPS, timeout: float = 3.0) -> st.Sear
     step = st.integers(0, steps - 1)
     short = st.sampled_from([0.2, 0.5, round(timeout / 3, 2)])
     return st.one_of(
-        st.builds(F.SkipStep, worker, step),
-        st.builds(F.ExtraCollective, worker, step),
-        st.builds(F.Crash, worker, step, st.sampled_from(F.CRASH_HOW)),
-        st.builds(F.RaiseError, worker, step, st.just("generated fault")),
-        st.builds(F.Pause, worker, step, st.one_of(st.none(), short)),
-        st.builds(F.Delay, worker, step, short),
-        st.builds(F.BadTFConfig, worker, st.sampled_from(F.BAD_CONFIG_KINDS)),
+        st.builds(SkipStep, worker, step),
+        st.builds(ExtraCollective, worker, step),
+        st.builds(Crash, worker, step, st.sampled_from(CRASH_HOW)),
+        st.builds(RaiseError, worker, step, st.just("generated fault")),
+        st.builds(Pause, worker, step, st.one_of(st.none(), short)),
+        st.builds(Delay, worker, step, short),
+        st.builds(BadTFConfig, worker, st.sampled_from(BAD_CONFIG_KINDS)),
     )
 
 
 def _desync(f) -> bool:
-    return isinstance(f, (F.SkipStep, F.ExtraCollective))
+    return isinstance(f, (SkipStep, ExtraCollective))
 
 
 def well_formed(plan: Plan) -> bool:
@@ -63,11 +64,11 @@ def well_formed(plan: Plan) -> bool:
     at one step (which acts first is a race between processes).
     """
     fs = plan.faults
-    if any(isinstance(f, F.BadTFConfig) for f in fs) and len(fs) > 1:
+    if any(isinstance(f, BadTFConfig) for f in fs) and len(fs) > 1:
         return False
     if sum(_desync(f) for f in fs) > 1:
         return False
-    steps = [f.step for f in fs if isinstance(f, F.STEP_FAULTS)]
+    steps = [f.step for f in fs if isinstance(f, StepFault)]
     return len(steps) == len(set(steps))
 
 

@@ -4,87 +4,62 @@ Installed packages register it through the ``pytest11`` entry point
 ``mwms = harness.plugin``, so a project that only installs pytest-mwms gets
 all of this with no conftest import.
 
-Options (each also an ini key of the same name with ``_`` for ``-``):
-
-``--mwms-workers=N`` (ini ``mwms_workers``, default 2)
-    Workers per cluster.  From 1 to what the machine holds (8 per core, and
-    one per half GiB of RAM, at most 64).  More workers than cores works (the
-    workers mostly wait on each other), but start-up and steps slow down.
-``--mwms-timeout=SECONDS`` (ini ``mwms_timeout``, default 30)
-    A run is declared hung when no worker has made progress (a step
-    boundary, a phase change, a worker finishing) for this long.  Lower is
-    faster to report; too low flags slow start-up (TensorFlow import under
-    ``spawn`` takes 5-10 s) or long steps as hangs.
-``--mwms-grace=SECONDS`` (ini ``mwms_grace``, default 5)
-    Once one worker has raised or died, how long its peers get to finish or
-    fail on their own before they are dumped and killed.  TensorFlow tells
-    survivors of a dead peer after about 10 s; raise this to record those
-    errors, lower it to fail faster.
-``--mwms-devices=cpu|gpu`` (ini ``mwms_devices``, default cpu)
-    ``cpu`` hides every GPU from the workers; ``gpu`` gives each worker an
-    equal share of the visible GPUs through ``CUDA_VISIBLE_DEVICES``.
-``--mwms-start-method=forkserver|spawn`` (ini ``mwms_start_method``)
-    ``forkserver`` (the default on CPU) forks workers from a server that has
-    imported TensorFlow once: fast, after the first run.  ``spawn`` (the
-    default on GPU) starts a fresh interpreter per worker: slow, isolated.
-
-The marker ``@pytest.mark.mwms(workers=N, timeout=S, grace=S)`` overrides
-the options for one test.  Every bad value is a usage error naming the
-option, raised before any test runs.
+The options, their ini keys, defaults and trade-offs are declared once, in
+:data:`harness.settings.OPTIONS`; ``pytest --help`` and README.md's table
+are made from there.  The marker ``@pytest.mark.mwms(workers=N, timeout=S,
+grace=S)`` overrides them for one test.  Every bad value is a usage error
+naming the option, raised before any test runs.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from .settings import (DEVICES, START_METHODS, RunSettings, SettingError, gpu_assignment,
-                       max_workers, parse_choice, parse_marker, parse_seconds, parse_workers,
+from .errors import StateDirError
+from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, SettingError,
+                       gpu_assignment, parse_choice, parse_marker, parse_seconds, parse_workers,
                        visible_gpus)
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 
-_OPTIONS = [
-    ("workers", "N", "2", "workers per cluster (1 to {max}); ini: mwms_workers"),
-    ("timeout", "SECONDS", "30", "hang timeout: seconds without any worker's progress before "
-     "the run is declared hung; ini: mwms_timeout"),
-    ("grace", "SECONDS", "5", "seconds the other workers get to finish or fail once one has "
-     "raised or died; ini: mwms_grace"),
-    ("devices", "cpu|gpu", "cpu", "cpu hides GPUs from workers; gpu splits the visible GPUs "
-     "among them via CUDA_VISIBLE_DEVICES; ini: mwms_devices"),
-    ("start-method", "forkserver|spawn", None, "how workers start: forkserver forks them from "
-     "a server that imported TensorFlow once (default on cpu), spawn starts a fresh Python per "
-     "worker (default on gpu); ini: mwms_start_method"),
-]
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mwms", "MultiWorkerMirroredStrategy fault-injection harness")
-    for name, metavar, default, help_text in _OPTIONS:
-        key = "mwms_" + name.replace("-", "_")
-        help_text = help_text.format(max=max_workers())
-        if default is not None:
-            help_text += f" (default {default})"
-        group.addoption(f"--mwms-{name}", dest=key, metavar=metavar, default=None, help=help_text)
-        parser.addini(key, help_text, default=default)
+    for option in OPTIONS:
+        help_text = f"{option.help}; ini: {option.ini} (default {option.default_text})"
+        help_text = help_text.replace("%", "%%")   # argparse formats help with %
+        group.addoption(option.flag, dest=option.ini, metavar=option.metavar, default=None,
+                        help=help_text)
+        parser.addini(option.ini, option.help, default=option.default)
 
 
-def _value(config: pytest.Config, key: str):
+def _value(config: pytest.Config, name: str):
+    key = OPTION[name].ini
     value = config.getoption(key)
     return config.getini(key) if value is None else value
 
 
 def settings_from_config(config: pytest.Config) -> RunSettings:
-    workers = parse_workers(_value(config, "mwms_workers"))
-    timeout = parse_seconds(_value(config, "mwms_timeout"), "--mwms-timeout")
-    grace = parse_seconds(_value(config, "mwms_grace"), "--mwms-grace", allow_zero=True)
-    devices = parse_choice(_value(config, "mwms_devices"), "--mwms-devices", DEVICES)
-    method = _value(config, "mwms_start_method")
+    workers = parse_workers(_value(config, "workers"))
+    timeout = parse_seconds(_value(config, "timeout"), "--mwms-timeout")
+    grace = parse_seconds(_value(config, "grace"), "--mwms-grace", allow_zero=True)
+    devices = parse_choice(_value(config, "devices"), "--mwms-devices", DEVICES)
+    method = _value(config, "start-method")
     if method in (None, ""):
         method = "forkserver" if devices == "cpu" else "spawn"
     method = parse_choice(method, "--mwms-start-method", START_METHODS)
     if devices == "gpu":
         gpu_assignment(workers, visible_gpus())
+    state_dir = config.getoption(OPTION["state-dir"].ini)
+    if state_dir:
+        state_dir = os.path.abspath(state_dir)
+    elif config.getini(OPTION["state-dir"].ini):   # relative to the ini file's folder
+        state_dir = os.path.join(str(config.rootpath), config.getini(OPTION["state-dir"].ini))
+    else:
+        state_dir = None
     return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
-                       start_method=method)
+                       start_method=method, state_dir=state_dir)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -114,6 +89,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         uses_cluster = uses_cluster or "mwms_cluster" in getattr(item, "fixturenames", ())
     settings = config.stash.get(SETTINGS_KEY, None)
     if uses_cluster and settings is not None and not config.option.collectonly:
+        # A port directory this user cannot use would fail every test the
+        # same way: say so once, as a usage error, before any test runs.
+        from .ports import check_state_dir
+        try:
+            check_state_dir(settings.state_dir)
+        except StateDirError as e:
+            raise pytest.UsageError(str(e)) from None
         # Overlap the forkserver's TensorFlow import with collection and the
         # first tests' setup.
         from .launcher import LocalLauncher
@@ -125,8 +107,9 @@ def mwms_cluster(request: pytest.FixtureRequest):
     """An N-worker MultiWorkerMirroredStrategy cluster for this test.
 
     ``mwms_cluster.run(fn, args=(), kwargs=None, *, timeout=None, faults=(),
-    grace=None)`` runs ``fn`` in N fresh worker processes that form one
-    cluster and returns a ``RunResult``; ``mwms_cluster.num_workers`` is N.
+    grace=None, sync_check=False, env=None)`` runs ``fn`` in N fresh worker
+    processes that form one cluster and returns a ``RunResult`` (see
+    :meth:`harness.controller.Cluster.run`); ``mwms_cluster.num_workers`` is N.
     """
     from .controller import Cluster
     settings = request.config.stash[SETTINGS_KEY].with_overrides(

@@ -1,42 +1,58 @@
-"""The one message protocol between a worker and the parent.
+"""What the two sides of the harness share: message kinds, signals, specs.
 
-A worker sends :class:`Message` values, one at a time, over a one-way pipe
-that the parent created for it.  The channel is an OS pipe, so it keeps
-working when TensorFlow's own gRPC channels are wedged, and the parent
-wakes the instant a message (or the worker's death) arrives: there is no
-polling interval in the hang detector.
+The parent (pytest's process) creates a duplex OS pipe per worker.  The
+worker sends :class:`Message` values up it, one at a time; the parent sends
+one thing down it, :data:`RELEASE`.  The channel is an OS pipe, so it keeps
+working when TensorFlow's own gRPC channels are wedged, and the parent wakes
+the instant a message (or the worker's death) arrives: there is no polling
+interval in the hang detector.
 
 Nothing here imports TensorFlow: both sides, and the pure diagnosis, use it.
 """
 from __future__ import annotations
 
 import dataclasses
+import signal
 from typing import Any, Optional
 
-# Phases a worker goes through, in order.  ``Message.kind`` is one of these
-# or one of the event kinds below.
+# -- worker -> parent: Message.kind ------------------------------------------
+# Phases a worker goes through, in this order (PHASES), then the events.
 STARTED = "started"                    # worker set up, about to call fn
 STRATEGY_CREATING = "strategy_creating"  # entered MultiWorkerMirroredStrategy()
 STRATEGY_CREATED = "strategy_created"    # data: num_replicas_in_sync
 STEP = "step"                          # step: the step index about to run
 STEPS_DONE = "steps_done"              # step: how many steps the loop ran; data: how many it was asked for
+PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 FAULT = "fault"                        # data: the fault being applied (the record keeps its repr)
 RETURNED = "returned"                  # data: dill bytes of fn's return value
 RAISED = "raised"                      # data: WorkerError
 
+# -- parent -> worker ----------------------------------------------------------
+# The one message down the channel: a finished worker may exit now.  Finished
+# workers wait for it so that a worker which returned early stays alive (as a
+# real process would stay in its cluster) until the whole run is decided.
+RELEASE = "release"
+
+# faulthandler in every worker dumps all its threads' Python stacks to its
+# stack file on this signal: a C-level handler, so it works while the main
+# thread is blocked inside a TensorFlow collective.
+DUMP_SIGNAL = signal.SIGUSR1
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerError:
-    """An exception raised in a worker, reduced to text.
+    """An exception raised in a worker, reduced to data.
 
     TensorFlow's exceptions hold C++ op state and do not pickle reliably, so
-    what crosses the process boundary is the type name, the message and the
-    formatted traceback.
+    what crosses the process boundary is the type name, the message, the
+    formatted traceback and, for the harness's own errors that carry data
+    (see :mod:`harness.errors`), that data as ``fields``.
     """
 
     type_name: str
     message: str
     traceback: str = ""
+    fields: Optional[dict] = None
 
     def __str__(self) -> str:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
@@ -56,13 +72,6 @@ class Message:
     time: float
     step: Optional[int] = None
     data: Any = None
-
-
-# Parent -> worker: a single byte on the worker's channel telling a finished
-# worker to exit.  Finished workers wait for it so that a worker which
-# returned early stays alive (as a real process would stay in its cluster)
-# until the whole run is decided; see harness.worker.
-RELEASE = "release"
 
 
 @dataclasses.dataclass(frozen=True)

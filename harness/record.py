@@ -10,7 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+from . import protocol
 from .protocol import WorkerError
+
+# What a run ends as, the diagnosis's first answer (precedence, from the
+# highest: crashed, failed, hang).
+OUTCOMES = ("completed", "failed", "crashed", "hang")
 
 # How a run's watch loop ended.
 ALL_FINISHED = "all_finished"   # every worker returned, raised or died
@@ -56,8 +61,14 @@ class WorkerObservation:
     stack: str = ""
 
     @property
+    def steps(self) -> Tuple[int, ...]:
+        """The step boundaries the worker reported, in order."""
+        return tuple(e.step for e in self.events
+                     if e.kind == protocol.STEP and isinstance(e.step, int))
+
+    @property
     def last_step(self) -> Optional[int]:
-        steps = [e.step for e in self.events if e.kind == "step"]
+        steps = self.steps
         return steps[-1] if steps else None
 
     @property

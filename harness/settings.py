@@ -22,8 +22,7 @@ WORKERS_PER_CORE = 8
 MAX_WORKERS_CAP = 64
 
 
-class SettingError(ValueError):
-    """A bad option or marker value; the message is for the user."""
+from .errors import SettingError  # raised by every parse_* below
 
 
 def max_workers(cpu_count: Optional[int] = None, mem_bytes: Optional[int] = None) -> int:
@@ -74,28 +73,88 @@ def parse_choice(value: Any, option: str, choices: tuple) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """Everything that shapes a run besides ``fn`` and the faults.
+class Option:
+    """One setting of the plugin: the single source of its name, default and text.
 
-    ``timeout``: seconds without progress (a step boundary, a phase change or
-    a worker finishing) after which the run is declared hung.
-
-    ``grace``: once a worker has raised or died, seconds its peers get to
-    finish or fail on their own before they are dumped and killed.
-    TensorFlow reports a dead peer to the others as ``UnavailableError``
-    after about 10 s (the coordination service's heartbeat); a shorter grace
-    reports faster but records fewer of those echoes.
-
-    ``start_method``: ``forkserver`` forks workers from a server that has
-    already imported TensorFlow (about 0.4 s per 2-worker run instead of
-    5-10 s); ``spawn`` starts a fresh interpreter per worker.
+    The plugin builds its command-line option (``--mwms-<name>``) and its ini
+    key (``mwms_<name>`` with ``_`` for ``-``) from it, and README.md's
+    options table is generated from :data:`OPTIONS` (``python -m
+    harness.settings`` prints it; a test fails when the README differs).
     """
+
+    name: str
+    metavar: str
+    default: Optional[str]   # as a user would type it; None: worked out at run time
+    default_text: str        # the default, for people
+    help: str                # what it does, one line
+    tradeoff: str = ""       # what choosing a value costs, for the README
+
+    @property
+    def flag(self) -> str:
+        return f"--mwms-{self.name}"
+
+    @property
+    def ini(self) -> str:
+        return "mwms_" + self.name.replace("-", "_")
+
+
+OPTIONS = (
+    Option("workers", "N", "2", "2",
+           "workers per cluster, 1 to what the machine holds (8 per core, one per 0.5 GiB "
+           "RAM, at most 64)",
+           "More workers than cores works (the workers mostly wait on each other), but "
+           "start-up and steps slow down."),
+    Option("timeout", "SECONDS", "30", "30",
+           "a run is hung when no worker made progress (step boundary, phase change, "
+           "finishing) for this long",
+           "Lower reports faster; too low calls slow start-up (5-10 s under spawn) or long "
+           "steps a hang."),
+    Option("grace", "SECONDS", "5", "5",
+           "once a worker raised or died, how long the others get to finish or fail before "
+           "they are dumped and killed",
+           "TensorFlow tells survivors of a dead peer after about 10 s: raise it to record "
+           "those errors, lower it to fail faster."),
+    Option("devices", "cpu|gpu", "cpu", "cpu",
+           "`cpu` hides all GPUs; `gpu` splits the visible GPUs among the workers via "
+           "`CUDA_VISIBLE_DEVICES`",
+           "Each worker gets the same number of GPUs; leftovers stay unused."),
+    Option("start-method", "forkserver|spawn", None, "forkserver on cpu, spawn on gpu",
+           "forkserver forks workers from a server that imported TensorFlow once; spawn "
+           "starts a fresh Python per worker",
+           "forkserver: a 2-worker run in ~0.3 s after the first. spawn: 5-10 s a run, "
+           "nothing shared (forking a process that loaded CUDA is not shown safe)."),
+    Option("state-dir", "DIR", None, "$MWMS_STATE_DIR, else the temp directory's "
+           "`pytest-mwms-ports`",
+           "where the harness coordinates the ports it reserves with other pytest processes "
+           "and other users",
+           "Set it when the shared default cannot be used; processes that should not "
+           "collide must use the same one."),
+)
+OPTION = {o.name: o for o in OPTIONS}
+
+
+def options_markdown() -> str:
+    """README.md's options table, made from :data:`OPTIONS`."""
+    rows = ["| option | ini key | default | meaning |", "|---|---|---|---|"]
+    for o in OPTIONS:
+        meaning = o.help + (f". {o.tradeoff}" if o.tradeoff else "")
+        rows.append(f"| `{o.flag}={o.metavar.replace('|', chr(92) + '|')}` | `{o.ini}` | "
+                    f"{o.default_text} | {meaning} |")
+    return "\n".join(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """Everything that shapes a run besides ``fn`` and the faults: one field
+    per option of :data:`OPTIONS` (``start_method`` for ``start-method``,
+    ``state_dir`` for ``state-dir``), where each is documented."""
 
     workers: int = 2
     timeout: float = 30.0
     grace: float = 5.0
     devices: str = "cpu"
     start_method: str = "forkserver"
+    state_dir: Optional[str] = None
 
     def with_overrides(self, **overrides: Any) -> "RunSettings":
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
@@ -153,3 +212,7 @@ def visible_gpus(env: Optional[dict] = None) -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+
+
+if __name__ == "__main__":
+    print(options_markdown())

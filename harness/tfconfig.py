@@ -10,6 +10,8 @@ import json
 from typing import Sequence
 
 HOST = "127.0.0.1"
+# The ways apply_bad_config can break one worker's TF_CONFIG.
+BAD_CONFIG_KINDS = ("missing", "wrong_size", "duplicate_index", "swapped", "wrong_port")
 
 
 def cluster_addresses(ports: Sequence[int], host: str = HOST) -> list[str]:

@@ -29,7 +29,8 @@ from scenarios.meta import DOC_LABELS, culprit_check_of, declared  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
 START, END = "<!-- scenarios:start -->", "<!-- scenarios:end -->"
-# The catalogue's order (the issue's): files not listed here follow, by name.
+# The catalogue's order, from the seed article's rules to peer faults and
+# Keras: files not listed here follow, by name.
 FILE_ORDER = ("test_seed.py", "test_tf_config.py", "test_scope.py", "test_collectives.py",
               "test_data.py", "test_chief_only.py", "test_control_flow.py",
               "test_peer_faults.py", "test_keras.py")

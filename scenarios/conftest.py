@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from harness import linux
 from scenarios.meta import culprit_check_of, declared
 
 _LAST_RESULT = "_mwms_scenario_last_result"
@@ -97,26 +98,9 @@ def _tensorflow_pids():
     workers of their own running.
     """
     from harness.launcher import forkserver_pid
-    skip = {forkserver_pid()}
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        if proc.pid in skip:
-            continue
-        try:
-            with open(f"/proc/{proc.pid}/maps") as f:
-                if "libtensorflow_framework" in f.read() and \
-                        proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc.pid)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
-def _alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    server = forkserver_pid()
+    return linux.tensorflow_pids(p for p in psutil.Process().children(recursive=True)
+                                 if p.pid != server)
 
 
 @pytest.fixture(autouse=True)
@@ -126,5 +110,5 @@ def _no_worker_left_behind():
     deadline = time.monotonic() + 3
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = [p for p in left if _alive(p)]
+        left = [p for p in left if linux.alive(p)]
     assert not left, f"TensorFlow worker processes outlived the test: {left}"

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple, Union
 
-OUTCOMES = ("completed", "failed", "crashed", "hang")
+from harness.record import OUTCOMES
 DOC_LABELS = ("TensorFlow:", "Source:", "Fix:")
 
 

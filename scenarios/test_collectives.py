@@ -18,6 +18,7 @@ def train_collectives(mode="fixed"):
     import tensorflow as tf
 
     import harness
+    from harness import workloads
     from scenarios import mnist_like
     ctx = harness.context()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -26,17 +27,11 @@ def train_collectives(mode="fixed"):
     iterator = iter(mnist_like.distributed_dataset(strategy, x, y))
 
     if mode == "no_strategy_run":
-        loss_object = tf.keras.losses.SparseCategoricalCrossentropy(
-            reduction=tf.keras.losses.Reduction.NONE)
+        loss_object = workloads.make_loss_object()
 
         @tf.function
         def step(inputs):  # the seed's train_step, without strategy.run around it
-            images, labels = inputs
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(
-                    loss_object(labels, model(images, training=True)),
-                    global_batch_size=mnist_like.GLOBAL_BATCH_SIZE)
-            grads = tape.gradient(loss, model.trainable_variables)
+            _, loss, grads = workloads.replica_gradients(model, loss_object, inputs)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
     else:

@@ -22,21 +22,16 @@ def train_with_branch(branch="chief"):
     import tensorflow as tf
 
     import harness
+    from harness import workloads
     from scenarios import mnist_like
     ctx = harness.context()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer, _ = mnist_like.make_training(strategy)
-    loss_object = tf.keras.losses.SparseCategoricalCrossentropy(
-        reduction=tf.keras.losses.Reduction.NONE)
+    loss_object = workloads.make_loss_object()
     task_id = strategy.cluster_resolver.task_id
 
     def replica_step(inputs):
-        images, labels = inputs
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(
-                loss_object(labels, model(images, training=True)),
-                global_batch_size=mnist_like.GLOBAL_BATCH_SIZE)
-        grads = tape.gradient(loss, model.trainable_variables)
+        _, loss, grads = workloads.replica_gradients(model, loss_object, inputs)
         if branch == "all" or task_id == 0:
             squared = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, tf.add_n([tf.reduce_sum(g * g) for g in grads]))

@@ -344,12 +344,12 @@ def train_batch_sizes(per_worker_batch="config", steps=5):
     import tensorflow as tf
 
     import harness
+    from harness import workloads
     from scenarios import mnist_like
     ctx = harness.context()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer, _ = mnist_like.make_training(strategy)
-    loss_object = tf.keras.losses.SparseCategoricalCrossentropy(
-        reduction=tf.keras.losses.Reduction.NONE)
+    loss_object = workloads.make_loss_object()
     x, y = mnist_like.make_data()
 
     def dataset_fn(input_context):
@@ -364,11 +364,8 @@ def train_batch_sizes(per_worker_batch="config", steps=5):
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
     def replica_step(inputs):
-        images, labels = inputs
-        with tf.GradientTape() as tape:
-            per_example = loss_object(labels, model(images, training=True))
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=GLOBAL_BATCH)
-        grads = tape.gradient(loss, model.trainable_variables)
+        per_example, _, grads = workloads.replica_gradients(model, loss_object, inputs,
+                                                            GLOBAL_BATCH)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return per_example
 

@@ -1,4 +1,4 @@
-"""The seed article's example loop (``shared/seed/``): fixed, and each of its
+"""The seed article's example loop (see ``scenarios/mnist_like.py``): fixed, and each of its
 three bugs put back on its own."""
 import pytest
 

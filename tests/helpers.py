@@ -4,7 +4,11 @@ import time
 
 import psutil
 
+from harness import linux
 from harness.launcher import forkserver_pid
+# The canonical small workload (n all-reduce steps on one scalar) and the
+# standard faulted one (one all-reduce of a scope-made variable per step).
+from harness.workloads import allreduce_loop as allreduce_steps, variable_loop  # noqa: F401
 
 
 _SESSION_START = time.time()
@@ -26,22 +30,12 @@ def tensorflow_pids(exclude=()):
     """Pids of live processes this session started that have TensorFlow
     loaded, but the forkserver (which lives as long as pytest, by design).
 
-    A forked worker's TF_CONFIG does not show in /proc/PID/environ, so look
-    for the TensorFlow library in the memory maps instead.
+    A forked worker's TF_CONFIG does not show in /proc/PID/environ, so the
+    TensorFlow library in its memory maps is what gives it away.
     """
     skip = {os.getpid(), forkserver_pid(), *exclude}
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid in skip or not _ours(proc):
-            continue
-        try:
-            with open(f"/proc/{proc.pid}/maps") as f:
-                if "libtensorflow_framework" in f.read():
-                    if proc.status() != psutil.STATUS_ZOMBIE:
-                        found.append(proc.pid)
-        except (OSError, psutil.Error):
-            continue
-    return found
+    return linux.tensorflow_pids(p for p in psutil.process_iter(["pid"])
+                                 if p.pid not in skip and _ours(p))
 
 
 def wait_gone(pids, seconds=10.0):
@@ -49,52 +43,7 @@ def wait_gone(pids, seconds=10.0):
     deadline = time.monotonic() + seconds
     alive = list(pids)
     while True:
-        alive = [p for p in alive if _alive(p)]
+        alive = [p for p in alive if linux.alive(p)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
-
-
-def _alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def allreduce_steps(n_steps=20):
-    """The canonical small workload: n all-reduce steps on one scalar."""
-    import tensorflow as tf
-    import harness
-    ctx = harness.context()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-
-    @tf.function
-    def step():
-        value = strategy.run(lambda: tf.constant(1.0))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-
-    total = None
-    for _ in ctx.steps(n_steps):
-        total = step()
-    return float(total)
-
-
-def variable_loop(n_steps):
-    """The standard faulted workload: a variable made in ``strategy.scope()``
-    and one all-reduce of it per step.  Returns the sum of the reductions."""
-    import tensorflow as tf
-    import harness
-    ctx = harness.context()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        w = tf.Variable(1.0)
-
-    @tf.function
-    def step():
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0), axis=None)
-
-    total = 0.0
-    for _ in ctx.steps(n_steps):
-        total += float(step())
-    return total

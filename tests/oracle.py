@@ -13,7 +13,7 @@ per step), as measured in tests/test_faults.py, and how faults combine:
   end, when one worker waits for a partner that has finished: a hang, unless
   a stopping fault fired first.
 """
-from harness import faults as F
+from harness import faults
 from harness.plans import Plan
 
 # (outcome when the chief is faulted, when another worker is)
@@ -28,15 +28,15 @@ AMBIGUOUS_CONFIG_AT_2 = {"swapped", "wrong_port"}
 
 
 def _stopping(f, timeout):
-    if isinstance(f, (F.Crash, F.RaiseError)):
+    if isinstance(f, (faults.Crash, faults.RaiseError)):
         return True
-    return isinstance(f, F.Pause) and (f.seconds is None or f.seconds >= timeout)
+    return isinstance(f, faults.Pause) and (f.seconds is None or f.seconds >= timeout)
 
 
 def expect(plan: Plan):
     """Return ``(outcome, culprits)`` the plan must produce."""
     n, fs = plan.workers, plan.faults
-    configs = [f for f in fs if isinstance(f, F.BadTFConfig)]
+    configs = [f for f in fs if isinstance(f, faults.BadTFConfig)]
     if configs:
         (f,) = configs
         chief, other = CONFIG_OUTCOME[f.kind]
@@ -48,15 +48,15 @@ def expect(plan: Plan):
     if stopping:
         first = min(f.step for f in stopping)
         firing = [f for f in stopping if f.step == first]
-        for kind, outcome in ((F.Crash, "crashed"), (F.RaiseError, "failed"), (F.Pause, "hang")):
+        for kind, outcome in ((faults.Crash, "crashed"), (faults.RaiseError, "failed"), (faults.Pause, "hang")):
             hit = sorted({f.worker for f in firing if isinstance(f, kind)})
             if hit:
                 return outcome, tuple(hit)
-    desync = [f for f in fs if isinstance(f, (F.SkipStep, F.ExtraCollective))]
+    desync = [f for f in fs if isinstance(f, (faults.SkipStep, faults.ExtraCollective))]
     if desync:
         (f,) = desync
         # A skip leaves a hole in the skipper's step record; an extra
         # collective leaves no trace in it, so two workers look symmetric.
-        ambiguous = n == 2 and isinstance(f, F.ExtraCollective)
+        ambiguous = n == 2 and isinstance(f, faults.ExtraCollective)
         return "hang", ((0, 1) if ambiguous else (f.worker,))
     return "completed", ()

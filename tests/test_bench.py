@@ -125,7 +125,8 @@ def test_workloads_match_the_issue():
     w = bench.make_workloads(10.0)
     assert (w[1].workers, w[1].kwargs["n_steps"], w[1].expect_hang) == (2, 20, False)
     assert (w[2].workers, w[2].kwargs["n_steps"]) == (4, 20)
-    assert (w[3].fn, w[3].workers, w[3].kwargs["n_steps"]) == ("seed_training", 2, 100)
+    assert (w[3].fn, w[3].workers) == ("seed_training", 2)
+    assert w[3].kwargs["epochs"] * w[3].kwargs["steps_per_epoch"] == 100
     assert w[4].expect_hang and w[4].skip == (1, 5) and w[4].hang_timeout == 10.0
 
 
@@ -222,7 +223,8 @@ def test_notes_and_machine_line():
 
 
 def test_machine_info_does_not_import_tensorflow():
-    code = ("import sys; from harness import bench, bench_launchers, bench_workloads; "
+    code = ("import sys; from harness import bench, workloads; "
+            "from harness.bench import launchers, workers; "
             "m = bench.machine_info(); assert m['cores'] and m['python']; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -257,7 +259,7 @@ def test_smoke_harness_workload_1(tmp_path):
 # -- the launchers' pure helpers ------------------------------------------------------------------
 
 def test_marks_and_hang_start(tmp_path):
-    from harness import bench_launchers as bl
+    from harness.bench import launchers as bl
     assert bl.read_marks(str(tmp_path), "pid") == {}
     assert bl.read_marks(None, "pid") == {}
     (tmp_path / "pid.0").write_text("123")
@@ -266,28 +268,51 @@ def test_marks_and_hang_start(tmp_path):
     (tmp_path / "loop_end.1").write_text("100.5")
     assert bl.read_marks(str(tmp_path), "pid") == {0: 123.0, 1: 456.0}
     assert bl.hang_start(str(tmp_path)) == 100.5
-    figs = bl._detection_figures(str(tmp_path), report_time=110.6, timeout=10.0)
+    figs = bl.detection_figures(str(tmp_path), report_time=110.6, timeout=10.0)
     assert figs["hang_start_seen"] and figs["detection_over_T_s"] == pytest.approx(0.1)
-    assert bl._detection_figures(str(tmp_path / "none"), 1.0, 10.0) == {"hang_start_seen": False}
+    assert bl.detection_figures(str(tmp_path / "none"), 1.0, 10.0) == {"hang_start_seen": False}
 
 
 def test_return_value_checks():
-    from harness import bench_launchers as bl
+    from harness.bench import launchers as bl
     w1 = bench.make_workloads()[1]
     good = [{"value": 2.0, "pss": 100, "fn_s": 0.2}, {"value": 2.0, "pss": 50, "fn_s": 0.3}]
-    assert bl._completed_ok(w1, good)
-    assert not bl._completed_ok(w1, good[:1])
-    assert not bl._completed_ok(w1, [{"value": 1.0}, {"value": 2.0}])
-    assert bl._pss_total(good, 2) == 150
-    assert bl._pss_total([{"pss": None}, {"pss": 5}], 2) is None
-    assert bl._fn_seconds(good) == 0.3
-    assert bl._fn_seconds([]) is None
+    assert bl.completed_ok(w1, good)
+    assert not bl.completed_ok(w1, good[:1])
+    assert not bl.completed_ok(w1, [{"value": 1.0}, {"value": 2.0}])
+    assert bl.pss_total(good, 2) == 150
+    assert bl.pss_total([{"pss": None}, {"pss": 5}], 2) is None
+    assert bl.fn_seconds(good) == 0.3
+    assert bl.fn_seconds([]) is None
 
 
 def test_wait_gone_counts_dead_pids_as_gone():
-    from harness import bench_launchers as bl
+    from harness.bench import launchers as bl
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     import time
     assert bl.wait_gone([proc.pid], time.monotonic(), limit=1.0) < 1.0
     assert bl.wait_gone([], time.monotonic()) < 1.0
+
+
+def test_worker_kwargs_skip_only_outside_the_harness(tmp_path):
+    from harness.bench import launchers as bl
+    w4 = bench.make_workloads()[4]
+    inside = bl.worker_kwargs(w4, str(tmp_path), harness=True)
+    assert inside == {"fn": "allreduce", "kwargs": {"n_steps": 20}, "stamp_dir": str(tmp_path)}
+    outside = bl.worker_kwargs(w4, str(tmp_path))
+    assert outside["skip"] == [1, 5] and outside["linger"] > 0
+
+
+def test_measured_run_outside_the_harness(tmp_path, monkeypatch):
+    """Outside a harness worker the steps are range(n), less the skipped one;
+    the pid and loop-end marks, PSS and fn_s come from measured_run's steps."""
+    from harness.bench import workers
+    monkeypatch.setitem(workers.WORKLOAD_FNS, "count",
+                        lambda n_steps, steps: float(len(list(steps(n_steps)))))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"task": {"type": "worker", "index": 1}}))
+    out = workers.measured_run("count", {"n_steps": 20}, stamp_dir=str(tmp_path), skip=[1, 5])
+    assert out["index"] == 1 and out["value"] == 19.0 and out["fn_s"] >= 0
+    assert (tmp_path / "pid.1").read_text() == repr(out["pid"])
+    assert float((tmp_path / "loop_end.1").read_text()) > 0
+    assert workers.measured_run("count", {"n_steps": 3}, skip=[0, 1])["value"] == 3.0

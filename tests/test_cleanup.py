@@ -104,3 +104,26 @@ def test_harness_hang_kills_grandchildren(mwms_cluster, tmp_path, monkeypatch):
     assert len(pids) == 2 * mwms_cluster.num_workers
     assert not wait_gone(pids, seconds=3)
     assert not wait_gone(tensorflow_pids(), seconds=2)
+
+
+def test_nothing_left_in_the_temp_directory_after_a_run(mwms_cluster):
+    """Logs, stacks and what TensorFlow writes to the temp directory (autograph
+    makes a file per traced function per worker) go with the run's own
+    0700 directory; fn sees that directory as its TMPDIR."""
+    import tempfile
+    from harness.workloads import allreduce_loop
+
+    def mine():
+        return {name for name in os.listdir(tempfile.gettempdir())
+                if name.startswith(("__autograph_generated_file", "pytest-mwms-"))}
+
+    def where():
+        import tempfile as worker_tempfile
+        return worker_tempfile.gettempdir(), allreduce_loop(3)
+
+    before = mine()
+    result = mwms_cluster.run(where, timeout=60)
+    result.assert_completed()
+    run_dirs = {d for d, _ in result.return_values}
+    assert len(run_dirs) == 1 and os.path.basename(run_dirs.pop()).startswith("pytest-mwms-")
+    assert mine() <= before, mine() - before

@@ -1,13 +1,11 @@
-"""Option parsing, TF_CONFIG generation, fault validation, ports: no TensorFlow."""
+"""Option parsing, TF_CONFIG generation, fault validation: no TensorFlow.
+(Ports have their own tests, in test_ports.py.)"""
 import json
-import subprocess
-import sys
 
 import pytest
 
 from harness import faults, tfconfig
 from harness.faults import FaultError
-from harness.ports import port_range, reserve_ports
 from harness.settings import (SettingError, gpu_assignment, max_workers, parse_choice,
                               parse_marker, parse_seconds, parse_workers, visible_gpus)
 
@@ -137,26 +135,17 @@ def test_validate_returns_plan():
     assert faults.validate(None, 2) == ()
 
 
-def test_ports_distinct_below_ephemeral_range_and_locked():
-    lo, hi = port_range()
-    with reserve_ports(6) as r:
-        assert len(set(r.ports)) == 6
-        assert all(lo <= p < hi for p in r.ports)
-        # Another process must not be able to take any of these ports.
-        code = (
-            "import fcntl, os, sys\n"
-            "from harness.ports import LOCK_DIR\n"
-            f"ports = {r.ports!r}\n"
-            "taken = 0\n"
-            "for p in ports:\n"
-            "    fd = os.open(os.path.join(LOCK_DIR, str(p)), os.O_RDWR)\n"
-            "    try:\n"
-            "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
-            "    except OSError:\n"
-            "        taken += 1\n"
-            "print(taken)\n")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == "6"
-    # Released: the same lock files can be taken now.
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0"
+def test_readme_options_table_is_generated_from_the_one_declaration():
+    from pathlib import Path
+    from harness.settings import options_markdown
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    region = readme.split("<!-- options:start -->\n", 1)[1].split("\n<!-- options:end -->", 1)[0]
+    assert region == options_markdown(), "README's options table is stale: run python -m harness.settings"
+
+
+def test_every_option_reaches_pytest_help(pytester):
+    from harness.settings import OPTIONS
+    result = pytester.runpytest_subprocess("--help")
+    out = result.stdout.str()
+    for option in OPTIONS:
+        assert option.flag in out and option.ini in out

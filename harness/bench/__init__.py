@@ -1,93 +1,14 @@
 """``python -m harness.bench``: the harness against the other ways to launch MWMS workers.
 
-The same workloads run under three launchers, in one process, alternating
-run by run (A B C A B C ...) so that drift on a shared machine hits all of
-them alike.  It prints a markdown table (ratios quoted against the harness)
-and writes the same figures, with every run's raw numbers, as JSON.
+The same workloads (functions of :mod:`harness.workloads`, measured by
+:mod:`harness.bench.workers`) run under three launchers
+(:mod:`harness.bench.launchers`: the harness, a fresh ``python`` per worker,
+TensorFlow's ``multi_process_runner``), alternating run by run so that drift
+on a shared machine hits all alike.  It prints a markdown table (ratios
+against the harness) and writes the figures, with every run's raw numbers,
+as JSON.  What each launcher, workload and figure is: ``README.md`` here.
 
-Launchers (:mod:`harness.bench_launchers`)
-------------------------------------------
-``harness``
-    ``harness.controller.Cluster(RunSettings(workers=N, timeout=T)).run(fn)``
-    in the benchmark's own process: workers forked from a forkserver that
-    imported TensorFlow once, a progress channel per worker, hang detection
-    by time since the last progress.
-``spawn``
-    A fresh ``python -c`` per worker with its own ``TF_CONFIG`` (ports from
-    :func:`harness.ports.reserve_ports`), each importing TensorFlow: what a
-    hand-rolled script does.  It has no progress channel, so for a hang it
-    can only apply a whole-run wall-clock timeout of T counted from launch,
-    and then kill.  It names nobody and dumps no stack.
-``runner``
-    TensorFlow's own ``tf.__internal__.distribute.multi_process_runner.run``,
-    from a generated script without a ``.py`` suffix that calls
-    ``test_main()`` (the only way it works outside bazel), kept running as a
-    server so its forkserver stays warm between runs as the harness's does.
-
-Workloads (:mod:`harness.bench_workloads`; the same functions under every launcher)
------------------------------------------------------------------------------------
-1. 2 workers, 20 all-reduce steps on a scalar, completing;
-2. the same with 4 workers;
-3. the seed article's training loop (its bugs fixed), 2 workers, 100 steps;
-4. 2 workers, worker 1 skips step 5 and stays alive: worker 0 blocks in its
-   last all-reduce for ever.  Hang timeout T (``--hang-timeout``, 10 s).
-   The harness gets the ``SkipStep(1, 5)`` fault; elsewhere the loop skips
-   the step itself and the skipper then sleeps (stays alive).
-
-Figures, and what to keep in mind reading them
-----------------------------------------------
-wall time (median, min-max spread, ratio vs harness)
-    From the launcher's call to its return: for the harness ``Cluster.run``,
-    for spawn from the first ``Popen`` to the last worker's exit, for the
-    runner ``multi_process_runner.run`` as timed inside the runner's
-    process.  Every run ends with all workers gone, so start-up and exit
-    are counted for all.  Medians are over the warm runs only (the cold run
-    is reported apart).  For workload 4 it is launch-to-report.  The
-    runner's parent polls once a second, so its times come in steps of
-    about 1 s.  The JSON also has ``fn_s``, the slowest worker's time inside
-    the workload function up to the end of its loop: the same work under
-    every launcher, so ``wall - fn_s`` is the launcher's own cost plus
-    TensorFlow's teardown after the loop (in workload 3, deleting the
-    distributed dataset iterator takes 0-1.5 s on a busy 2-core machine,
-    under every launcher; it is most of workload 3's spread).
-cold
-    The first run of each launcher (of workload 1, or of the first selected
-    completing workload): for the harness and the runner, the one that pays
-    their forkserver's TensorFlow import.  The runner's own process also
-    imports TensorFlow before that; that start-up is recorded apart in the
-    JSON (``launcher_startup_s``).  Every spawn run is cold in that sense.
-workers' PSS
-    Summed over the workers, each measuring its own PSS
-    (``psutil.Process().memory_full_info().pss``) as its loop ends, while
-    all are alive.  PSS splits shared pages among the processes sharing
-    them, so forked workers are not charged the TensorFlow pages they share
-    with their forkserver; the forkserver's (and the runner process's) own
-    share is reported apart as ``overhead_pss_mib`` in the JSON.
-hang reported (workload 4)
-    When the launcher reported the problem, as T plus how much, measured
-    from the moment the hang began: the skipping worker stamps
-    ``time.monotonic()`` when its loop ends (its last all-reduce paired with
-    its peer's next-to-last; from then on the peer waits for ever).  For the
-    harness the JSON also has ``detection_delay_s``: its watch loop's own
-    latency past T from the last progress it saw.  Spawn's timeout counts
-    from launch, so it can fire before the hang even began (then shown as
-    such) and would kill a slow but healthy run alike.
-culprit named, stack
-    Whom the report blames (the harness's ``result.culprits``; the runner's
-    exception message is searched for the worker; spawn names nobody).
-    "ambiguous" means the worker at fault was named among others: with two
-    workers a step skipped by one looks exactly like an extra collective on
-    the other, and the harness says so.  Stack: whether any worker's Python
-    stack was dumped (the harness's ``WorkerResult.stack``; for the runner,
-    a faulthandler dump in its streamed output).
-gone after report
-    Seconds from the report until every worker pid (each worker writes its
-    pid first thing) is gone, zombies counting as gone; for the runner,
-    checked in its own process right after ``run`` raised.
-
-Each workload-4 run costs at least T, the runner's about T + 30 s: workload 4
-runs ``min(repeats, --hang-repeats)`` times.  ``--launchers harness,spawn``
-skips the runner.
+This subpackage is a development tool, not part of the installed plugin.
 """
 from __future__ import annotations
 
@@ -116,7 +37,7 @@ class Workload:
 
     number: int
     title: str
-    fn: str                     # a key of bench_workloads.WORKLOAD_FNS
+    fn: str                     # a key of harness.bench.workers.WORKLOAD_FNS
     workers: int
     kwargs: dict
     skip: Optional[tuple] = None  # (worker, step) that worker leaves out
@@ -132,7 +53,7 @@ def make_workloads(hang_timeout: float = 10.0) -> Dict[int, Workload]:
         1: Workload(1, "2 workers, 20 all-reduce steps", "allreduce", 2, {"n_steps": 20}),
         2: Workload(2, "4 workers, 20 all-reduce steps", "allreduce", 4, {"n_steps": 20}),
         3: Workload(3, "seed training loop, 2 workers, 100 steps", "seed_training", 2,
-                    {"n_steps": 100}),
+                    {"epochs": 10, "steps_per_epoch": 10}),
         4: Workload(4, f"2 workers, worker 1 skips step 5 (T={hang_timeout:g} s)", "allreduce", 2,
                     {"n_steps": 20}, skip=(1, 5), hang_timeout=hang_timeout),
     }
@@ -482,7 +403,7 @@ def _on_sigterm(signum, frame):
 
 
 def run_bench(args: argparse.Namespace) -> dict:
-    from . import bench_launchers
+    from .launchers import LAUNCHERS
     workloads = make_workloads(args.hang_timeout)
     machine = machine_info()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -497,7 +418,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         for name in args.launchers:
             t0 = time.monotonic()
             try:
-                launchers[name] = bench_launchers.LAUNCHERS[name]()
+                launchers[name] = LAUNCHERS[name]()
             except Exception as e:  # record it, go on with the others
                 broken[name] = f"{type(e).__name__}: {e}"
                 _log(f"launcher {name} could not start: {broken[name]}")
@@ -566,6 +487,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f.write(results["markdown"])
     return 0 if all(r.get("ok") for r in results["runs"]) and not results["launcher_errors"] else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,26 +8,27 @@ and where step-keyed faults act; a Keras ``fit`` gets the same through
 from __future__ import annotations
 
 import itertools
-import json
-import os
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
-from . import protocol
-from .faults import Fault, SkipStep, at_step
-
-
-class NotInWorkerError(RuntimeError):
-    """``harness.context()`` was called outside a worker process."""
-
+from .. import protocol
+from ..errors import NotInWorkerError
+from ..faults import Fault, at_step
+from .actions import act_out, replaces_step
 
 _current: Optional["WorkerContext"] = None
+
+
+def activate(ctx: "WorkerContext") -> None:
+    """Make ``ctx`` what :func:`context` returns in this process (the worker's entry point does)."""
+    global _current
+    _current = ctx
 
 
 def context() -> "WorkerContext":
     """The context of the worker this code runs in.
 
-    Raises :class:`NotInWorkerError` when called in the pytest process or any
-    process the harness did not start as a worker.
+    Raises :class:`~harness.errors.NotInWorkerError` when called in the
+    pytest process or any process the harness did not start as a worker.
     """
     if _current is None:
         raise NotInWorkerError(
@@ -44,19 +45,28 @@ class WorkerContext:
     chief task), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
     fault removed it) and ``strategy`` the MultiWorkerMirroredStrategy ``fn``
     created, once it has.
+
+    The rest is the harness's own bookkeeping in this worker:
+    ``creating_strategy`` is True while the strategy's constructor runs,
+    ``keras_batches`` counts the batches the Keras callback has seen (its
+    step numbers run across epochs), and ``traced`` keeps the
+    ``tf.function``\\ s the harness traces once per worker (the sync check,
+    an extra collective), by purpose.
     """
 
     def __init__(self, index: int, num_workers: int, tf_config: Optional[dict],
                  send: Callable[..., None], faults: Tuple[Fault, ...] = (),
                  sync_check: bool = False):
         self.index = index
-        self.sync_check = sync_check
         self.num_workers = num_workers
         self.tf_config = tf_config
+        self.sync_check = sync_check
         self.faults = tuple(f for f in faults if f.worker == index)
         self.strategy = None
-        self._send = send
-        self._global_step = 0
+        self.creating_strategy = False
+        self.keras_batches = 0
+        self.traced: Dict[str, Callable] = {}
+        self.send = send
 
     @property
     def is_chief(self) -> bool:
@@ -79,25 +89,28 @@ class WorkerContext:
             raise ValueError(f"steps(n): n must be an integer 0 or more or None, got {n!r}")
         ran = 0
         for k in (range(n) if n is not None else itertools.count()):
-            if self._boundary(k):
+            if self.step_boundary(k):
                 ran += 1
                 yield k
-        self._send(protocol.STEPS_DONE, step=ran, data=n)
+        self.send(protocol.STEPS_DONE, step=ran, data=n)
 
-    def _boundary(self, step: int) -> bool:
-        """Report step ``step`` and apply its faults; False when it is skipped."""
+    def step_boundary(self, step: int) -> bool:
+        """Report step ``step`` and act out its faults; False when the step
+        is not to run.  ``steps()`` and the Keras callback call it."""
         faults = at_step(self.faults, step)
-        if any(isinstance(f, SkipStep) for f in faults):
-            self._send(protocol.FAULT, step=step, data=SkipStep(self.index, step))
+        instead = [f for f in faults if replaces_step(f)]
+        if instead:
+            for f in instead:
+                self.send(protocol.FAULT, step=step, data=f)
+                act_out(f, self)
             return False
-        self._send(protocol.STEP, step=step)
+        self.send(protocol.STEP, step=step)
         if self.sync_check and self.strategy is not None:
-            from .inject import check_step_sync
+            from .sync import check_step_sync
             check_step_sync(self, step)
         for f in faults:
-            self._send(protocol.FAULT, step=step, data=f)
-            from .inject import apply_step_fault
-            apply_step_fault(f, self)
+            self.send(protocol.FAULT, step=step, data=f)
+            act_out(f, self)
         return True
 
     def keras_callback(self):
@@ -108,15 +121,5 @@ class WorkerContext:
         with tf_keras (``TF_USE_LEGACY_KERAS=1``); ``SkipStep`` cannot act
         here (``fit`` has no way to skip a batch) and is rejected.
         """
-        from .inject import make_keras_callback
+        from .keras import make_keras_callback
         return make_keras_callback(self)
-
-
-def tf_config_from_env() -> Optional[dict]:
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return {"unparsable": raw}

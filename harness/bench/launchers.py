@@ -1,11 +1,12 @@
-"""The three launchers :mod:`harness.bench` compares, and what each one measures.
+"""The three launchers :mod:`harness.bench` compares (see ``README.md`` here).
 
 Each launcher has ``run(workload, stamp_dir) -> dict`` (one run, its raw
-figures) and ``close()`` (nothing it started may outlive it).  The
-workload is a :class:`harness.bench.Workload`; ``stamp_dir`` is an empty
-directory where the workers leave their pid and loop-end marks (see
-:mod:`harness.bench_workloads`).  A run's dict always has ``outcome``,
-``wall_s`` and ``ok``; the rest is filled in where the launcher can tell.
+figures), ``overhead_pss()`` and ``close()`` (nothing it started may
+outlive it).  The workload is a :class:`harness.bench.Workload`;
+``stamp_dir`` is an empty directory where the workers leave their pid and
+loop-end marks (:mod:`harness.bench.workers`).  A run's dict always has
+``outcome``, ``wall_s`` and ``ok``; the rest is filled in where the
+launcher can tell.
 
 Clocks: every time stamp is ``time.monotonic()``, which on Linux is one
 clock for all processes of the machine, so a stamp written by a worker (or
@@ -14,12 +15,11 @@ by TensorFlow's runner process) compares directly with the benchmark's.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import queue
 import re
-import signal
+import shutil
 import stat
 import subprocess
 import sys
@@ -30,8 +30,15 @@ from typing import List, Optional
 
 import psutil
 
-from . import bench_workloads
-from .bench_workloads import RESULT_MARK
+from harness import tfconfig
+from harness.controller import Cluster
+from harness.faults import SkipStep
+from harness.launcher import forkserver_pid, kill_tree, worker_environments
+from harness.linux import alive, set_parent_death_signal
+from harness.ports import reserve_ports
+from harness.settings import RunSettings
+
+from .workers import RESULT_MARK, measured_run
 
 # How long a completing workload may take before the benchmark gives up on
 # it (a safety net only; no figure depends on it).
@@ -41,11 +48,13 @@ GONE_POLL = 0.005
 # How long the benchmark waits for a launcher's workers to disappear after
 # it reported a hang before it records "still alive" and kills them itself.
 GONE_WAIT = 60.0
+# Outside the harness, how long the worker that skipped a step stays alive.
+LINGER = 3600.0
 
 
 # -- shared helpers ----------------------------------------------------------
 
-def read_marks(stamp_dir: str, prefix: str) -> dict:
+def read_marks(stamp_dir: Optional[str], prefix: str) -> dict:
     """``{worker index: value}`` of the ``<prefix>.<index>`` marks in ``stamp_dir``."""
     out = {}
     if not stamp_dir:
@@ -64,6 +73,11 @@ def read_marks(stamp_dir: str, prefix: str) -> dict:
     return out
 
 
+def marked_pids(stamp_dir: Optional[str]) -> List[int]:
+    """The pids the workers of a run wrote first thing."""
+    return [int(p) for p in read_marks(stamp_dir, "pid").values()]
+
+
 def hang_start(stamp_dir: str) -> Optional[float]:
     """When the hang of workload 4 began: the skipping worker's loop end (the
     only worker that gets there).  None if no worker got there."""
@@ -71,43 +85,30 @@ def hang_start(stamp_dir: str) -> Optional[float]:
     return min(ends.values()) if ends else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def wait_gone(pids: List[int], since: float, limit: float = GONE_WAIT) -> Optional[float]:
     """Seconds from ``since`` until none of ``pids`` is alive (zombies count
     as gone), or None if some outlived ``limit``.  Survivors are then killed,
     so a launcher's leftovers never outlive the benchmark."""
     deadline = time.monotonic() + limit
-    alive = list(pids)
+    left = list(pids)
     while True:
-        alive = [p for p in alive if _alive(p)]
-        if not alive:
+        left = [p for p in left if alive(p)]
+        if not left:
             return max(0.0, time.monotonic() - since)
         if time.monotonic() > deadline:
-            for p in alive:
-                with contextlib.suppress(psutil.Error):
-                    psutil.Process(p).kill()
+            for p in left:
+                kill_tree(p)
             return None
         time.sleep(GONE_POLL)
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every descendant of it (listed first: once the
-    parent is dead its children are re-parented and cannot be found)."""
-    try:
-        proc = psutil.Process(pid)
-        family = proc.children(recursive=True) + [proc]
-    except psutil.Error:
-        return
-    for p in family:
-        with contextlib.suppress(psutil.Error):
+def kill_all(procs: List[subprocess.Popen], wait: bool = False) -> None:
+    """SIGKILL every one of ``procs`` still running (and with ``wait``, reap them)."""
+    for p in procs:
+        with contextlib.suppress(OSError):
             p.kill()
-    psutil.wait_procs(family, timeout=5)
+        if wait:
+            p.wait()
 
 
 def pss_of(pids) -> Optional[int]:
@@ -120,43 +121,33 @@ def pss_of(pids) -> Optional[int]:
     return total if seen else None
 
 
-_PR_SET_PDEATHSIG = 1
+def worker_kwargs(workload, stamp_dir: str, harness: bool = False) -> dict:
+    """:func:`harness.bench.workers.measured_run`'s keyword arguments.  Outside
+    the harness the skipping worker's loop leaves its step out itself, then
+    lingers; the harness gets a ``SkipStep`` fault instead."""
+    kwargs = {"fn": workload.fn, "kwargs": dict(workload.kwargs), "stamp_dir": stamp_dir}
+    if workload.skip and not harness:
+        kwargs.update(skip=list(workload.skip), linger=LINGER)
+    return kwargs
 
 
-def _die_with_bench() -> None:
-    """``preexec_fn``: the child gets SIGKILL when the benchmark dies, even
-    by SIGKILL, so an orphaned worker never blocks forever in a collective.
-    (Bench hygiene only: it changes nothing while the benchmark lives.)"""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _worker_env(tf_config: Optional[dict] = None) -> dict:
-    env = dict(os.environ)
-    env.pop("TF_CONFIG", None)
-    # As the harness's CPU runs: no GPU, so no launcher pays for CUDA probing.
-    env["CUDA_VISIBLE_DEVICES"] = "-1"
-    if tf_config is not None:
-        env["TF_CONFIG"] = json.dumps(tf_config)
-    return env
-
-
-def _pss_total(return_values, num_workers: int) -> Optional[int]:
+def pss_total(return_values, num_workers: int) -> Optional[int]:
+    """The workers' PSS summed, None unless every worker reported its own."""
     pss = [r.get("pss") for r in return_values if isinstance(r, dict)]
     if len(pss) != num_workers or any(p is None for p in pss):
         return None
     return int(sum(pss))
 
 
-def _fn_seconds(return_values) -> Optional[float]:
-    """The slowest worker's time inside the workload function (see
-    :func:`harness.bench_workloads._finish`)."""
+def fn_seconds(return_values) -> Optional[float]:
+    """The slowest worker's time inside the workload function, up to its
+    loop's end (``fn_s`` of :func:`harness.bench.workers.measured_run`)."""
     times = [r.get("fn_s") for r in return_values if isinstance(r, dict)]
     times = [t for t in times if t is not None]
     return max(times) if times else None
 
 
-def _completed_ok(workload, return_values) -> bool:
+def completed_ok(workload, return_values) -> bool:
     """Every worker returned, and for the all-reduce the sum is N."""
     if len(return_values) != workload.workers:
         return False
@@ -166,7 +157,14 @@ def _completed_ok(workload, return_values) -> bool:
     return all(isinstance(r, dict) and r.get("value") is not None for r in return_values)
 
 
-def _detection_figures(stamp_dir: str, report_time: float, timeout: float) -> dict:
+def completed_figures(workload, completed: bool, return_values) -> dict:
+    """A completing workload's figures: ``ok``, ``pss_bytes`` and ``fn_s``."""
+    return {"ok": completed and completed_ok(workload, return_values),
+            "pss_bytes": pss_total(return_values, workload.workers),
+            "fn_s": fn_seconds(return_values)}
+
+
+def detection_figures(stamp_dir: str, report_time: float, timeout: float) -> dict:
     """Workload 4: when the report came, measured from the hang's start."""
     start = hang_start(stamp_dir)
     out = {"hang_start_seen": start is not None}
@@ -174,6 +172,12 @@ def _detection_figures(stamp_dir: str, report_time: float, timeout: float) -> di
         out["report_after_hang_s"] = report_time - start
         out["detection_over_T_s"] = report_time - start - timeout
     return out
+
+
+def run_timeout(workload) -> float:
+    """T for the hang workload; a safety net for completing ones (whose cold
+    run waits for a TensorFlow import before any progress)."""
+    return workload.hang_timeout if workload.expect_hang else SAFETY_TIMEOUT
 
 
 # -- 1. the harness ------------------------------------------------------------
@@ -187,50 +191,34 @@ class HarnessLauncher:
 
     name = "harness"
 
-    def __init__(self):
-        from .controller import Cluster
-        from .settings import RunSettings
-        self._Cluster, self._RunSettings = Cluster, RunSettings
-
     def run(self, workload, stamp_dir: str) -> dict:
-        from .faults import SkipStep
-        fn = bench_workloads.WORKLOAD_FNS[workload.fn]
-        kwargs = dict(workload.kwargs, harness=True, stamp_dir=stamp_dir)
         faults = [SkipStep(*workload.skip)] if workload.skip else []
-        # Completing workloads get a generous hang timeout (the cold run
-        # waits for the forkserver's TensorFlow import before any progress).
-        timeout = workload.hang_timeout if workload.expect_hang else SAFETY_TIMEOUT
-        cluster = self._Cluster(self._RunSettings(workers=workload.workers, timeout=timeout))
+        cluster = Cluster(RunSettings(workers=workload.workers, timeout=run_timeout(workload)))
         t0 = time.monotonic()
-        result = cluster.run(fn, kwargs=kwargs, faults=faults)
+        result = cluster.run(measured_run, kwargs=worker_kwargs(workload, stamp_dir, harness=True),
+                             faults=faults)
         t1 = time.monotonic()
         out = {"outcome": result.outcome, "wall_s": t1 - t0, "harness_duration_s": result.duration,
                "culprits": list(result.culprits), "diagnosis": result.diagnosis}
         if workload.expect_hang:
-            obs = result.observation
-            out.update(_detection_figures(stamp_dir, t1, workload.hang_timeout))
+            out.update(detection_figures(stamp_dir, t1, workload.hang_timeout))
             out["ok"] = result.outcome == "hang"
             # The watch loop's own latency past T, from the last progress it saw.
-            out["detection_delay_s"] = obs.detection_delay
+            out["detection_delay_s"] = result.observation.detection_delay
             # run() returns after dumping stacks and killing: the report's own cost.
             out["declared_to_return_s"] = (t1 - t0) - result.duration
             out["named_culprit"] = tuple(result.culprits) == (workload.skip[0],)
-            out["culprits"] = list(result.culprits)
             out["stack_dumped"] = any(w.stack.strip() for w in result.workers)
-            pids = [int(p) for p in read_marks(stamp_dir, "pid").values()]
-            out["gone_after_report_s"] = wait_gone(pids, t1)
+            out["gone_after_report_s"] = wait_gone(marked_pids(stamp_dir), t1)
         else:
-            values = result.return_values
-            out["ok"] = result.outcome == "completed" and _completed_ok(workload, values)
-            out["pss_bytes"] = _pss_total(values, workload.workers)
-            out["fn_s"] = _fn_seconds(values)
+            out.update(completed_figures(workload, result.outcome == "completed",
+                                         result.return_values))
             if not out["ok"]:
                 out["error"] = result.report()[-4000:]
         return out
 
     def overhead_pss(self) -> Optional[int]:
         """PSS of what the harness keeps between runs: its forkserver."""
-        from .launcher import forkserver_pid
         pid = forkserver_pid()
         return pss_of([pid]) if pid else None
 
@@ -241,7 +229,7 @@ class HarnessLauncher:
 
 # -- 2. spawn per worker -------------------------------------------------------
 
-_SPAWN_CODE = "from harness.bench_workloads import spawn_entry; spawn_entry()"
+SPAWN_CODE = "from harness.bench.workers import spawn_entry; spawn_entry()"
 
 
 class SpawnLauncher:
@@ -259,17 +247,14 @@ class SpawnLauncher:
         self._procs: List[subprocess.Popen] = []
 
     def run(self, workload, stamp_dir: str) -> dict:
-        from .ports import reserve_ports
-        from . import tfconfig
         n = workload.workers
-        kwargs = dict(workload.kwargs, stamp_dir=stamp_dir)
-        if workload.skip:
-            kwargs.update(skip=list(workload.skip), linger=3600.0)
-        spec = json.dumps({"fn": workload.fn, "kwargs": kwargs})
-        budget = workload.hang_timeout if workload.expect_hang else SAFETY_TIMEOUT
+        spec = json.dumps(worker_kwargs(workload, stamp_dir))
+        budget = run_timeout(workload)
+        envs = worker_environments(n)
         outs, logs = [], []
         with reserve_ports(n) as reservation:
-            configs = tfconfig.cluster_configs(reservation.ports)
+            for env, config in zip(envs, tfconfig.cluster_configs(reservation.ports)):
+                env["TF_CONFIG"] = tfconfig.dumps(config)
             t0 = time.monotonic()
             try:
                 for i in range(n):
@@ -277,10 +262,12 @@ class SpawnLauncher:
                     log = open(os.path.join(stamp_dir, f"stderr.{i}"), "w+")
                     outs.append(out)
                     logs.append(log)
+                    # The worker gets SIGKILL if the benchmark dies, even by
+                    # SIGKILL, so an orphan never blocks for ever in a collective.
                     self._procs.append(subprocess.Popen(
-                        [sys.executable, "-c", _SPAWN_CODE, spec], env=_worker_env(configs[i]),
+                        [sys.executable, "-c", SPAWN_CODE, spec], env=envs[i],
                         stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                        preexec_fn=_die_with_bench))
+                        preexec_fn=set_parent_death_signal))
                 timed_out = False
                 for p in self._procs:
                     try:
@@ -290,17 +277,10 @@ class SpawnLauncher:
                         break
                 t1 = time.monotonic()
                 pids = [p.pid for p in self._procs]
-                if timed_out:
-                    for p in self._procs:
-                        with contextlib.suppress(OSError):
-                            p.kill()
             finally:
-                for p in self._procs:
-                    with contextlib.suppress(OSError):
-                        p.kill()
-                    p.wait()
-                codes = [p.returncode for p in self._procs]
-                self._procs = []
+                procs, self._procs = self._procs, []
+                kill_all(procs, wait=True)
+                codes = [p.returncode for p in procs]
         results = []
         for f in outs:
             f.seek(0)
@@ -317,16 +297,14 @@ class SpawnLauncher:
                ("completed" if all(c == 0 for c in codes) else "failed"),
                "wall_s": t1 - t0, "exit_codes": codes}
         if workload.expect_hang:
-            out.update(_detection_figures(stamp_dir, t1, workload.hang_timeout))
+            out.update(detection_figures(stamp_dir, t1, workload.hang_timeout))
             out["ok"] = timed_out
             out["named_culprit"] = False
             out["culprits"] = []
             out["stack_dumped"] = False
             out["gone_after_report_s"] = wait_gone(pids, t1)
         else:
-            out["ok"] = out["outcome"] == "completed" and _completed_ok(workload, results)
-            out["pss_bytes"] = _pss_total(results, n)
-            out["fn_s"] = _fn_seconds(results)
+            out.update(completed_figures(workload, out["outcome"] == "completed", results))
             if not out["ok"]:
                 out["error"] = "\n".join(tails)[-4000:]
         return out
@@ -335,10 +313,8 @@ class SpawnLauncher:
         return 0  # nothing lives between runs
 
     def close(self) -> None:
-        for p in self._procs:
-            with contextlib.suppress(OSError):
-                p.kill()
-        self._procs = []
+        procs, self._procs = self._procs, []
+        kill_all(procs)
 
 
 # -- 3. TensorFlow's own runner ------------------------------------------------
@@ -359,7 +335,7 @@ mpr = tf.__internal__.distribute.multi_process_runner
 
 class BenchServe(tf.test.TestCase):
     def test_serve(self):
-        from harness.bench_launchers import runner_serve
+        from harness.bench.launchers import runner_serve
         runner_serve(mpr)
 
 
@@ -419,18 +395,16 @@ def _log_size(path: Optional[str]) -> int:
 
 
 def _runner_run(mpr, cmd: dict, log_path: Optional[str]) -> dict:
-    fn = bench_workloads.WORKLOAD_FNS[cmd["fn"]]
-    from .ports import reserve_ports
     before = _log_size(log_path)
     # ``mpr.create_cluster_spec`` would pick the ports, but it needs the
     # ``portpicker`` package, which TensorFlow does not install.  The spec
     # is the same dict, on ports chosen as for the other two launchers.
     with reserve_ports(cmd["workers"]) as reservation:
-        spec = {"worker": [f"localhost:{p}" for p in reservation.ports]}
+        spec = {"worker": tfconfig.cluster_addresses(reservation.ports)}
         t0 = time.monotonic()
         out = {"t_start": t0}
         try:
-            res = mpr.run(fn, spec, timeout=int(cmd["timeout"]), return_output=False,
+            res = mpr.run(measured_run, spec, timeout=int(cmd["timeout"]), return_output=False,
                           kwargs=cmd["kwargs"])
             out.update(outcome="completed", return_values=list(res.return_value))
         except mpr.SubprocessTimeoutError as e:
@@ -441,8 +415,8 @@ def _runner_run(mpr, cmd: dict, log_path: Optional[str]) -> dict:
     out["wall_s"] = out["t_report"] - t0
     if out["outcome"] != "completed":
         # Checked here, at once, not after the answer's trip to the benchmark.
-        pids = [int(p) for p in read_marks(cmd["kwargs"].get("stamp_dir"), "pid").values()]
-        out["gone_after_report_s"] = wait_gone(pids, out["t_report"])
+        out["gone_after_report_s"] = wait_gone(marked_pids(cmd["kwargs"].get("stamp_dir")),
+                                               out["t_report"])
     # Did it dump any Python stack (faulthandler's header) into its output
     # during this run?  Its streaming threads may still be flushing.
     time.sleep(0.2)
@@ -478,7 +452,7 @@ class RunnerLauncher:
         os.chmod(script, os.stat(script).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         self.log_path = os.path.join(self._dir, "runner.log")
         self._log = open(self.log_path, "wb")
-        env = _worker_env()
+        env = worker_environments(1)[0]
         env["BENCH_RUNNER_LOG"] = self.log_path
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
@@ -517,12 +491,9 @@ class RunnerLauncher:
             return ""
 
     def run(self, workload, stamp_dir: str) -> dict:
-        kwargs = dict(workload.kwargs, stamp_dir=stamp_dir)
-        if workload.skip:
-            kwargs.update(skip=list(workload.skip), linger=3600.0)
-        timeout = workload.hang_timeout if workload.expect_hang else SAFETY_TIMEOUT
-        cmd = {"cmd": "run", "fn": workload.fn, "workers": workload.workers,
-               "kwargs": kwargs, "timeout": int(round(timeout))}
+        timeout = run_timeout(workload)
+        cmd = {"cmd": "run", "workers": workload.workers,
+               "kwargs": worker_kwargs(workload, stamp_dir), "timeout": int(round(timeout))}
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         # Its report of a hang comes at about T + 30 s (SIGTERM, a 30 s wait
@@ -537,7 +508,7 @@ class RunnerLauncher:
         if "message" in reply:
             out["message"] = reply["message"]
         if workload.expect_hang:
-            out.update(_detection_figures(stamp_dir, reply["t_report"], workload.hang_timeout))
+            out.update(detection_figures(stamp_dir, reply["t_report"], workload.hang_timeout))
             out["ok"] = reply["outcome"] == "timeout"
             # Whether its message points at the worker that skipped (it does not
             # on TF 2.21: "One or more subprocesses timed out ...").
@@ -546,12 +517,10 @@ class RunnerLauncher:
             out["culprits"] = [task] if out["named_culprit"] else []
             out["gone_after_report_s"] = reply.get("gone_after_report_s")
             # Whatever the runner said, nothing of this run may live on.
-            wait_gone([int(p) for p in read_marks(stamp_dir, "pid").values()], received, limit=5.0)
+            wait_gone(marked_pids(stamp_dir), received, limit=5.0)
         else:
-            values = reply.get("return_values", [])
-            out["ok"] = reply["outcome"] == "completed" and _completed_ok(workload, values)
-            out["pss_bytes"] = _pss_total(values, workload.workers)
-            out["fn_s"] = _fn_seconds(values)
+            out.update(completed_figures(workload, reply["outcome"] == "completed",
+                                         reply.get("return_values", [])))
             if not out["ok"]:
                 out["error"] = (reply.get("message", "") + "\n" + self.log_tail())[-4000:]
         return out
@@ -580,16 +549,12 @@ class RunnerLauncher:
                 proc.wait(5)
         if proc is not None:
             # Whether it quit or not: its forkserver, manager and any worker go too.
-            kill_tree(proc.pid)
+            kill_tree(proc.pid, known=family)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
-        for p in family:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
         psutil.wait_procs(family, timeout=5)
         with contextlib.suppress(OSError):
             self._log.close()
-        import shutil
         shutil.rmtree(self._dir, ignore_errors=True)
 
 

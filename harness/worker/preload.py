@@ -9,7 +9,7 @@ it costs a second or two that most runs would not use.
 import os
 import signal
 
-from harness.worker import _prctl_pdeathsig
+from harness.linux import set_parent_death_signal
 
 # Die with pytest.  The server's own "alive" pipe is not enough: every
 # worker inherits its write end, so while a worker lives (blocked in a
@@ -17,7 +17,7 @@ from harness.worker import _prctl_pdeathsig
 # (which die with the server) would never be told.  The signal fires when
 # the *thread* that started the server ends, which is pytest's main thread.
 _parent = os.getppid()
-_prctl_pdeathsig(signal.SIGKILL)
+set_parent_death_signal(signal.SIGKILL)
 if os.getppid() != _parent:
     os._exit(0)
 
@@ -35,7 +35,8 @@ import tensorflow  # noqa: E402,F401
 import tensorflow.python.distribute.collective_all_reduce_strategy  # noqa: E402,F401
 import dill  # noqa: E402,F401
 
-import harness.inject  # noqa: E402,F401
+import harness.worker  # noqa: E402,F401
+import harness.worker.sync  # noqa: E402,F401
 
 if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
     try:

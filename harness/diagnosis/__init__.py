@@ -1,0 +1,64 @@
+"""Explain a finished MWMS run from what the parent observed: a pure function.
+
+:func:`diagnose` reads a :class:`~harness.record.RunObservation` and nothing
+else (no fault plan, no TensorFlow, no clock, no I/O), so every rule can be
+tested on hand-built or recorded runs.  It works in three parts:
+
+* :mod:`.facts`: what the rules need, worked out once (outcome, steps,
+  phases, ``TF_CONFIG`` issues from :mod:`.configs`, root errors and echoes
+  from :mod:`.echoes`, stacks from :mod:`.stacks`);
+* :mod:`.rules`: the table of blame rules; the first that applies and
+  answers wins, and the verdict names it (``Verdict.rule``);
+* :mod:`.render`: the text a person reads first.
+
+Outcome, by strict precedence: ``crashed`` if any worker died (ended without
+returning or raising, not by the harness's hand); else ``failed`` if any
+raised; else ``hang`` if the run ended by the hang detector or a worker never
+returned; else ``completed``.  ``fault`` events are never used for blame;
+the text lists them as "injected".  ``Verdict.step`` is the step where the
+others wait for the culprit when they wait for it, else the culprit's last
+step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+from ..record import OUTCOMES, RunObservation
+from .echoes import is_echo, short_type
+from .facts import facts_of
+from .render import render
+from .rules import RULES, Blame, Rule, first_blame
+from .stacks import summarize_stack
+
+__all__ = ["diagnose", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "is_echo",
+           "summarize_stack"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What :func:`diagnose` concluded; ``text`` says it for a person."""
+
+    outcome: str                  # one of OUTCOMES
+    culprits: Tuple[int, ...]     # worker indexes blamed, sorted; () when completed
+    text: str                     # multi-line, the first thing a person reads
+    step: Optional[int] = None    # where things went wrong (blocked / diverged / died)
+    error: Optional[str] = None   # type name of the root error, when there is one
+    ambiguous: bool = False       # True when the culprit cannot be decided
+    rule: str = ""                # the name of the rule that decided (see RULES)
+
+
+def diagnose(obs: RunObservation) -> Verdict:
+    """The outcome of a run, who is to blame, and a text a person reads first."""
+    f = facts_of(obs)
+    rule, blame = first_blame(f)
+    culprits = tuple(sorted(set(blame.culprits)))
+    # The run's error: the first cause when it failed, or when a crash was
+    # blamed on a worker that raised before the deaths.
+    errs = f.errors
+    error = None
+    if errs and (f.outcome == "failed" or (f.outcome == "crashed" and errs[0].index in culprits
+                                           and not is_echo(errs[0].error))):
+        error = short_type(errs[0].error.type_name)
+    return Verdict(f.outcome, culprits, render(f, blame, culprits), blame.step, error,
+                   blame.ambiguous, rule)

@@ -1,0 +1,62 @@
+"""Reading workers' errors: a cause, or TensorFlow reporting a peer's failure?
+
+When one worker fails, TensorFlow tells its peers in errors of its own
+("Collective ops is aborted by", "tasks are unhealthy", "Socket closed"):
+*echoes*.  An echo is never a cause, so it is never blamed over an error
+that is not one, whatever the timestamps.
+"""
+from __future__ import annotations
+
+import re
+import signal
+from typing import List, Optional
+
+from ..protocol import WorkerError
+
+_ECHO_TYPES = frozenset({"UnavailableError", "CancelledError"})
+_ECHO_MARKERS = ("collective ops is aborted by", "[_derived_]", "unhealthy",
+                 "stopped sending heartbeats", "socket closed", "connection reset")
+# A collective timing out means a peer never joined: a report about a peer.
+_DEADLINE_ECHO = ("heartbeat", "collective has timed out")
+# Config errors are causes even when TensorFlow wraps them in derived text.
+_ROOT_MARKERS = ("is joining a group with", "could not start grpc server")
+_TASK_RE = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+
+
+def short_type(type_name: str) -> str:
+    """``tensorflow.python.framework.errors_impl.UnavailableError`` -> ``UnavailableError``."""
+    return (type_name or "").rsplit(".", 1)[-1]
+
+
+def is_echo(error: Optional[WorkerError]) -> bool:
+    """Whether ``error`` is TensorFlow reporting a peer's failure, not a cause."""
+    if error is None:
+        return False
+    kind, msg = short_type(error.type_name), (error.message or "").lower()
+    if any(m in msg for m in _ROOT_MARKERS):
+        return False
+    if kind in _ECHO_TYPES or any(m in msg for m in _ECHO_MARKERS):
+        return True
+    return kind == "DeadlineExceededError" and any(m in msg for m in _DEADLINE_ECHO)
+
+
+def tasks_named(message: str) -> List[int]:
+    """The task indexes a TensorFlow error message names (``/job:worker/.../task:N``)."""
+    return [int(t) for t in _TASK_RE.findall(message or "")]
+
+
+def names_unhealthy(message: str) -> bool:
+    """Whether the message reports tasks whose heartbeats stopped."""
+    lower = (message or "").lower()
+    return "unhealthy" in lower or "heartbeat" in lower
+
+
+def exit_text(code: Optional[int]) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"exit code {code}, {signal.Signals(-code).name}"
+        except ValueError:
+            return f"exit code {code}, signal {-code}"
+    return f"exit code {code}" + (" without returning" if code == 0 else "")

@@ -1,0 +1,140 @@
+"""The facts of a run, worked out once from its observation, for every rule.
+
+:class:`Facts` holds what the rules ask of a run again and again: the
+outcome, each worker's steps and phase, the ``TF_CONFIG`` issues, the root
+errors and their echoes, and the state signature by which workers are
+compared.  The helpers below answer the same questions of one worker.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Counter, Dict, List, Optional, Sequence, Tuple
+
+from .. import protocol
+from ..record import HANG, RunObservation, WorkerObservation
+from .configs import config_issues
+from .echoes import is_echo
+
+# Where each phase stands in a worker's life: who is behind whom.
+PHASE_RANK = {phase: rank for rank, phase in enumerate(protocol.PHASES)}
+
+# Which situations a rule can apply to (the ``when`` column of the table):
+COMPLETED = "completed"
+CRASHED = "crashed"
+FAILED = "failed"             # a worker raised, and some error is a cause
+FAILED_ECHOES = "failed_echoes"  # a worker raised, but every error is an echo
+HANG_ = "hang"
+SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, HANG_)
+
+
+def or_inf(t: Optional[float]) -> float:
+    """A time to sort by, with "never" last."""
+    return t if t is not None else float("inf")
+
+
+def phase(w: WorkerObservation) -> Optional[str]:
+    """The last phase the worker reported (``None``: none yet)."""
+    kinds = [e.kind for e in w.events if e.kind in PHASE_RANK]
+    return kinds[-1] if kinds else None
+
+
+def state(w: WorkerObservation) -> str:
+    """``raised``, ``returned``, ``died``, ``stopped`` or ``blocked``."""
+    if w.error is not None:
+        return "raised"
+    if w.returned:
+        return "returned"
+    if w.died:
+        return "died"
+    return "stopped" if w.stopped else "blocked"
+
+
+def steps_asked(w: WorkerObservation) -> Optional[int]:
+    """``n`` of the worker's finished ``steps(n)`` loop, when it reported it."""
+    done = [e for e in w.events if e.kind == protocol.STEPS_DONE and isinstance(e.data, int)]
+    return done[-1].data if done else None
+
+
+def where_stopped(w: WorkerObservation) -> str:
+    """Where a worker's progress stopped, as a phrase: ``at step 9``."""
+    last = w.last_step
+    p = phase(w)
+    if p == protocol.STEP and last is not None:
+        return f"at step {last}"
+    if p == protocol.STEPS_DONE:
+        return f"after the loop ({len(w.steps)} steps)"
+    return {protocol.STRATEGY_CREATING: "in strategy creation", None: "before any progress",
+            protocol.STARTED: "before strategy creation",
+            protocol.STRATEGY_CREATED: "after strategy creation, before any step",
+            }.get(p, f"after {p}")
+
+
+def reference_steps(ws: Sequence[WorkerObservation]) -> Tuple[int, ...]:
+    """The most common step sequence; ties go to the longest (a skip is a loss)."""
+    counts = collections.Counter(w.steps for w in ws)
+    return max(counts, key=lambda s: (counts[s], len(s))) if counts else ()
+
+
+def outcome_of(obs: RunObservation) -> str:
+    """Strict precedence: crashed, then failed, then hang, else completed."""
+    ws = obs.workers
+    if any(w.died for w in ws):
+        return "crashed"
+    if any(w.error is not None for w in ws):
+        return "failed"
+    if obs.ended_by == HANG or not all(w.returned for w in ws):
+        return "hang"
+    return "completed"
+
+
+# (finished?, steps, phase): workers with equal signatures stand at the same
+# point; the odd one out is the first suspect.
+Signature = Tuple[bool, Tuple[int, ...], Optional[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    obs: RunObservation
+    outcome: str
+    situation: str
+    config_issues: Dict[int, List[str]]
+    config_tie: bool
+    errors: Tuple[WorkerObservation, ...]   # workers that raised, causes first, then by time
+    roots: Tuple[WorkerObservation, ...]    # workers whose error is a cause, by time
+    echoes: Tuple[WorkerObservation, ...]   # workers whose error is an echo
+    comparable: Tuple[WorkerObservation, ...]   # neither stopped nor dead: compared by signature
+    signatures: Dict[int, Signature]
+    signature_counts: Counter
+
+    @property
+    def workers(self) -> Tuple[WorkerObservation, ...]:
+        return self.obs.workers
+
+    def worker(self, index: int) -> WorkerObservation:
+        return next(w for w in self.obs.workers if w.index == index)
+
+
+def signature(w: WorkerObservation) -> Signature:
+    finished = w.returned and w.error is None
+    return finished, w.steps, "done" if finished else phase(w)
+
+
+def facts_of(obs: RunObservation) -> Facts:
+    outcome = outcome_of(obs)
+    issues, tie = config_issues(obs)
+    raised = [w for w in obs.workers if w.error is not None]
+    roots = tuple(sorted((w for w in raised if not is_echo(w.error)),
+                         key=lambda w: or_inf(w.finish_time)))
+    if outcome == "failed":
+        situation = FAILED if roots else FAILED_ECHOES
+    else:
+        situation = outcome
+    comparable = tuple(w for w in obs.workers if not w.stopped and not w.died)
+    signatures = {w.index: signature(w) for w in comparable}
+    return Facts(
+        obs=obs, outcome=outcome, situation=situation, config_issues=issues, config_tie=tie,
+        errors=tuple(sorted(raised, key=lambda w: (is_echo(w.error), or_inf(w.finish_time)))),
+        roots=roots, echoes=tuple(w for w in raised if is_echo(w.error)),
+        comparable=comparable, signatures=signatures,
+        signature_counts=collections.Counter(signatures.values()))

@@ -1,0 +1,424 @@
+"""The blame rules, as a table: each is a small function of the run's facts
+that answers (a :class:`Blame`) or passes (None).  The first row that
+applies to the run's situation and answers wins, as with pytest's
+``firstresult`` hooks.  Adding a rule is one function plus one row.
+
+The order of the table is the order of trust:
+
+* a death is a cause whatever else happened (``crash``);
+* a ``TF_CONFIG`` that disagrees explains a failure or a hang (``config``);
+* in a failure, a collective whose shapes differ names the odd shape
+  (``shape_mismatch``), the sync check names who is out of step
+  (``sync_check``), else the root error does (``root_error``);
+* in a hang, or a failure where every error is an echo, the evidence goes
+  from direct to circumstantial: a stopped process; the odd one out by
+  state among three or more (``majority``); the one that is behind; a hole
+  in one worker's step record (``skipped_step``); a split with no majority
+  (``split``, ambiguous); the task the heartbeat errors name; a worker not in
+  TensorFlow while the others are; who raised first; and last, nobody
+  stands out (``no_evidence``, ambiguous).
+
+Trade-offs.  Times are the parent's arrival stamps, so "first" is only as
+good as a few milliseconds; that is why an echo never beats a root error on
+timing alone, and why near-simultaneous deaths are all blamed.  A user
+handler that exits within ``SIMULTANEOUS`` s of a peer's death (on a fast
+"Socket closed") is blamed too.  The "unhealthy" errors name the task whose
+heartbeats stopped, but a worker that simply returned and exited is named
+the same way, so the names are used only when the steps show nothing.  The
+majority rules assume one faulty worker among N >= 3; two independent faults
+can outvote the truth.  With N = 2 a skipped step on one is
+indistinguishable from an extra collective on the other (an extra all-reduce
+inside a step does not change the reported steps), so such a split is
+ambiguous and both are named.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+
+from .. import protocol
+from ..errors import StepDesyncError, odd_ones_out
+from ..record import WorkerObservation
+from .echoes import exit_text, is_echo, names_unhealthy, short_type, tasks_named
+from .facts import (CRASHED, FAILED, FAILED_ECHOES, HANG_, PHASE_RANK, SITUATIONS,
+                    Facts, or_inf, reference_steps, steps_asked, where_stopped)
+from .stacks import stack_kind, summarize_stack
+from .words import names, ranges, steps_text
+
+# Deaths closer than this are one event (e.g. a kill fault on two workers);
+# TensorFlow's echoes of a death take seconds (heartbeats), so this is safe.
+SIMULTANEOUS = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Blame:
+    """One rule's conclusion, before it is rendered."""
+
+    culprits: Sequence[int]
+    reason: str
+    step: Optional[int] = None
+    ambiguous: bool = False
+    headline: Optional[str] = None   # replaces the generic headline
+
+
+# ---------------------------------------------------------------- always
+
+def nothing_to_blame(f: Facts) -> Optional[Blame]:
+    """A run that completed, or had no workers, blames nobody."""
+    if f.outcome == "completed" or not f.workers:
+        return Blame((), "")
+    return None
+
+
+def crash(f: Facts) -> Optional[Blame]:
+    """The first death(s).  A later death that made no progress after a
+    peer's earlier error or death is a consequence (user code exiting on
+    TensorFlow's echo); deaths within ``SIMULTANEOUS`` s count as one."""
+    died = sorted((w for w in f.workers if w.died), key=lambda w: or_inf(w.exit_time))
+    if not died:
+        return None
+    roots = [w for w in f.workers if w.error is not None and not is_echo(w.error)]
+    times = [w.exit_time for w in died if w.exit_time is not None]
+    times += [w.finish_time for w in roots if w.finish_time is not None]
+    t0 = min(times) if times else None
+
+    def consequence(w: WorkerObservation) -> bool:
+        if t0 is None or w.exit_time is None or w.exit_time <= t0 + SIMULTANEOUS:
+            return False
+        return not any(e.kind == protocol.STEP and e.time > t0 for e in w.events)
+
+    culprits = [w for w in died if not consequence(w)]
+    if not culprits:   # every death came after a peer's own root error
+        first = min(roots, key=lambda w: or_inf(w.finish_time))
+        return Blame([first.index], f"raised {first.error} before any worker died",
+                     first.last_step, headline=f"{names([w.index for w in died])} died "
+                     f"after {names([first.index])} raised {first.error}; culprit: "
+                     f"{names([first.index])} (its error came first)")
+    parts = [f"{names([w.index])} died ({exit_text(w.exit_code)}) {where_stopped(w)}"
+             for w in culprits]
+    later = [w.index for w in died if w not in culprits]
+    head = "; ".join(parts)
+    if f.echoes and culprits[0].exit_time is not None:
+        dt = min(or_inf(w.finish_time) for w in f.echoes) - culprits[0].exit_time
+        kinds = "/".join(sorted({short_type(w.error.type_name) for w in f.echoes}))
+        head += f"; {names([w.index for w in f.echoes])} reported it as {kinds}" + (
+            f" {dt:.1f}s later" if dt != float("inf") else "")
+    if later:
+        head += f"; {names(later)} died later (likely a consequence)"
+    return Blame([w.index for w in culprits], "died", culprits[0].last_step, headline=head)
+
+
+def config(f: Facts) -> Optional[Blame]:
+    """Workers whose ``TF_CONFIG`` disagrees with the others' (see :mod:`.configs`)."""
+    issues = f.config_issues
+    if not issues:
+        return None
+    detail = ("; ".join(next(iter(issues.values()))) if len(issues) == 1 else "; ".join(
+        f"{names([i])}: {', '.join(v)}" for i, v in sorted(issues.items())))
+    tie = f.config_tie
+    return Blame(sorted(issues), ("the TF_CONFIG cluster lists disagree and none has a "
+                                  "majority, so it cannot tell which is wrong: "
+                                  if tie else "") + detail, ambiguous=tie)
+
+
+# ---------------------------------------------------------------- failed
+
+_SHAPE_RE = re.compile(r"Op at device /job:worker/replica:\d+/task:(\d+)\S* expected shape "
+                       r"(\[[^\]]*\]) but another member in the group expected shape "
+                       r"(\[[^\]]*\])")
+
+
+def shape_mismatch(f: Facts) -> Optional[Blame]:
+    """Collectives that paired tensors of different shapes.
+
+    TensorFlow's "Shape mismatch in the collective instance" names the task
+    that noticed and its own shape, and the other shape.  Collected over all
+    errors, that is each task's shape; the odd one out against a strict
+    majority (N >= 3) is the worker whose collective differed: a different
+    batch size, or a collective the others did not make.  Two workers are
+    symmetric (each only sees that the other differs): no verdict here.
+    """
+    known: Dict[int, str] = {}
+    other_shapes = set()
+    for w in f.workers:
+        for task, mine, other in _SHAPE_RE.findall((w.error.message or "") if w.error else ""):
+            known[int(task)] = mine
+            other_shapes.add(other)
+    n = f.obs.num_workers
+    if not known or n < 3:
+        return None
+    shapes = ", ".join(f"{names([t])} {s}" for t, s in sorted(known.items()))
+    counts = collections.Counter(known.values())
+    top, hits = counts.most_common(1)[0]
+    if len(counts) > 1 and 2 * hits > len(known):
+        odd = sorted(t for t, v in known.items() if v != top)
+    elif len(counts) == 1 and len(known) == n - 1 and other_shapes - {top}:
+        odd = sorted(set(range(n)) - set(known))
+    else:
+        return None
+    steps = [w.last_step for w in f.workers if w.index in odd]
+    return Blame(odd, f"its collective had a different shape from the others' ({shapes}; "
+                 f"majority {top})", steps[0] if steps else None,
+                 headline=f"{names(odd)}: collective shape differs from the other workers' "
+                          f"(Shape mismatch; majority shape {top})")
+
+
+def sync_check(f: Facts) -> Optional[Blame]:
+    """The opt-in sync check saw workers at different steps.  Every worker
+    raises the same StepDesyncError, computed from the same all-reduced
+    vector, and its ``steps`` field (worker i's step at the check) is the
+    observation to read."""
+    if not f.roots:
+        return None
+    first = f.roots[0]
+    if short_type(first.error.type_name) != StepDesyncError.__name__:
+        return None
+    steps = list((first.error.fields or {}).get("steps") or [])
+    message = first.error.message or ""
+    odd = odd_ones_out(steps)
+    if odd:
+        step = min(steps)
+        return Blame(list(odd), f"out of step (sync check: {message})", step,
+                     headline=f"{names(odd)} out of step with the others "
+                              f"(sync check at step {step})")
+    gapped = _hole_in_steps(f.workers)
+    if gapped is not None:
+        w, _, missing = gapped
+        return Blame([w.index], f"skipped step {ranges(missing)} (sync check: {message})",
+                     missing[0], headline=f"{names([w.index])} out of step: it skipped step "
+                                          f"{ranges(missing)} (sync check)")
+    everyone = list(range(len(steps))) or [w.index for w in f.workers]
+    return Blame(everyone, f"cannot tell which side is wrong with no majority: {message}",
+                 min(steps) if steps else None, ambiguous=True,
+                 headline="workers out of step and no majority (sync check); "
+                          "it cannot tell which side is wrong")
+
+
+def root_error(f: Facts) -> Optional[Blame]:
+    """The worker(s) whose error is a cause, earliest first, plus every worker
+    that raised the same type (a bug in common code hits everyone)."""
+    if not f.roots:
+        return None
+    first = f.roots[0]
+    kind = short_type(first.error.type_name)
+    same = [w.index for w in f.roots if short_type(w.error.type_name) == kind]
+    head = f"{names(same)} raised {first.error} (root error"
+    if f.echoes:
+        kinds = "/".join(sorted({short_type(w.error.type_name) for w in f.echoes}))
+        head += f"; {names([w.index for w in f.echoes])} reported it as {kinds}"
+    return Blame(same, f"raised {first.error}", first.last_step, headline=head + ")")
+
+
+# ---------------------------------------------------------------- stuck
+
+def stopped(f: Facts) -> Optional[Blame]:
+    """A worker found stopped (SIGSTOP) cannot take part in anything."""
+    found = [w for w in f.workers if w.stopped and not w.died]
+    if not found:
+        return None
+    return Blame([w.index for w in found], f"stopped (SIGSTOP) {where_stopped(found[0])}",
+                 found[0].last_step)
+
+
+def _split(f: Facts) -> bool:
+    """At least two comparable workers, not all at the same point."""
+    return len(f.comparable) >= 2 and len(f.signature_counts) > 1
+
+
+def majority(f: Facts) -> Optional[Blame]:
+    """With N >= 3, the minority against a strict majority of state signatures."""
+    if not _split(f):
+        return None
+    parts, sig = f.comparable, f.signatures
+    top, top_n = f.signature_counts.most_common(1)[0]
+    if not (len(parts) >= 3 and 2 * top_n > len(parts)):
+        return None
+    maj = next(w for w in parts if sig[w.index] == top)
+    odd = [w for w in parts if sig[w.index] != top]
+    c = odd[0]
+    ran = steps_text(c.steps, top[1])
+    if not top[0] and sig[c.index][0]:
+        why = f"missing from the collective {where_stopped(maj)}: it finished after {ran}"
+        step = maj.last_step   # where the others wait for it
+    elif top[0]:
+        why = (f"blocked {where_stopped(c)} after the others returned with the same steps: it "
+               "made a collective call they did not (e.g. an extra all-reduce)"
+               if c.steps == top[1]
+               else f"blocked {where_stopped(c)} after the others returned; it ran {ran}")
+        step = c.last_step
+    else:
+        why = f"out of step: blocked {where_stopped(c)} while the others are blocked " \
+              f"{where_stopped(maj)}"
+        step = c.last_step
+    return Blame([w.index for w in odd], why, step)
+
+
+def behind(f: Facts) -> Optional[Blame]:
+    """With every comparable worker waiting, the one(s) whose progress stopped earliest."""
+    if not _split(f):
+        return None
+    parts, sig = f.comparable, f.signatures
+    if any(s[0] for s in sig.values()):
+        return None
+    pos = {w.index: (PHASE_RANK.get(sig[w.index][2], -1), len(sig[w.index][1]),
+                     w.last_step if w.last_step is not None else -1) for w in parts}
+    low = min(pos.values())
+    late = [i for i, p in pos.items() if p == low]
+    if len(late) == len(parts):
+        return None
+    w = next(x for x in parts if x.index == late[0])
+    ahead = next(x for x in parts if pos[x.index] != low)
+    return Blame(late, f"behind: its progress stopped {where_stopped(w)} while the others "
+                 f"went on and are blocked {where_stopped(ahead)}", w.last_step)
+
+
+def _hole_in_steps(parts: Sequence[WorkerObservation]):
+    """Two workers, one of whose step record has a hole the other's has not.
+
+    A hole means the worker's own loop never crossed that step's boundary:
+    it skipped the step, which is direct evidence, not the N = 2 ambiguity
+    between "skipped one collective" and "made an extra one" (that arises
+    when both report the same steps).  Returns (skipper, other, missing).
+    """
+    if len(parts) != 2:
+        return None
+    a, b = parts
+    for w, other in ((a, b), (b, a)):
+        mine, theirs = w.steps, other.steps
+        if not mine or not theirs:
+            continue
+        asked = steps_asked(w)
+        # A loop that finished knows how many steps it was asked for, so a
+        # skipped last step shows too; otherwise only holes below its last.
+        horizon = asked if asked is not None else max(mine) + 1
+        missing = [s for s in theirs if s not in set(mine) and s < horizon]
+        contiguous = list(theirs) == list(range(theirs[0], theirs[0] + len(theirs)))
+        if missing and contiguous:
+            return w, other, missing
+    return None
+
+
+def skipped_step(f: Facts) -> Optional[Blame]:
+    """Two workers, one with a hole in its step record (see :func:`_hole_in_steps`)."""
+    if not _split(f):
+        return None
+    gapped = _hole_in_steps(f.comparable)
+    if gapped is None:
+        return None
+    w, other, missing = gapped
+    sig = f.signatures
+    return Blame([w.index], f"skipped step {ranges(missing)}: its step record jumps over "
+                 f"{'it' if len(missing) == 1 else 'them'} while {names([other.index])} "
+                 f"ran every step, so every collective after it paired with the wrong "
+                 f"step; it {'returned' if sig[w.index][0] else 'is blocked ' + where_stopped(w)} "
+                 f"and {names([other.index])} is "
+                 f"{'finished' if sig[other.index][0] else 'blocked ' + where_stopped(other)}",
+                 other.last_step if not sig[other.index][0] else w.last_step)
+
+
+def split(f: Facts) -> Optional[Blame]:
+    """Workers at different points and no rule above could say which is wrong:
+    every side is named, ambiguous."""
+    if not _split(f):
+        return None
+    parts, sig = f.comparable, f.signatures
+    ref = reference_steps(parts)
+    desc = "; ".join(f"{names([w.index])} ran {steps_text(w.steps, ref)}, and "
+                     f"{'returned' if sig[w.index][0] else 'is blocked ' + where_stopped(w)}"
+                     for w in parts)
+    waiting = [w for w in parts if not sig[w.index][0]]
+    why = ("with 2 workers it cannot tell a skipped step on one from an extra collective on "
+           "the other: " if len(parts) == 2 else "the workers split with no majority, so it "
+           "cannot tell which side is wrong: ") + desc
+    return Blame([w.index for w in parts], why,
+                 waiting[0].last_step if waiting else None, ambiguous=True)
+
+
+def heartbeat(f: Facts) -> Optional[Blame]:
+    """The task the peers' "unhealthy" (stopped heartbeats) errors name most."""
+    votes: collections.Counter = collections.Counter()
+    for w in f.workers:
+        msg = (w.error.message or "") if w.error is not None else ""
+        if names_unhealthy(msg):
+            votes.update(set(tasks_named(msg)) - {w.index})
+    top = max(votes.values(), default=0)
+    named = [i for i, c in votes.items() if c == top and 0 <= i < len(f.workers)]
+    if not named:
+        return None
+    return Blame(named, "named as unhealthy (stopped sending heartbeats) by its peers",
+                 f.worker(named[0]).last_step)
+
+
+def outside_tensorflow(f: Facts) -> Optional[Blame]:
+    """A live worker whose stack is not in TensorFlow while another's is."""
+    live = [w for w in f.workers if not w.finished]
+    kinds = {w.index: stack_kind(w.stack) for w in live}
+    outside = [i for i, k in kinds.items() if k == "other"]
+    if not (outside and "tf" in kinds.values()):
+        return None
+    w = next(x for x in live if x.index == outside[0])
+    return Blame(outside, f"not in TensorFlow ({summarize_stack(w.stack)}) while the "
+                 "others wait in a TensorFlow call", w.last_step)
+
+
+def raised_first(f: Facts) -> Optional[Blame]:
+    """Every error is an echo: the first to raise, for want of better."""
+    raised = sorted((w for w in f.workers if w.error is not None),
+                    key=lambda w: or_inf(w.finish_time))
+    if not raised:
+        return None
+    return Blame([raised[0].index], f"raised first ({raised[0].error})", raised[0].last_step)
+
+
+def no_evidence(f: Facts) -> Optional[Blame]:
+    """Nothing stands out: every unfinished worker is named, ambiguous."""
+    live = [w for w in f.workers if not w.finished]
+    pool = live or sorted(f.workers, key=lambda w: -or_inf(w.finish_time))[:1]
+    return Blame([w.index for w in pool], "no worker stands out: all stopped at the same point "
+                 f"({where_stopped(pool[0])})", pool[0].last_step, ambiguous=True)
+
+
+# ---------------------------------------------------------------- the table
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    when: FrozenSet[str]          # the situations (see harness.diagnosis.facts) it applies to
+    blame: Callable[[Facts], Optional[Blame]]
+
+
+_ALL = frozenset(SITUATIONS)
+_TROUBLE = frozenset({FAILED, FAILED_ECHOES, HANG_})
+_FAILED_ANY = frozenset({FAILED, FAILED_ECHOES})
+_STUCK = frozenset({HANG_, FAILED_ECHOES})
+
+RULES: Tuple[Rule, ...] = (
+    Rule("nothing_to_blame", _ALL, nothing_to_blame),
+    Rule("crash", frozenset({CRASHED}), crash),
+    Rule("config", _TROUBLE, config),
+    Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),
+    Rule("sync_check", frozenset({FAILED}), sync_check),
+    Rule("root_error", frozenset({FAILED}), root_error),
+    Rule("stopped", _STUCK, stopped),
+    Rule("majority", _STUCK, majority),
+    Rule("behind", _STUCK, behind),
+    Rule("skipped_step", _STUCK, skipped_step),
+    Rule("split", _STUCK, split),
+    Rule("heartbeat", _STUCK, heartbeat),
+    Rule("outside_tensorflow", _STUCK, outside_tensorflow),
+    Rule("raised_first", _STUCK, raised_first),
+    Rule("no_evidence", _STUCK, no_evidence),
+)
+
+
+def first_blame(f: Facts, rules: Sequence[Rule] = RULES) -> Tuple[str, Blame]:
+    """The first rule of ``rules`` that applies to the run and answers, and its answer."""
+    for rule in rules:
+        if f.situation in rule.when:
+            found = rule.blame(f)
+            if found is not None:
+                return rule.name, found
+    raise AssertionError(f"no rule answered for a {f.situation} run; "
+                         f"the table must end with one that always does")

@@ -1,0 +1,89 @@
+"""Every exception the harness raises for a user to catch, in one place.
+
+They are re-exported from :mod:`harness`.  Each says what went wrong and what
+to do about it; none needs TensorFlow to import.
+
+Errors that the diagnosis reads back from a worker carry their data as
+attributes (``StepDesyncError.steps``), which travel to the parent as
+:attr:`harness.protocol.WorkerError.fields`, never parsed out of the text.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Optional, Sequence, Tuple
+
+
+class HarnessError(Exception):
+    """Base of the harness's own errors."""
+
+
+class SettingError(HarnessError, ValueError):
+    """A bad option, ini or marker value; the plugin turns it into a usage error."""
+
+
+class FaultError(HarnessError, ValueError):
+    """A fault plan that cannot be applied; raised before any process starts."""
+
+
+class SerializationError(HarnessError, TypeError):
+    """``fn``, its arguments or its result cannot cross a process boundary."""
+
+
+class StateDirError(HarnessError, OSError):
+    """The directory where the harness coordinates ports cannot be used safely.
+
+    The message names the path, its owner and mode, why it is refused, and
+    the settings that choose another directory (``$MWMS_STATE_DIR``, the ini
+    option ``mwms_state_dir``); see :mod:`harness.ports`.
+    """
+
+
+class NotInWorkerError(HarnessError, RuntimeError):
+    """``harness.context()`` was called outside a worker process."""
+
+
+class InjectedFault(HarnessError, RuntimeError):
+    """What a ``RaiseError`` fault raises inside the worker's training loop."""
+
+
+class SecondStrategyError(HarnessError, RuntimeError):
+    """``fn`` created a second MultiWorkerMirroredStrategy in one process."""
+
+
+def odd_ones_out(steps: Sequence[int]) -> Optional[Tuple[int, ...]]:
+    """``steps[i]`` is worker i's step: the workers off the step a strict,
+    unique majority agrees on, or None when there is no such majority."""
+    counts = collections.Counter(steps)
+    if not counts:
+        return None
+    (common, hits), = counts.most_common(1)
+    if hits * 2 > len(steps) and list(counts.values()).count(hits) == 1:
+        return tuple(i for i, s in enumerate(steps) if s != common)
+    return None
+
+
+class StepDesyncError(HarnessError, RuntimeError):
+    """The opt-in sync check saw workers at different steps.
+
+    ``steps[i]`` is the step worker i was at when the check ran; every worker
+    raises this with the same ``steps`` (they come from one all-reduce).
+    """
+
+    def __init__(self, steps: Sequence[int]):
+        self.steps = tuple(int(s) for s in steps)
+        super().__init__(self._text())
+
+    @property
+    def fields(self) -> dict:
+        """What the parent's diagnosis reads (see the module docstring)."""
+        return {"steps": list(self.steps)}
+
+    def _text(self) -> str:
+        at = ", ".join(f"worker {i} at step {s}" for i, s in enumerate(self.steps))
+        odd = odd_ones_out(self.steps)
+        if odd:
+            return f"step desync: {at}; odd one out: " + ", ".join(f"worker {i}" for i in odd)
+        return f"step desync: {at}; no majority, so no single worker can be blamed"
+
+    def __reduce__(self):
+        return type(self), (self.steps,)

@@ -1,0 +1,74 @@
+"""Linux process primitives both sides of the harness use: no TensorFlow.
+
+The harness is Linux-only: it relies on ``prctl`` (a parent-death signal, a
+child subreaper), on ``/proc`` and on process groups.  These few calls are
+the whole of that dependence that is not ``psutil``'s.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import Iterable, List
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# The shared library every TensorFlow process maps: how a worker (or a
+# forkserver) is recognised from outside, whatever its command line says.
+TENSORFLOW_LIBRARY = "libtensorflow_framework"
+
+
+def prctl(option: int, value: int) -> bool:
+    """``prctl(option, value)``; False where the call is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, int(value), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when the *thread* that
+    forked it ends (``PR_SET_PDEATHSIG``)."""
+    prctl(PR_SET_PDEATHSIG, sig)
+
+
+def die_with_parent(exit_code: int = 70) -> None:
+    """Tie this process's life to its parent's with SIGKILL; exit at once if
+    the parent died before the tie took effect."""
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(exit_code)
+
+
+def become_subreaper() -> None:
+    """Orphans of this process's descendants are re-parented to it, not to
+    init, so they can still be found (and killed) from it."""
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie counts as gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def has_tensorflow(pid: int) -> bool:
+    """Whether live process ``pid`` has TensorFlow loaded (a zombie has not)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            if TENSORFLOW_LIBRARY not in f.read():
+                return False
+    except OSError:
+        return False
+    return alive(pid)
+
+
+def tensorflow_pids(processes: Iterable[psutil.Process]) -> List[int]:
+    """The pids among ``processes`` that have TensorFlow loaded."""
+    return [p.pid for p in processes if has_tensorflow(p.pid)]

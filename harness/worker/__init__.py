@@ -1,0 +1,31 @@
+"""The worker side of the harness: everything that runs inside a worker process.
+
+One entry point, :func:`worker_main`, which the launcher starts in each
+worker.  Like pytest-xdist's ``remote.py``, this package imports nothing of
+the parent side (controller, launcher, diagnosis, plugin): only the modules
+both sides share (:mod:`harness.protocol`, :mod:`harness.errors`,
+:mod:`harness.faults`, :mod:`harness.serialize`, :mod:`harness.linux`).
+Inside it, imports run one way::
+
+    main ──> context ──> actions ──> process
+      │         ├──> sync
+      │         └──> keras (lazily, when fn asks for the callback)
+      ├──> strategy_hook
+      └──> process
+
+``preload`` is what the forkserver imports once, so that forked workers
+start with TensorFlow and this package loaded.  Only ``worker_main``
+(below) and ``context`` (re-exported by :mod:`harness`) are meant for
+other modules.
+"""
+
+
+def worker_main(spec, conn) -> None:
+    """Run one worker process: see :func:`harness.worker.main.worker_main`.
+
+    Imported from :mod:`.main` only when called, so that the parent, which
+    names this function as the processes' target, and ``harness.context()``
+    users import no more of the worker side than they need.
+    """
+    from .main import worker_main as run_worker
+    run_worker(spec, conn)

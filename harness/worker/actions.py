@@ -1,0 +1,101 @@
+"""Worker side: acting out step-keyed faults, one function per fault kind.
+
+:data:`ACTIONS` maps each step-keyed fault class to what it does in the
+worker at its step's boundary.  A row marked ``replaces_step`` acts instead
+of the step: the step is not reported and the loop does not yield it.
+Everything here runs inside a worker process and may import TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from typing import Callable, Dict
+
+from ..errors import InjectedFault
+from ..faults import Crash, Delay, ExtraCollective, Pause, RaiseError, SkipStep, StepFault
+from .process import flush_output
+
+
+def skip_step(fault: SkipStep, ctx) -> None:
+    """Nothing to run: the step itself is left out (its row replaces the step)."""
+
+
+def delay(fault: Delay, ctx) -> None:
+    time.sleep(fault.seconds)
+
+
+def pause(fault: Pause, ctx) -> None:
+    # The parent sends SIGCONT after fault.resume_after (it saw the FAULT
+    # message first); a stopped process cannot wake itself.
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def crash(fault: Crash, ctx) -> None:
+    flush_output()
+    if fault.how == "exit":
+        os._exit(1)
+    elif fault.how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        os.abort()
+
+
+def raise_error(fault: RaiseError, ctx) -> None:
+    raise InjectedFault(fault.message)
+
+
+def extra_collective(fault: ExtraCollective, ctx) -> None:
+    """One all-reduce across the cluster that only this worker runs."""
+    strategy = ctx.strategy
+    if strategy is None:
+        raise RuntimeError("ExtraCollective: fn has not created a MultiWorkerMirroredStrategy "
+                           "before this step, so there is no collective to run")
+    import tensorflow as tf
+    extra = ctx.traced.get("extra_collective")
+    if extra is None:
+        # Traced like a user's step function, so it joins the same ordered
+        # stream of collectives: TensorFlow pairs it with the peers' next
+        # all-reduce (silently when the shapes agree, with "Shape mismatch"
+        # when they do not).
+        @tf.function
+        def extra():
+            return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                   strategy.run(lambda: tf.constant(1.0)), axis=None)
+        ctx.traced["extra_collective"] = extra
+    extra()
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    act: Callable[[StepFault, object], None]
+    replaces_step: bool = False
+
+
+ACTIONS: Dict[type, Action] = {
+    SkipStep: Action(skip_step, replaces_step=True),
+    ExtraCollective: Action(extra_collective),
+    Crash: Action(crash),
+    RaiseError: Action(raise_error),
+    Pause: Action(pause),
+    Delay: Action(delay),
+}
+
+
+def _action(fault: StepFault) -> Action:
+    try:
+        return ACTIONS[type(fault)]
+    except KeyError:
+        raise TypeError(f"{fault!r}: no worker action for {type(fault).__name__}; "
+                        f"add a row to harness.worker.actions.ACTIONS") from None
+
+
+def replaces_step(fault: StepFault) -> bool:
+    """Whether ``fault`` acts instead of its step (the step does not run)."""
+    return _action(fault).replaces_step
+
+
+def act_out(fault: StepFault, ctx) -> None:
+    """Do what ``fault`` does in this worker, now."""
+    _action(fault).act(fault, ctx)

@@ -1,0 +1,26 @@
+"""Worker side: progress and faults through a Keras ``fit``."""
+from __future__ import annotations
+
+from .. import protocol
+from .actions import replaces_step
+
+
+def make_keras_callback(ctx):
+    """A Keras callback whose batch boundaries are this worker's steps."""
+    if any(replaces_step(f) for f in ctx.faults):
+        raise ValueError("SkipStep cannot act through keras_callback(): model.fit has no "
+                         "way to skip a batch; use a custom loop with context().steps()")
+    import tensorflow as tf
+    base = tf.keras.callbacks.Callback  # tf_keras when TF_USE_LEGACY_KERAS=1
+
+    class MWMSProgress(base):
+        """Reports each training batch to the harness as a step."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            ctx.step_boundary(ctx.keras_batches)
+            ctx.keras_batches += 1
+
+        def on_train_end(self, logs=None):
+            ctx.send(protocol.STEPS_DONE, step=ctx.keras_batches)
+
+    return MWMSProgress()

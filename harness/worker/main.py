@@ -1,0 +1,118 @@
+"""Worker side: the entry point of every worker process.
+
+``worker_main`` sets the process up, runs ``fn`` and reports to the parent
+over the channel of :mod:`harness.protocol`:
+
+1. ties its life to its parent's (``PR_SET_PDEATHSIG``) and starts its group
+   reaper (:mod:`.process`);
+2. sends stdout and stderr to its log file;
+3. arms ``faulthandler``: :data:`~harness.protocol.DUMP_SIGNAL` dumps every
+   thread's Python stack to the stack file, and fatal signals dump to the log;
+4. sets ``TF_CONFIG`` and the environment, then runs ``fn`` with
+   ``harness.context()`` available;
+5. reports RETURNED or RAISED, then waits for the parent's RELEASE (or its
+   SIGKILL) so a finished worker stays in the cluster until the run is decided.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+from .. import linux, protocol, serialize
+from ..protocol import Message, WorkerError, WorkerSpec
+from . import context as context_module
+from .process import flush_output, redirect_output, start_group_reaper
+from .strategy_hook import install_strategy_hook
+
+# Exit codes of a worker that could not do its job for the harness's own
+# reasons (not fn's): its parent died before it was tied to it, or the parent
+# went away while it was reporting.
+EXIT_ORPHANED = 70
+EXIT_PARENT_GONE = 71
+
+
+def worker_error(exc: BaseException) -> WorkerError:
+    """``exc`` reduced to what crosses the process boundary (see WorkerError)."""
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable>"
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    fields = getattr(exc, "fields", None)
+    return WorkerError(name, message, tb, dict(fields) if isinstance(fields, dict) else None)
+
+
+class Channel:
+    """The worker's end of its pipe to the parent; safe to use from any thread."""
+
+    def __init__(self, conn, index: int):
+        self._conn = conn
+        self._index = index
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, step=None, data=None) -> None:
+        msg = Message(self._index, kind, time.time(), step, data)
+        with self._lock:
+            try:
+                self._conn.send(msg)
+            except (OSError, EOFError):
+                os._exit(EXIT_PARENT_GONE)  # nobody to report to
+
+    def wait_release(self) -> None:
+        try:
+            self._conn.recv()
+        except (OSError, EOFError):
+            pass
+
+
+def worker_main(spec: WorkerSpec, conn) -> None:
+    linux.die_with_parent(EXIT_ORPHANED)
+    start_group_reaper()
+    redirect_output(spec.log_path)
+    stack_file = os.fdopen(os.open(spec.stack_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                           "w")
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(protocol.DUMP_SIGNAL, file=stack_file, all_threads=True)
+
+    os.environ.update(spec.env)
+    tempfile.tempdir = None   # the forkserver cached its own: read TMPDIR again
+    if spec.tf_config is None:
+        os.environ.pop("TF_CONFIG", None)
+    else:
+        os.environ["TF_CONFIG"] = json.dumps(spec.tf_config)
+
+    channel = Channel(conn, spec.index)
+    ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
+                                       channel.send, spec.faults, spec.sync_check)
+    context_module.activate(ctx)
+    code = 1
+    try:
+        install_strategy_hook(ctx)
+        fn, args, kwargs = serialize.loads(spec.payload)
+        channel.send(protocol.STARTED)
+        value = fn(*args, **(kwargs or {}))
+        flush_output()
+        try:
+            payload = serialize.dumps(value)
+        except Exception as e:
+            raise TypeError(f"fn returned a value that cannot be sent to the parent "
+                            f"({type(value).__name__}): {e}") from e
+        channel.send(protocol.RETURNED, data=payload)
+        code = 0
+    except (SystemExit, KeyboardInterrupt):
+        flush_output()
+        raise  # exiting without returning or raising: the parent calls it a crash
+    except BaseException as e:
+        traceback.print_exc()
+        flush_output()
+        channel.send(protocol.RAISED, data=worker_error(e))
+    channel.wait_release()
+    flush_output()
+    os._exit(code)

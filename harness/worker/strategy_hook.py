@@ -1,0 +1,96 @@
+"""Worker side: watching ``fn`` create its MultiWorkerMirroredStrategy."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Optional
+
+from .. import protocol
+from ..errors import SecondStrategyError
+
+# How long a non-chief worker waits for the chief's port before it joins.
+CHIEF_WAIT = 1.0
+
+
+def tf_config_from_env() -> Optional[dict]:
+    """The ``TF_CONFIG`` this process runs with now (``fn`` may have changed it)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"unparsable": raw}
+
+
+def wait_for_chief(tf_config, limit: float = CHIEF_WAIT) -> None:
+    """Give worker 0's gRPC server a moment to listen before joining.
+
+    A worker that reaches the coordination service before the chief's
+    server is up backs off for about a second before it retries, which
+    made one 4-worker start-up in three take ~1 s longer.  Waiting here
+    until the chief's port accepts a TCP connection (at most ``limit``
+    seconds, then carry on as TensorFlow would) removes that back-off
+    without changing what happens: a chief that never listens still hangs
+    the cluster, a second later.
+    """
+    try:
+        task = tf_config["task"]
+        if task.get("type") != "worker" or int(task.get("index", 0)) == 0:
+            return
+        host, port = tf_config["cluster"]["worker"][0].rsplit(":", 1)
+        port = int(port)
+    except (TypeError, KeyError, ValueError, IndexError, AttributeError):
+        return
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.05):
+                return
+        except OSError:
+            time.sleep(0.005)
+
+
+def install_strategy_hook(ctx) -> None:
+    """Report strategy creation to the parent and keep the instance on ``ctx``.
+
+    Wrapping ``__init__`` of the class behind ``tf.distribute.MultiWorkerMirroredStrategy``
+    (and its ``experimental`` alias, a subclass) tells the parent that a
+    worker is blocked *in strategy creation*, which is where a bad
+    ``TF_CONFIG`` hangs, and how many replicas the worker ended up with.
+    The patch lives only in this worker process.
+    """
+    from tensorflow.python.distribute import collective_all_reduce_strategy
+
+    cls = collective_all_reduce_strategy.CollectiveAllReduceStrategy
+    original = cls.__init__
+    if getattr(original, "_mwms_hooked", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        outermost = not ctx.creating_strategy
+        if outermost and ctx.strategy is not None:
+            # TensorFlow would block here for ever with nothing but a
+            # warning ("Enabling collective ops after program startup may
+            # cause error"): say what is wrong at once instead.
+            raise SecondStrategyError(
+                "a second MultiWorkerMirroredStrategy in one worker process: TensorFlow "
+                "configures collective ops once per process and hangs silently on a second "
+                "strategy. Create one strategy per process and reuse it.")
+        if outermost:
+            ctx.creating_strategy = True
+            ctx.send(protocol.STRATEGY_CREATING)
+            wait_for_chief(tf_config_from_env())
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            if outermost:
+                ctx.creating_strategy = False
+        if outermost:
+            ctx.strategy = self
+            ctx.send(protocol.STRATEGY_CREATED, data=int(self.num_replicas_in_sync))
+
+    __init__._mwms_hooked = True
+    cls.__init__ = __init__
