@@ -24,9 +24,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from multiprocess import connection
 
 from . import faults as faults_module
-from . import protocol, serialize, tfconfig
+from . import progress, protocol, serialize, tfconfig
 from .diagnosis import diagnose
 from .errors import SerializationError
+from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
 from .ports import reserve_ports
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
@@ -83,6 +84,8 @@ class _TrackedWorker:
 
     handle: WorkerHandle
     seen: WorkerObservation
+    ledger: LedgerView
+    reader: Optional[progress.Reader] = None
     events: List[Event] = dataclasses.field(default_factory=list)
     return_payload: Optional[bytes] = None
     channel_open: bool = True
@@ -102,8 +105,27 @@ class _TrackedWorker:
     def pending(self) -> bool:
         return not self.finished and self.seen.exit_code is None
 
+    def read_records(self) -> None:
+        """Take in what the worker wrote to its progress map since last time."""
+        if self.reader is not None:
+            self.ledger.records(self.reader.drain())
+
+    def stop_reading(self) -> None:
+        """The run is decided: what the worker records from now on is the
+        harness's own clean-up (a peer released, a socket closed), not
+        evidence, so the picture is taken here."""
+        if self.reader is not None:
+            self.read_records()
+            self.ledger.lost(self.reader.lost)
+            self.reader = None
+
     def observation(self, stack: str) -> WorkerObservation:
-        return dataclasses.replace(self.seen, events=tuple(self.events), stack=stack)
+        self.stop_reading()
+        # Steps come from the map, phases from the pipe: one time line.
+        events = sorted(self.events + self.ledger.step_events, key=lambda e: e.time)
+        return dataclasses.replace(
+            self.seen, events=tuple(events), stack=stack, functions=self.ledger.functions(),
+            calls=self.ledger.call_records(), ledger_note="; ".join(self.ledger.notes))
 
 
 class WatchLoop:
@@ -125,7 +147,12 @@ class WatchLoop:
 
     def _receive(self, tw: _TrackedWorker, msg: protocol.Message, now: float) -> None:
         t = now - self.start
-        if msg.kind == protocol.RETURNED:
+        # What the worker recorded before it sent this comes first.
+        tw.read_records()
+        if tw.ledger.message(msg.kind, msg.data) or msg.kind == protocol.DRAIN:
+            if msg.kind == protocol.LEDGER_OFF:
+                tw.note(ledger=None)
+        elif msg.kind == protocol.RETURNED:
             tw.return_payload = msg.data
             tw.note(returned=True, finish_time=t)
         elif msg.kind == protocol.RAISED:
@@ -138,8 +165,19 @@ class WatchLoop:
             if fault.resume_after is not None:
                 self.resumes.append((now + fault.resume_after, tw.index))
         else:
-            tw.events.append(Event(t, msg.kind, msg.step, msg.data))
+            if msg.kind == protocol.STRATEGY_CREATING and msg.data is not None:
+                # The TF_CONFIG the worker really had: fn may have set it.
+                tw.note(tf_config=msg.data.get("tf_config"))
+            data = None if msg.kind == protocol.STRATEGY_CREATING else msg.data
+            tw.events.append(Event(t, msg.kind, msg.step, data))
         self.last_progress = now
+
+    def _read_all_records(self) -> None:
+        """Read every worker's progress map; its newest record is progress."""
+        for tw in self.workers:
+            tw.read_records()
+            if tw.ledger.latest is not None and tw.ledger.latest > self.last_progress:
+                self.last_progress = tw.ledger.latest
 
     def _drain(self, tw: _TrackedWorker, now: float) -> None:
         try:
@@ -185,6 +223,11 @@ class WatchLoop:
             if now >= resume_at:
                 self._resume_due(now)
                 continue
+            if now >= hang_at:
+                # Steps and calls are in the progress maps, read only now:
+                # the parent does not wake for each of them.
+                self._read_all_records()
+                hang_at = self.last_progress + self.timeout
             if now >= hang_at or now >= grace_at:
                 return GRACE_EXPIRED if grace_at <= hang_at else HANG
             waitables: Dict[Any, tuple] = {}
@@ -230,7 +273,7 @@ class Cluster:
     def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
             timeout: Optional[float] = None, faults: Sequence = (),
             grace: Optional[float] = None, sync_check: bool = False,
-            env: Optional[dict] = None) -> RunResult:
+            env: Optional[dict] = None, ledger=True) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         ``timeout`` overrides the hang timeout (seconds without progress);
@@ -242,11 +285,18 @@ class Cluster:
         end (one extra tiny all-reduce per step).  ``env`` adds environment
         variables for the workers only (each worker starts from the parent's
         environment as it is at the call, whatever the start method).
+        ``ledger`` is the collective ledger's level (see
+        :mod:`harness.worker.ledger`): ``True`` or ``"calls"`` (the default:
+        which call of which ``tf.function`` each worker is in, and the
+        collectives it launches), ``"collectives"`` (also which collective
+        is pending, at a fraction of a millisecond per collective), or
+        ``False`` (none; step boundaries are still recorded).
         """
         settings = self.settings.with_overrides(
             timeout=None if timeout is None else parse_seconds(timeout, "run(timeout=...)"),
             grace=None if grace is None else parse_seconds(grace, "run(grace=...)", allow_zero=True))
         n = settings.workers
+        level = parse_ledger(ledger)
         plan = faults_module.validate(faults, n)
         payload = serialize_call(fn, args, kwargs)
         envs = worker_environments(n, settings.devices)
@@ -266,20 +316,26 @@ class Cluster:
             envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
             try:
                 result = self._run(payload, settings, configs, envs, plan, tmpdir,
-                                   bool(sync_check))
+                                   bool(sync_check), level)
             finally:
                 shutil.rmtree(tmpdir, ignore_errors=True)
         self.runs.append(result)
         return result
 
-    def _run(self, payload, settings, configs, envs, plan, tmpdir, sync_check) -> RunResult:
+    def _run(self, payload, settings, configs, envs, plan, tmpdir, sync_check,
+             level) -> RunResult:
         n = settings.workers
         specs = [protocol.WorkerSpec(
             index=i, num_workers=n, payload=payload, tf_config=configs[i], env=envs[i],
             log_path=os.path.join(tmpdir, f"worker-{i}.log"),
             stack_path=os.path.join(tmpdir, f"worker-{i}.stack"),
-            faults=faults_module.for_worker(plan, i), sync_check=sync_check)
+            faults=faults_module.for_worker(plan, i), sync_check=sync_check,
+            progress_path=os.path.join(tmpdir, f"worker-{i}.progress"), ledger=level)
             for i in range(n)]
+        readers = []
+        for spec in specs:
+            progress.create(spec.progress_path)
+            readers.append(progress.Reader(spec.progress_path))
         start = time.monotonic()
         handles: List[WorkerHandle] = []
         tracked: List[_TrackedWorker] = []
@@ -287,10 +343,14 @@ class Cluster:
         try:
             handles = self.launcher.start(specs)
             tracked = [_TrackedWorker(h, WorkerObservation(index=h.index,
-                                                           tf_config=configs[h.index]))
+                                                           tf_config=configs[h.index],
+                                                           ledger=level),
+                                      LedgerView(start), readers[h.index])
                        for h in handles]
             ended_by = WatchLoop(tracked, settings, start).loop()
             duration = time.monotonic() - start
+            for tw in tracked:
+                tw.stop_reading()
             if ended_by != ALL_FINISHED:
                 _dump_stacks(tracked, specs)
         finally:
@@ -299,6 +359,8 @@ class Cluster:
             num_workers=n, timeout=settings.timeout, grace=settings.grace, ended_by=ended_by,
             duration=duration, workers=tuple(
                 tw.observation(stack=read_capped(specs[tw.index].stack_path)) for tw in tracked))
+        for reader in readers:
+            reader.close()
         verdict = diagnose(obs)
         workers = tuple(
             WorkerResult(index=w.index, return_value=_load_return(tw), exception=w.error,
@@ -308,6 +370,21 @@ class Cluster:
         return RunResult(outcome=verdict.outcome, workers=workers, culprits=tuple(verdict.culprits),
                          diagnosis=verdict.text, duration=duration, observation=obs,
                          verdict=verdict)
+
+
+LEDGER_LEVELS = ("calls", "collectives")
+
+
+def parse_ledger(value) -> Optional[str]:
+    """``run(ledger=...)`` as a level name, or None for off."""
+    if value is True:
+        return "calls"
+    if value is False or value is None:
+        return None
+    if value in LEDGER_LEVELS:
+        return value
+    raise ValueError(f"run(ledger=...): {value!r} is not one of True, False, "
+                     f"{', '.join(map(repr, LEDGER_LEVELS))}")
 
 
 def _load_return(tw: _TrackedWorker) -> Any:

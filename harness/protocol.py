@@ -20,12 +20,18 @@ from typing import Any, Optional
 STARTED = "started"                    # worker set up, about to call fn
 STRATEGY_CREATING = "strategy_creating"  # entered MultiWorkerMirroredStrategy()
 STRATEGY_CREATED = "strategy_created"    # data: num_replicas_in_sync
-STEP = "step"                          # step: the step index about to run
+STEP = "step"                          # step: the step index about to run (in the progress map)
 STEPS_DONE = "steps_done"              # step: how many steps the loop ran; data: how many it was asked for
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 FAULT = "fault"                        # data: the fault being applied (the record keeps its repr)
 RETURNED = "returned"                  # data: dill bytes of fn's return value
 RAISED = "raised"                      # data: WorkerError
+# The collective ledger (see harness.worker.ledger), told once, at trace time:
+LEDGER_FUNCTION = "ledger_function"    # data: {"id", "name"} of a function that may launch collectives
+LEDGER_COLLECTIVE = "ledger_collective"  # data: {"function", "trace", "index", "kind", "shape", "dtype"}
+LEDGER_OFF = "ledger_off"              # data: why the ledger could not be recorded
+# The progress map (harness.progress) is half full: read it now.
+DRAIN = "drain"
 
 # -- parent -> worker ----------------------------------------------------------
 # The one message down the channel: a finished worker may exit now.  Finished
@@ -82,6 +88,8 @@ class WorkerSpec:
     that an unserializable ``fn`` is reported before any process starts.
     ``env`` is applied to ``os.environ`` before TensorFlow is touched;
     ``tf_config`` is the worker's ``TF_CONFIG`` (None: left unset).
+    ``progress_path`` is the file the parent made for its progress map
+    (:mod:`harness.progress`); ``ledger`` the ledger level, or None for off.
     """
 
     index: int
@@ -93,3 +101,5 @@ class WorkerSpec:
     stack_path: str
     faults: tuple = ()
     sync_check: bool = False
+    progress_path: str = ""
+    ledger: Optional[str] = "calls"

@@ -38,6 +38,54 @@ class Event:
 
 
 @dataclasses.dataclass(frozen=True)
+class CollectiveOp:
+    """One collective a traced function launches, as it was traced.
+
+    In a graph TensorFlow packs tensors before it all-reduces them, so
+    ``shape`` is the shape of the pack (the gradients of a small model,
+    flattened and joined, say), not of one variable.  -1 is a dimension
+    unknown at trace time."""
+
+    kind: str                 # "all-reduce", "all-gather" or "broadcast"
+    shape: Tuple[int, ...]
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedFunction:
+    """A ``tf.function`` (or ``<eager KIND>``, one eager collective) and the
+    collectives its latest trace launches, in order."""
+
+    id: int
+    name: str
+    collectives: Tuple[CollectiveOp, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of a function that launches collectives, from the ledger.
+
+    ``number`` counts the calls of that function in this worker, from 1;
+    ``step`` is the step whose boundary was reported last when it began
+    (None outside ``steps()`` and the Keras callback); ``ended`` is None
+    while it has not returned (the worker is blocked in it).  At
+    ``ledger="collectives"``, ``launched`` and ``done`` list the indexes of
+    its collectives that were launched and that completed."""
+
+    function: int
+    number: int
+    step: Optional[int]
+    began: float
+    ended: Optional[float] = None
+    raised: bool = False
+    launched: Tuple[int, ...] = ()
+    done: Tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkerObservation:
     """Everything the parent saw of one worker.
 
@@ -46,6 +94,10 @@ class WorkerObservation:
     from the harness's own cleanup after a hang or grace expiry, so it is not
     mistaken for a crash.  ``stopped`` is True when the worker was found
     stopped (SIGSTOP) at the end of the run: it could not dump a stack.
+    ``tf_config`` is the ``TF_CONFIG`` the worker had when it built its
+    strategy (what it was given, if it never did).  ``functions`` and
+    ``calls`` are its collective ledger; ``ledger`` the level it was kept at
+    (None: not kept), ``ledger_note`` why not, or what was lost.
     """
 
     index: int
@@ -59,6 +111,10 @@ class WorkerObservation:
     killed_by_harness: bool = False
     stopped: bool = False
     stack: str = ""
+    functions: Tuple[TracedFunction, ...] = ()
+    calls: Tuple[Call, ...] = ()
+    ledger: Optional[str] = None
+    ledger_note: str = ""
 
     @property
     def steps(self) -> Tuple[int, ...]:
@@ -100,6 +156,7 @@ class RunObservation:
         times = [0.0]
         for w in self.workers:
             times.extend(e.time for e in w.events)
+            times.extend(t for c in w.calls for t in (c.began, c.ended) if t is not None)
             times.extend(t for t in (w.finish_time,) if t is not None)
             if w.died and w.exit_time is not None:
                 times.append(w.exit_time)
@@ -124,5 +181,13 @@ class RunObservation:
             w["events"] = tuple(Event(**e) for e in w.get("events", ()))
             if w.get("error") is not None:
                 w["error"] = WorkerError(**w["error"])
+            w["functions"] = tuple(
+                TracedFunction(f["id"], f["name"], tuple(
+                    CollectiveOp(c["kind"], tuple(c["shape"]), c["dtype"])
+                    for c in f.get("collectives", ())))
+                for f in w.get("functions", ()))
+            w["calls"] = tuple(Call(**{**c, "launched": tuple(c.get("launched", ())),
+                                       "done": tuple(c.get("done", ()))})
+                               for c in w.get("calls", ()))
             workers.append(WorkerObservation(**w))
         return cls(**{**d, "workers": tuple(workers)})

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run as a script: make ``scenarios`` importable
     sys.path.insert(0, ROOT)
 
-from scenarios.meta import DOC_LABELS, culprit_check_of, declared  # noqa: E402
+from scenarios.meta import NO_FIX, DOC_LABELS, culprit_check_of, declared  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
 START, END = "<!-- scenarios:start -->", "<!-- scenarios:end -->"
@@ -127,7 +127,7 @@ def problems() -> List[str]:
                                f"say what the diagnosis says instead")
                 continue
             out.extend(f"{where}: {p}" for p in docstring_problems(fn))
-            if meta.fixed_by is not None:
+            if meta.fixed_by not in (None, NO_FIX):
                 fixed = tests.get(meta.fixed_by)
                 if fixed is None or declared(fixed) is None or declared(fixed).fixed_by:
                     out.append(f"{where}: fixed_by={meta.fixed_by!r} is not a fixed scenario "
@@ -179,7 +179,8 @@ def render(entries: Optional[Iterable[Entry]] = None) -> str:
         "|---|---|---|---|---|",
     ]
     for e in entries:
-        variant = "fixed" if e.variant == "fixed" else f"broken (fix: `{e.fixed_by}`)"
+        variant = ("fixed" if e.variant == "fixed" else "broken (no fix completes; see its Fix)"
+                   if e.fixed_by == NO_FIX else f"broken (fix: `{e.fixed_by}`)")
         lines.append(f"| {_cell(e.summary)} | `{e.file}::{e.name}` | {variant} | "
                      f"{_cell(e.outcome_text)} | {_cell(e.source)} |")
     lines.append("")

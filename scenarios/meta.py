@@ -16,8 +16,10 @@ the README table and for the outcome the test must see.
     example, or the MWMS documentation.
 ``fixed_by``
     For a broken variant: the name of the test in the same file that shows
-    the fix and completes.  None for a fixed variant (which must declare
-    ``completed``).
+    the fix and completes, or :data:`NO_FIX` when no change makes it
+    complete (a frozen worker: the best a job can do is fail fast, as the
+    docstring's ``Fix:`` says).  None for a fixed variant (which must
+    declare ``completed``).
 ``error``
     Optional: the error type the run's failing workers raise (shown in the
     table and checked after the run).
@@ -40,6 +42,9 @@ import dataclasses
 from typing import Optional, Tuple, Union
 
 from harness.record import OUTCOMES
+
+# fixed_by for a broken variant that no fix turns into a completed run.
+NO_FIX = "no fix completes"
 DOC_LABELS = ("TensorFlow:", "Source:", "Fix:")
 
 

@@ -3,7 +3,6 @@ through code that runs collectives."""
 import numpy as np
 import pytest
 
-from harness.faults import SkipStep
 from scenarios.meta import culprit_check, scenario
 
 STEPS = 6
@@ -221,13 +220,13 @@ def test_early_stopping_on_an_agreed_metric(mwms_cluster):
 SKIPPED = 3
 
 
-def train_skipping(skip_where="fault", steps=8):
+def train_skipping(skip_where="last", steps=8):
     """The seed's loop for 8 steps; returns the number of steps it ran.
 
-    ``skip_where``: ``"fault"`` (the loop as is; the test's ``SkipStep``
-    fault makes one worker skip step 3) or ``"everywhere"`` (a "bad batch"
-    rule that every worker applies alike: step 3's batch is drawn, and all
-    skip it).
+    ``skip_where``: ``"last"`` (the last worker finds step 3's local batch
+    bad and skips it with ``continue``: a decision only it makes) or
+    ``"everywhere"`` (a "bad batch" rule that every worker applies alike:
+    step 3's batch is drawn, and all skip it).
     """
     import tensorflow as tf
 
@@ -241,7 +240,8 @@ def train_skipping(skip_where="fault", steps=8):
     ran = 0
     for k in ctx.steps(steps):
         batch = next(iterator)
-        if skip_where == "everywhere" and k == SKIPPED:
+        local_bad = skip_where == "last" and ctx.index == ctx.num_workers - 1
+        if k == SKIPPED and (skip_where == "everywhere" or local_bad):
             continue
         step(batch)
         ran += 1
@@ -266,8 +266,9 @@ def test_worker_skips_a_step(mwms_cluster):
     flag), so that all skip together.
     """
     last = mwms_cluster.num_workers - 1
-    result = mwms_cluster.run(train_skipping, timeout=5, faults=[SkipStep(last, SKIPPED)])
-    result.assert_hang(culprits=[last])
+    result = mwms_cluster.run(train_skipping, timeout=5)
+    result.assert_hang(culprits=[last], step=SKIPPED)
+    assert not result.ambiguous
     assert result.workers[last].return_value == 7
     assert all(w.return_value is None for w in result.workers[:last])
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from harness.faults import Crash, Delay, Pause
-from scenarios.meta import culprit_check, scenario
+from scenarios.meta import NO_FIX, culprit_check, scenario
 
 STEPS = 10
 AT = 5
@@ -168,8 +168,7 @@ def test_straggler_completes(mwms_cluster):
 
 
 @pytest.mark.timeout(60)
-@scenario(outcome="hang", source="MWMS docs: fault tolerance",
-          fixed_by="test_straggler_completes")
+@scenario(outcome="hang", source="MWMS docs: fault tolerance", fixed_by=NO_FIX)
 def test_paused_worker_never_resumes(mwms_cluster):
     """A worker stops (SIGSTOP: a frozen node, a debugger) at step 5 and
     never resumes; no collective timeout.
@@ -180,9 +179,10 @@ def test_paused_worker_never_resumes(mwms_cluster):
 
     Source: the MWMS fault-tolerance guide.
 
-    Fix: ``CommunicationOptions(timeout_seconds=...)`` turns the silent wait
-    into an error (``test_paused_worker_with_collective_timeout``); a job
-    supervisor then restarts from a checkpoint.
+    Fix: none makes it complete: the worker is gone.  What helps is failing
+    fast: ``CommunicationOptions(timeout_seconds=...)`` turns the silent
+    wait into an error (``test_paused_worker_with_collective_timeout``), and
+    a job supervisor then restarts from a checkpoint.
     """
     last = _last(mwms_cluster)
     result = mwms_cluster.run(train_loop, timeout=3, faults=[Pause(last, AT)])
@@ -200,7 +200,7 @@ def _paused_with_timeout(scenario_run, mwms_cluster):
 
 @pytest.mark.timeout(60)
 @scenario(outcome=("failed", "crashed"), error="DeadlineExceededError",
-          source="MWMS docs: CommunicationOptions", fixed_by="test_straggler_completes")
+          source="MWMS docs: CommunicationOptions", fixed_by=NO_FIX)
 def test_paused_worker_with_collective_timeout(mwms_cluster, scenario_run):
     """A worker stops at step 5 and never resumes; the strategy has
     ``CommunicationOptions(timeout_seconds=2)``.
@@ -216,9 +216,9 @@ def test_paused_worker_with_collective_timeout(mwms_cluster, scenario_run):
 
     Source: ``tf.distribute.experimental.CommunicationOptions``.
 
-    Fix: this is the fix for a silent wait (a supervisor then restarts the
-    job from a checkpoint); choose a timeout longer than the slowest
-    legitimate step.
+    Fix: none makes it complete: the timeout is itself the fix for a silent
+    wait (a supervisor then restarts the job from a checkpoint); choose it
+    longer than the slowest legitimate step.
     """
     last = _last(mwms_cluster)
     result = _paused_with_timeout(scenario_run, mwms_cluster)

@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from harness.protocol import WorkerError
-from harness.record import Event, RunObservation, WorkerObservation
+import dataclasses
+
+from harness.record import (Call, CollectiveOp, Event, RunObservation, TracedFunction,
+                            WorkerObservation)
 
 HOST = "127.0.0.1"
 
@@ -121,3 +124,25 @@ def shape_error(task: int, mine: str, other: str) -> WorkerError:
         f"/device:CPU:0 expected shape {mine} but another member in the group expected shape "
         f"{other}. This is likely due to different input shapes at different members of the "
         "collective op.")
+
+
+ALL_REDUCE = CollectiveOp("all-reduce", (1,), "float32")
+
+
+def with_ledger(w: WorkerObservation, per_step=None, blocked: bool = False,
+                calls_without_steps: int = 0, level: str = "calls") -> WorkerObservation:
+    """``w`` with a collective ledger: ``per_step[s]`` calls of `step` (one
+    all-reduce each) in step s (default: one in each step ``w`` reported),
+    or ``calls_without_steps`` calls outside any step; with ``blocked`` its
+    last call never ended."""
+    if per_step is None and not calls_without_steps:
+        per_step = {s: 1 for s in w.steps}
+    slots = ([s for s, k in sorted((per_step or {}).items()) for _ in range(k)]
+             + [None] * calls_without_steps)
+    calls = []
+    for number, step in enumerate(slots, start=1):
+        last = number == len(slots)
+        calls.append(Call(0, number, step, began=0.3 + number / 100,
+                          ended=None if (blocked and last) else 0.3 + number / 100 + 0.005))
+    return dataclasses.replace(w, functions=(TracedFunction(0, "step", (ALL_REDUCE,)),),
+                               calls=tuple(calls), ledger=level)

@@ -316,3 +316,200 @@ def test_measured_run_outside_the_harness(tmp_path, monkeypatch):
     assert (tmp_path / "pid.1").read_text() == repr(out["pid"])
     assert float((tmp_path / "loop_end.1").read_text()) > 0
     assert workers.measured_run("count", {"n_steps": 3}, skip=[0, 1])["value"] == 3.0
+
+
+# -- python -m harness.bench.step_cost: pure parts ----------------------------------------------
+
+from harness.bench import step_cost as sc  # noqa: E402
+
+
+def test_step_cost_variant_table():
+    assert list(sc.VARIANTS)[:3] == ["range", "steps", "sync_check"]
+    assert sc.VARIANTS["range"] == ("range", {})
+    assert sc.VARIANTS["steps"] == ("steps", {})
+    assert sc.VARIANTS["sync_check"] == ("steps", {"sync_check": True})
+    assert sc.REFERENCE == "range" and sc.REFERENCE in sc.VARIANTS
+    from harness.bench.workers import STEP_KINDS
+    assert all(v.steps in STEP_KINDS for v in sc.VARIANTS.values())
+
+
+def test_step_cost_unsupported_kwargs():
+    def run(fn, args=(), kwargs=None, *, timeout=None, sync_check=False):
+        pass
+
+    def anything(fn, **kw):
+        pass
+
+    def positional_only(fn, ledger, /):
+        pass
+
+    assert sc.unsupported_kwargs(run, {"sync_check": True}) == []
+    assert sc.unsupported_kwargs(run, {"ledger": False, "sync_check": True}) == ["ledger"]
+    assert sc.unsupported_kwargs(anything, {"ledger": "collectives"}) == []
+    assert sc.unsupported_kwargs(positional_only, {"ledger": False}) == ["ledger"]
+
+
+def test_step_cost_skips_variants_run_does_not_accept(capsys):
+    def run(self, fn, args=(), kwargs=None, *, timeout=None, sync_check=False):
+        pass
+
+    variants = {"range": sc.Variant("range"), "sync_check": sc.Variant("steps", {"sync_check": True}),
+                "ledger_off": sc.Variant("steps", {"ledger": False}),
+                "both": sc.Variant("steps", {"ledger": "collectives", "x": 1})}
+    runnable, skipped = sc.split_supported(variants, run)
+    assert runnable == ["range", "sync_check"]
+    assert skipped == {"ledger_off": "Cluster.run does not accept ledger yet",
+                       "both": "Cluster.run does not accept ledger, x yet"}
+
+
+def test_step_cost_checks_the_real_cluster_run():
+    from harness.controller import Cluster
+    runnable, skipped = sc.split_supported(sc.VARIANTS, Cluster.run)
+    assert {"range", "steps", "sync_check"} <= set(runnable)
+    assert set(runnable) | set(skipped) == set(sc.VARIANTS)
+
+
+def test_step_cost_schedule_alternates():
+    plan = sc.schedule(["range", "steps", "sync_check"], rounds=3)
+    assert plan == [(r, v) for r in range(3) for v in ("range", "steps", "sync_check")]
+    assert sc.schedule(["range"], 0) == []
+
+
+def _timed(index, timed_s, loop_s=None, value=2.0, cpu=0.5):
+    return {"index": index, "value": value, "timed_s": timed_s,
+            "loop_s": timed_s * 1.1 if loop_s is None else loop_s,
+            "cpu_timed_s": cpu, "cpu_total_s": cpu + 1.0}
+
+
+def test_step_cost_worker_figures_take_the_slowest_worker():
+    figs = sc.worker_figures([_timed(0, 0.9), _timed(1, 1.0, loop_s=1.2, cpu=0.25)], steps=510,
+                             warmup=10, workers=2)
+    assert figs["ms_per_step"] == pytest.approx(2.0)                 # 1.0 s / 500 steps
+    assert figs["ms_per_step_workers"] == pytest.approx([1.8, 2.0])
+    assert figs["loop_ms_per_step"] == pytest.approx(1200.0 / 510)
+    assert figs["workers_cpu_ms_per_step"] == pytest.approx(1.5)     # 0.75 s / 500 steps
+    assert figs["workers_cpu_total_s"] == pytest.approx(2.75)
+    assert sc.worker_figures([_timed(0, 0.9), None], 510, 10, 2) is None
+    assert sc.worker_figures([_timed(0, 0.9)], 510, 10, 2) is None
+    assert sc.values_ok([_timed(0, 1), _timed(1, 1)], 2)
+    assert not sc.values_ok([_timed(0, 1), _timed(1, 1, value=1.0)], 2)
+    assert not sc.values_ok([_timed(0, 1)], 2)
+
+
+def _cost_run(variant, rnd, ms, cpu, ok=True, cold=False):
+    return {"variant": variant, "round": rnd, "ok": ok, "cold": cold, "ms_per_step": ms,
+            "loop_ms_per_step": ms + 0.1, "parent_cpu_ms_per_step": cpu, "wall_s": 2.0,
+            "workers_cpu_ms_per_step": 2 * ms, "other_cpu_share": 0.01 * rnd}
+
+
+def test_step_cost_other_cpu_share():
+    assert sc.other_cpu_share(3.0, 2.0, wall_s=1.0, cores=2) == pytest.approx(0.5)
+    assert sc.other_cpu_share(1.9, 2.0, wall_s=1.0, cores=2) == 0.0
+    assert sc.other_cpu_share(None, 2.0, 1.0, 2) is None
+    assert sc.other_cpu_share(3.0, None, 1.0, 2) is None
+    busy = sc.machine_busy_seconds()
+    assert busy is None or busy > 0
+
+
+COST_RUNS = [
+    _cost_run("range", -1, 9.0, 9.0, cold=True),
+    _cost_run("range", 0, 1.6, 0.30), _cost_run("steps", 0, 2.1, 0.50),
+    _cost_run("sync_check", 0, 4.0, 0.70),
+    _cost_run("range", 1, 1.8, 0.32), _cost_run("steps", 1, 2.5, 0.55),
+    _cost_run("sync_check", 1, 4.4, 0.80),
+    _cost_run("range", 2, 1.7, 0.31), _cost_run("steps", 2, 2.2, 0.52),
+    _cost_run("sync_check", 2, 9.9, 9.9, ok=False),
+]
+
+
+def test_step_cost_paired_differences_match_rounds():
+    assert sc.paired_differences(COST_RUNS, "steps") == pytest.approx([0.5, 0.7, 0.5])
+    # Round 2's sync_check failed: that round is left out, not paired with another.
+    assert sc.paired_differences(COST_RUNS, "sync_check") == pytest.approx([2.4, 2.6])
+    assert sc.paired_differences(COST_RUNS, "steps", key="parent_cpu_ms_per_step") == \
+        pytest.approx([0.20, 0.23, 0.21])
+    assert sc.paired_differences(COST_RUNS, "nothing") == []
+
+
+def test_step_cost_summary_and_table():
+    s = sc.summarize(COST_RUNS, ["range", "steps", "sync_check"])
+    assert s["range"]["ms_per_step"]["median"] == pytest.approx(1.7)     # cold run left out
+    assert (s["range"]["runs"], s["range"]["failed"]) == (3, 0)
+    assert "diff_ms_per_step" not in s["range"]
+    assert s["steps"]["ms_per_step"]["median"] == pytest.approx(2.2)
+    assert s["steps"]["diff_ms_per_step"]["median"] == pytest.approx(0.5)
+    assert s["steps"]["diff_parent_cpu_ms_per_step"]["median"] == pytest.approx(0.21)
+    assert s["steps"]["diff_workers_cpu_ms_per_step"]["median"] == pytest.approx(1.0)
+    assert (s["sync_check"]["runs"], s["sync_check"]["failed"]) == (3, 1)
+    assert s["sync_check"]["ms_per_step"]["n"] == 2
+    assert s["steps"]["other_cpu_share"]["max"] == pytest.approx(0.02)
+
+    table = sc.render_table(s, sc.VARIANTS, skipped={"ledger_off": "Cluster.run does not "
+                                                                   "accept ledger yet"})
+    lines = table.splitlines()
+    assert lines[0] == sc.TABLE_HEADER
+    assert len(lines) == 2 + 4
+    ncols = lines[0].count("|") - 1
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert all(len(c) == ncols for c in cells)
+    r, st, sy, skip = cells
+    assert r == ["range", "`range(n)`", "–", "1.70", "1.60 to 1.80", "(reference)", "3.40",
+                 "0.31", "(reference)", "3/3"]
+    assert st[:6] == ["steps", "`context().steps(n)`", "–", "2.20", "2.10 to 2.50",
+                      "+0.50 (+0.50 to +0.70)"]
+    assert st[6:] == ["4.40", "0.52", "+0.21", "3/3"]
+    assert sy[2] == "sync_check=True" and sy[-1] == "2/3" and sy[5] == "+2.50 (+2.40 to +2.60)"
+    assert skip[0] == "ledger_off" and skip[2] == "ledger=False"
+    assert skip[3] == "skipped: Cluster.run does not accept ledger yet"
+
+    notes = sc.render_notes({"workers": 2, "steps": 600, "warmup": 10, "rounds": 1,
+                             "cores": 2}, "range", s)
+    assert "1 round," in notes and "divided by 590" in notes
+    assert "other load" in notes and "at most 2% of the 2 cores" in notes
+
+
+def test_step_cost_parse_args():
+    a = sc.parse_args([])
+    assert (a.rounds, a.steps, a.workers, a.warmup) == (5, 600, 2, 10)
+    assert a.variants == list(sc.VARIANTS)
+    a = sc.parse_args(["--variants", "steps,range", "--rounds", "2", "--steps", "50"])
+    assert a.variants == ["steps", "range"] and (a.rounds, a.steps) == (2, 50)
+    for bad in (["--variants", "range,bogus"], ["--rounds", "0"], ["--warmup", "600"],
+                ["--timeout", "0"]):
+        with pytest.raises(SystemExit):
+            sc.parse_args(bad)
+
+
+def test_timed_allreduce_rejects_bad_arguments():
+    from harness.bench import workers
+    with pytest.raises(ValueError, match="steps_kind"):
+        workers.timed_allreduce(10, steps_kind="nope")
+    with pytest.raises(ValueError, match="warmup"):
+        workers.timed_allreduce(10, warmup=10)
+
+
+@pytest.mark.timeout(300)
+def test_smoke_step_cost(tmp_path):
+    """A tiny real run: 2 rounds of 50 steps, each variant Cluster.run accepts."""
+    out, md = tmp_path / "cost.json", tmp_path / "cost.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.bench.step_cost", "--rounds", "2", "--steps", "50",
+         "--json", str(out), "--markdown", str(md)],
+        capture_output=True, text=True, timeout=280, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    ran = [v for v in sc.VARIANTS if v not in data["skipped"]]
+    assert {"range", "steps", "sync_check"} <= set(ran)
+    for name in data["skipped"]:
+        assert f"skipping variant {name}" in proc.stderr
+    assert [(r["round"], r["variant"]) for r in data["runs"]] == sc.schedule(ran, 2)
+    assert data["cold"]["ok"] and all(r["ok"] for r in data["runs"])
+    for r in data["runs"]:
+        assert 0 < r["ms_per_step"] < 1000 and r["parent_cpu_s"] > 0
+        assert [w["index"] for w in r["workers"]] == [0, 1]
+        assert r["ms_per_step"] == pytest.approx(1000 * max(w["timed_s"] for w in r["workers"]) / 40)
+        assert r["workers_cpu_ms_per_step"] > 0
+    s = data["summary"]
+    assert s["steps"]["diff_ms_per_step"]["n"] == 2 and "diff_ms_per_step" not in s["range"]
+    assert sc.TABLE_HEADER in proc.stdout
+    assert md.read_text() == data["markdown"]

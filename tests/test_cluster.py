@@ -51,11 +51,38 @@ def test_completes_with_a_value_per_worker(mwms_cluster):
     assert [w.last_step for w in result.workers] == [19] * n
     assert [w.exit_code for w in result.workers] == [0] * n
     assert result.culprits == ()
-    # TensorFlow's C++ logging reaches the log: fds 1 and 2 are captured.
-    assert "Started server with target: grpc://127.0.0.1:" in result.workers[0].log
+
+
+def _writes_at_every_level():
+    import sys
+
+    import tensorflow as tf
+    print("from print")
+    os.write(1, b"from fd 1\n")
+    os.write(2, b"from fd 2\n")
+    # C++ writing to its own stderr: unlike TensorFlow's logging, nothing in
+    # the environment (TF_CPP_MIN_LOG_LEVEL) silences it.
+    tf.print("from TensorFlow's C++", output_stream=sys.stderr)
+    return harness.context().index
+
+
+def test_output_at_fd_level_reaches_the_log(mwms_cluster):
+    """fds 1 and 2 are captured, so what C++ code writes reaches the log.
+
+    Not checked with TensorFlow's own INFO logging ("Started server with
+    target"): the caller's TF_CPP_MIN_LOG_LEVEL silences that, and under the
+    forkserver neither ``run(env=...)`` nor monkeypatch can lift it (the
+    level is read once, when the forkserver imports TensorFlow).
+    ``test_spawn_start_method`` checks TensorFlow's logging itself.
+    """
+    result = mwms_cluster.run(_writes_at_every_level).assert_completed()
+    for w in result.workers:
+        for line in ("from print", "from fd 1", "from fd 2", "from TensorFlow's C++"):
+            assert line in w.log, (line, w.log)
 
 
 def test_lambda_closure_and_two_runs_in_one_test(mwms_cluster):
+    parent_tf_config = os.environ.get("TF_CONFIG")  # the caller may have one of its own
     offset = 10
     first = mwms_cluster.run(lambda: harness.context().index + offset)
     second = mwms_cluster.run(lambda: harness.context().tf_config)
@@ -66,7 +93,7 @@ def test_lambda_closure_and_two_runs_in_one_test(mwms_cluster):
     ports = [c["cluster"]["worker"] for c in second.return_values]
     assert all(p == ports[0] for p in ports) and len(ports[0]) == n
     assert [c["task"]["index"] for c in second.return_values] == list(range(n))
-    assert os.environ.get("TF_CONFIG") is None  # the parent's environment is untouched
+    assert os.environ.get("TF_CONFIG") == parent_tf_config  # the parent's is untouched
 
 
 def test_context_outside_a_worker_is_a_clear_error():
@@ -146,13 +173,20 @@ def test_bad_fault_plan_rejected_before_start(mwms_cluster):
 
 
 def test_spawn_start_method(mwms_cluster):
-    """The fallback (and the GPU default): a fresh interpreter per worker."""
+    """The fallback (and the GPU default): a fresh interpreter per worker.
+
+    A spawned worker imports TensorFlow after ``env`` is applied, so
+    ``TF_CPP_MIN_LOG_LEVEL=0`` there shows TensorFlow's C++ INFO logging
+    reaching the log whatever the caller's environment says.
+    """
     from harness.controller import Cluster
     cluster = Cluster(mwms_cluster.settings.with_overrides(start_method="spawn"))
-    result = cluster.run(allreduce_steps, args=(5,), timeout=60)
+    result = cluster.run(allreduce_steps, args=(5,), timeout=60,
+                         env={"TF_CPP_MIN_LOG_LEVEL": "0"})
     result.assert_completed()
     n = cluster.num_workers
     assert result.return_values == [float(n)] * n
+    assert "Started server with target: grpc://127.0.0.1:" in result.workers[0].log
 
 
 def test_env_reaches_the_workers_only(mwms_cluster):

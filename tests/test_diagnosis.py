@@ -109,22 +109,6 @@ def test_hang_skipper_finished_while_others_block(n, skipper):
     assert "skipping step 5" in head
 
 
-def test_hang_two_workers_hole_in_step_record_names_the_skipper():
-    # Worker 1's own loop never crossed step 5's boundary: direct evidence.
-    v = diagnose(run(blocked(0, 2), returned(1, 2, steps=SKIP5), ended_by="hang"))
-    assert (v.outcome, v.culprits, v.ambiguous, v.step) == ("hang", (1,), False, 9)
-    assert "skipped step 5" in v.text.splitlines()[0]
-    assert "worker 1: returned; ran 9 steps (0-4,6-9), skipping step 5" in v.text
-
-
-def test_hang_two_workers_skipped_last_step_names_the_skipper():
-    # Found by the property test: SkipStep on the last step leaves no hole,
-    # but the finished loop says it was asked for 10 steps and ran 9.
-    v = diagnose(run(blocked(0, 2), returned(1, 2, steps=range(9)), ended_by="hang"))
-    assert (v.outcome, v.culprits, v.ambiguous) == ("hang", (1,), False)
-    assert "skipped step 9" in v.text.splitlines()[0]
-
-
 def test_hang_two_workers_same_steps_is_ambiguous():
     # A user's loop that reports every step but skips the collective in one
     # of them: both records are the same, so two workers are symmetric.
@@ -382,11 +366,11 @@ def test_shape_mismatch_names_the_odd_shape_among_raisers():
 
 
 def test_shape_mismatch_with_two_workers_leaves_it_to_the_other_rules():
-    # Symmetric: the shape rule gives no verdict; the raiser with the
-    # earliest error (worker 0, behind at step 0) is named as before.
+    # Symmetric: the shape rule gives no verdict, and nothing else tells
+    # which of the two made the odd collective: it cannot tell.
     ws = [WorkerObservation(0, tf_config=config(0, 2), events=events([0], 2),
                             error=shape_error(0, "[1]", "[8]"), finish_time=0.4, exit_code=1),
           WorkerObservation(1, tf_config=config(1, 2), events=events([0, 1], 2),
                             error=shape_error(0, "[1]", "[8]"), finish_time=0.5, exit_code=1)]
     v = diagnose(run(*ws))
-    assert v.outcome == "failed" and v.culprits == (0,)
+    assert (v.outcome, v.culprits, v.ambiguous) == ("failed", (0, 1), True)

@@ -17,7 +17,7 @@ from harness.errors import StepDesyncError
 from harness.protocol import WorkerError
 from harness.record import WorkerObservation
 from observations import (SKIP5, STACK_SLEEP, STACK_TF, UNHEALTHY, blocked, config, died,
-                          events, raised, returned, run, shape_error)
+                          events, raised, returned, run, shape_error, with_ledger)
 
 
 def blame(rule, obs):
@@ -156,22 +156,92 @@ def test_majority_passes_with_two_workers():
                                  ended_by="hang")) is None
 
 
-def test_behind_names_the_worker_whose_progress_stopped_first():
-    obs = run(blocked(0, 2, steps=range(9)), blocked(1, 2, steps=range(10)), ended_by="hang")
+def test_behind_names_the_worker_whose_progress_stopped_first_outside_tensorflow():
+    obs = run(blocked(0, 2, steps=range(9), stack=STACK_SLEEP), blocked(1, 2, steps=range(10)),
+              ended_by="hang")
     assert list(blame(R.behind, obs).culprits) == [0]
     assert decided_by(obs) == "behind"
     # Someone finished: not a question of who is behind.
     assert blame(R.behind, run(blocked(0, 2), returned(1, 2), ended_by="hang")) is None
 
 
-def test_skipped_step_names_the_worker_with_a_hole():
-    obs = run(blocked(0, 2, steps=range(10)), returned(1, 2, steps=SKIP5, asked=10),
-              ended_by="hang")
-    b = blame(R.skipped_step, obs)
-    assert list(b.culprits) == [1] and "skipped step 5" in b.reason
-    assert decided_by(obs) == "skipped_step"
-    same = run(blocked(0, 2, steps=range(10)), returned(1, 2, steps=range(10)), ended_by="hang")
-    assert blame(R.skipped_step, same) is None
+def test_behind_in_tensorflow_is_no_evidence():
+    # The user's `continue` on worker 1, which then lingers after its loop:
+    # worker 0 waits at step 9 for a partner that finished.  Being "behind"
+    # does not make worker 0 the culprit.
+    obs = run(blocked(0, 2, steps=range(10), stack=STACK_TF),
+              blocked(1, 2, steps=range(10), stack=STACK_SLEEP,
+                      events=events(range(10), 2, done=True)), ended_by="hang")
+    assert blame(R.behind, obs) is None
+    assert blame(R.outside_tensorflow, obs) is None
+    v = diagnose(obs)
+    assert v.ambiguous and v.culprits == (0, 1)
+
+
+def _skip_twin(n: int, skipper: int, linger: bool):
+    """The ledgers of a user's `continue` at step 4 on ``skipper``: it
+    launched no collective in step 4, and finished (or lingers after its
+    loop) while the others wait in their last call."""
+    ws = []
+    for i in range(n):
+        if i == skipper:
+            per_step = {s: (0 if s == 4 else 1) for s in range(10)}
+            w = (blocked(i, n, stack=STACK_SLEEP, events=events(range(10), n, done=True))
+                 if linger else returned(i, n))
+            ws.append(with_ledger(w, per_step))
+        else:
+            ws.append(with_ledger(blocked(i, n), blocked=True))
+    return run(*ws, ended_by="hang")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("linger", [False, True])
+def test_collective_counts_name_the_skipper_at_every_size(n, linger):
+    for skipper in sorted({0, n // 2, n - 1}):
+        obs = _skip_twin(n, skipper, linger)
+        b = blame(R.collective_counts, obs)
+        assert (list(b.culprits), b.step, b.ambiguous) == ([skipper], 4, False)
+        assert decided_by(obs) == "collective_counts"
+
+
+def test_collective_counts_name_the_extra_collective_with_two_workers():
+    extra = with_ledger(blocked(0, 2), {s: (2 if s == 5 else 1) for s in range(10)}, blocked=True)
+    obs = run(extra, with_ledger(returned(1, 2)), ended_by="hang")
+    b = blame(R.collective_counts, obs)
+    assert (list(b.culprits), b.step, b.ambiguous) == ([0], 5, False)
+    assert "launched 2 collectives in step 5; every other step it launched 1" in b.reason
+
+
+def test_collective_counts_without_steps_cannot_tell_at_two_and_use_the_majority_from_three():
+    two = run(with_ledger(blocked(0, 2, events=events([], 2)), calls_without_steps=10,
+                          blocked=True),
+              with_ledger(returned(1, 2, steps=[]), calls_without_steps=9), ended_by="hang")
+    b = blame(R.collective_counts, two)
+    assert b.ambiguous and sorted(b.culprits) == [0, 1]
+    waiting = [with_ledger(blocked(i, 3, events=events([], 3)), calls_without_steps=10,
+                           blocked=True) for i in (0, 2)]
+    three = run(waiting[0], with_ledger(returned(1, 3, steps=[]), calls_without_steps=9),
+                waiting[1], ended_by="hang")
+    b = blame(R.collective_counts, three)
+    assert (list(b.culprits), b.ambiguous) == ([1], False)
+
+
+def test_collective_counts_pass_when_the_ledgers_agree_or_are_missing():
+    agree = run(with_ledger(blocked(0, 2)), with_ledger(blocked(1, 2)), ended_by="hang")
+    assert blame(R.collective_counts, agree) is None
+    assert blame(R.collective_counts, run(blocked(0, 2), blocked(1, 2), ended_by="hang")) is None
+    # Every worker read a metric at the end of epoch 1: alike, so not a difference.
+    epoch = {s: (2 if s == 4 else 1) for s in range(10)}
+    alike = run(with_ledger(blocked(0, 2), epoch), with_ledger(blocked(1, 2), epoch),
+                ended_by="hang")
+    assert blame(R.collective_counts, alike) is None
+
+
+def test_the_hang_text_says_where_each_worker_waits_from_the_ledger():
+    obs = _skip_twin(2, 1, linger=True)
+    text = diagnose(obs).text
+    assert "in call 10 of `step` (all-reduce float32[1])" in text
+    assert "worker 1 never launched the call worker 0 waits in" in text
 
 
 def test_split_with_two_workers_and_no_hole_is_ambiguous():

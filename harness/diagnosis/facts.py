@@ -50,12 +50,6 @@ def state(w: WorkerObservation) -> str:
     return "stopped" if w.stopped else "blocked"
 
 
-def steps_asked(w: WorkerObservation) -> Optional[int]:
-    """``n`` of the worker's finished ``steps(n)`` loop, when it reported it."""
-    done = [e for e in w.events if e.kind == protocol.STEPS_DONE and isinstance(e.data, int)]
-    return done[-1].data if done else None
-
-
 def where_stopped(w: WorkerObservation) -> str:
     """Where a worker's progress stopped, as a phrase: ``at step 9``."""
     last = w.last_step

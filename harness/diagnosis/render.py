@@ -9,6 +9,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from .. import protocol
 from ..record import HANG, WorkerObservation
+from . import ledger
 from .echoes import exit_text, is_echo, short_type, tasks_named
 from .facts import Facts, reference_steps, state, where_stopped
 from .rules import Blame
@@ -38,8 +39,30 @@ def worker_line(w: WorkerObservation, ref: Sequence[int]) -> str:
     else:
         where = summarize_stack(w.stack) if w.stack.strip() else ""
         where = where.replace(" (in strategy creation)", "")   # where_stopped says so already
+        pending = ledger.describe_pending(w)
+        if pending:   # the ledger knows better than "in a TensorFlow op"
+            where = where.split(" (in ", 1)[0] + f" {pending}" if where else pending
         text = f"blocked {where_stopped(w)}" + (f": {where}" if where else ", no stack")
     return f"{text}; ran {steps_text(w.steps, ref)}"
+
+
+def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
+    """What the collective ledgers add: who never launched the call a worker
+    waits in, where the sequences of collectives part, what was not kept."""
+    lines = []
+    for w in ws:
+        if w.finished or w.died or ledger.pending_call(w) is None:
+            continue
+        missing = ledger.never_launched(ws, w)
+        if missing:
+            lines.append(f"ledger: {names(missing)} never launched the call {names([w.index])} "
+                         f"waits in ({ledger.describe_pending(w).removeprefix('in ')})")
+    parted = ledger.where_sequences_part(ws)
+    if parted:
+        lines.append(f"ledger: {parted}")
+    notes = sorted({w.ledger_note for w in ws if w.ledger_note})
+    lines += [f"note: {n}" for n in notes]
+    return lines
 
 
 def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
@@ -67,6 +90,8 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
         mark = "  <- culprit" if w.index in culprits else ""
         groups[worker_line(w, ref) + mark].append(w.index)
     lines += [f"  {names(idx)}: {text}" for text, idx in groups.items()]
+    if outcome != "completed":
+        lines += ledger_lines(ws)
     if outcome == "completed" and len({w.steps for w in ws}) > 1:
         lines.append("note: the workers ran different steps")
     if outcome in ("completed", "crashed"):   # else the config is the blame, said above

@@ -11,12 +11,19 @@ The order of the table is the order of trust:
   (``shape_mismatch``), the sync check names who is out of step
   (``sync_check``), else the root error does (``root_error``);
 * in a hang, or a failure where every error is an echo, the evidence goes
-  from direct to circumstantial: a stopped process; the odd one out by
-  state among three or more (``majority``); the one that is behind; a hole
-  in one worker's step record (``skipped_step``); a split with no majority
-  (``split``, ambiguous); the task the heartbeat errors name; a worker not in
-  TensorFlow while the others are; who raised first; and last, nobody
-  stands out (``no_evidence``, ambiguous).
+  from direct to circumstantial: a stopped process; the collective ledgers
+  (``collective_counts``: who launched a collective the others did not, or
+  did not launch one they did); the odd one out by state among three or
+  more (``majority``); the one behind, when it waits outside TensorFlow; a
+  split with no majority (``split``, ambiguous); the task the heartbeat
+  errors name; a worker stuck mid-loop outside TensorFlow while the others
+  wait in it; who raised first; and last, nobody stands out
+  (``no_evidence``, ambiguous).
+
+A confident wrong culprit is the worst answer: where the evidence is
+symmetric (two workers, one finished and one blocked, say: a collective
+skipped by one looks exactly like an extra one made by the other), the
+answer is ambiguous and names every candidate.
 
 Trade-offs.  Times are the parent's arrival stamps, so "first" is only as
 good as a few milliseconds; that is why an echo never beats a root error on
@@ -26,10 +33,10 @@ handler that exits within ``SIMULTANEOUS`` s of a peer's death (on a fast
 heartbeats stopped, but a worker that simply returned and exited is named
 the same way, so the names are used only when the steps show nothing.  The
 majority rules assume one faulty worker among N >= 3; two independent faults
-can outvote the truth.  With N = 2 a skipped step on one is
+can outvote the truth.  With N = 2 and no ledger, a skipped step on one is
 indistinguishable from an extra collective on the other (an extra all-reduce
 inside a step does not change the reported steps), so such a split is
-ambiguous and both are named.
+ambiguous and both are named; the ledger's per-step counts tell them apart.
 """
 from __future__ import annotations
 
@@ -42,10 +49,11 @@ from .. import protocol
 from ..errors import StepDesyncError, odd_ones_out
 from ..record import WorkerObservation
 from .echoes import exit_text, is_echo, names_unhealthy, short_type, tasks_named
+from . import ledger
 from .facts import (CRASHED, FAILED, FAILED_ECHOES, HANG_, PHASE_RANK, SITUATIONS,
-                    Facts, or_inf, reference_steps, steps_asked, where_stopped)
+                    Facts, or_inf, phase, reference_steps, where_stopped)
 from .stacks import stack_kind, summarize_stack
-from .words import names, ranges, steps_text
+from .words import names, steps_text
 
 # Deaths closer than this are one event (e.g. a kill fault on two workers);
 # TensorFlow's echoes of a death take seconds (heartbeats), so this is safe.
@@ -183,12 +191,6 @@ def sync_check(f: Facts) -> Optional[Blame]:
         return Blame(list(odd), f"out of step (sync check: {message})", step,
                      headline=f"{names(odd)} out of step with the others "
                               f"(sync check at step {step})")
-    gapped = _hole_in_steps(f.workers)
-    if gapped is not None:
-        w, _, missing = gapped
-        return Blame([w.index], f"skipped step {ranges(missing)} (sync check: {message})",
-                     missing[0], headline=f"{names([w.index])} out of step: it skipped step "
-                                          f"{ranges(missing)} (sync check)")
     everyone = list(range(len(steps))) or [w.index for w in f.workers]
     return Blame(everyone, f"cannot tell which side is wrong with no majority: {message}",
                  min(steps) if steps else None, ambiguous=True,
@@ -220,6 +222,64 @@ def stopped(f: Facts) -> Optional[Blame]:
         return None
     return Blame([w.index for w in found], f"stopped (SIGSTOP) {where_stopped(found[0])}",
                  found[0].last_step)
+
+
+def _counted(n: int) -> str:
+    return "no collective" if n == 0 else f"{n} collective{'s' if n != 1 else ''}"
+
+
+def collective_counts(f: Facts) -> Optional[Blame]:
+    """From the ledgers: who launched more or fewer collectives than the rest.
+
+    Where steps are known, the first step at which the workers launched
+    different numbers of collectives; the odd one out against a strict
+    majority (N >= 3), else the one whose count at that step differs from
+    its own usual count (a skipped step launches none, an extra all-reduce
+    one more), which names the culprit even with 2 workers.  Without steps,
+    totals: the minority against a strict majority, else it cannot tell.
+    Loops that legitimately vary (an epoch-end metric read) vary alike on
+    every worker, so they do not count as a difference.
+    """
+    comp = f.comparable
+    if len(comp) < 2 or any(w.ledger is None for w in comp) \
+            or not any(ledger.has_ledger(w) for w in comp):
+        return None
+    by_step = {w.index: ledger.counts_by_step(w) for w in comp}
+    if all(v is not None for v in by_step.values()) and all(w.steps for w in comp):
+        common = set.intersection(*(set(v) for v in by_step.values()))
+        differ = sorted(s for s in common if len({v[s] for v in by_step.values()}) > 1)
+        if not differ:
+            return None
+        s = differ[0]
+        at = {i: v[s] for i, v in by_step.items()}
+        told = "; ".join(f"{names([i])} launched {_counted(n)} in step {s}"
+                         for i, n in sorted(at.items()))
+        top, hits = collections.Counter(at.values()).most_common(1)[0]
+        if len(comp) >= 3 and 2 * hits > len(comp):
+            odd = sorted(i for i, n in at.items() if n != top)
+            return Blame(odd, f"launched {_counted(at[odd[0]])} in step {s}, where the others "
+                         f"launched {top} ({told})", s)
+        usual = {i: ledger.usual(by_step[i], s) for i in at}
+        deviants = [i for i, n in at.items() if usual[i] is not None and n != usual[i]]
+        if len(deviants) == 1:
+            i = deviants[0]
+            return Blame([i], f"launched {_counted(at[i])} in step {s}; every other step it "
+                         f"launched {usual[i]} ({told})", s)
+        return Blame(sorted(at), f"the workers launched different numbers of collectives in "
+                     f"step {s}, and it cannot tell which count is wrong ({told})", s,
+                     ambiguous=True)
+    totals = {w.index: ledger.total_launched(w) for w in comp}
+    if len(set(totals.values())) == 1:
+        return None
+    told = "; ".join(f"{names([i])} launched {n}" for i, n in sorted(totals.items()))
+    top, hits = collections.Counter(totals.values()).most_common(1)[0]
+    if len(comp) >= 3 and 2 * hits > len(comp):
+        odd = sorted(i for i, n in totals.items() if n != top)
+        return Blame(odd, f"launched {totals[odd[0]]} collectives where the others launched "
+                     f"{top} ({told})", f.worker(odd[0]).last_step)
+    return Blame(sorted(totals), "the workers launched different numbers of collectives and, "
+                 "with no steps to place them and no majority, it cannot tell a missing one "
+                 f"from an extra one ({told})", None, ambiguous=True)
 
 
 def _split(f: Facts) -> bool:
@@ -268,54 +328,16 @@ def behind(f: Facts) -> Optional[Blame]:
     late = [i for i, p in pos.items() if p == low]
     if len(late) == len(parts):
         return None
+    # Peers that went on past a collective this worker had to join did not
+    # wait for it: with nothing else, being behind proves nothing (a worker
+    # that skipped a collective is "ahead" of the one it left waiting).  It
+    # is evidence only when the one behind is not in TensorFlow at all.
+    if any(stack_kind(f.worker(i).stack) != "other" for i in late):
+        return None
     w = next(x for x in parts if x.index == late[0])
     ahead = next(x for x in parts if pos[x.index] != low)
     return Blame(late, f"behind: its progress stopped {where_stopped(w)} while the others "
                  f"went on and are blocked {where_stopped(ahead)}", w.last_step)
-
-
-def _hole_in_steps(parts: Sequence[WorkerObservation]):
-    """Two workers, one of whose step record has a hole the other's has not.
-
-    A hole means the worker's own loop never crossed that step's boundary:
-    it skipped the step, which is direct evidence, not the N = 2 ambiguity
-    between "skipped one collective" and "made an extra one" (that arises
-    when both report the same steps).  Returns (skipper, other, missing).
-    """
-    if len(parts) != 2:
-        return None
-    a, b = parts
-    for w, other in ((a, b), (b, a)):
-        mine, theirs = w.steps, other.steps
-        if not mine or not theirs:
-            continue
-        asked = steps_asked(w)
-        # A loop that finished knows how many steps it was asked for, so a
-        # skipped last step shows too; otherwise only holes below its last.
-        horizon = asked if asked is not None else max(mine) + 1
-        missing = [s for s in theirs if s not in set(mine) and s < horizon]
-        contiguous = list(theirs) == list(range(theirs[0], theirs[0] + len(theirs)))
-        if missing and contiguous:
-            return w, other, missing
-    return None
-
-
-def skipped_step(f: Facts) -> Optional[Blame]:
-    """Two workers, one with a hole in its step record (see :func:`_hole_in_steps`)."""
-    if not _split(f):
-        return None
-    gapped = _hole_in_steps(f.comparable)
-    if gapped is None:
-        return None
-    w, other, missing = gapped
-    sig = f.signatures
-    return Blame([w.index], f"skipped step {ranges(missing)}: its step record jumps over "
-                 f"{'it' if len(missing) == 1 else 'them'} while {names([other.index])} "
-                 f"ran every step, so every collective after it paired with the wrong "
-                 f"step; it {'returned' if sig[w.index][0] else 'is blocked ' + where_stopped(w)} "
-                 f"and {names([other.index])} is "
-                 f"{'finished' if sig[other.index][0] else 'blocked ' + where_stopped(other)}",
-                 other.last_step if not sig[other.index][0] else w.last_step)
 
 
 def split(f: Facts) -> Optional[Blame]:
@@ -355,7 +377,11 @@ def outside_tensorflow(f: Facts) -> Optional[Blame]:
     """A live worker whose stack is not in TensorFlow while another's is."""
     live = [w for w in f.workers if not w.finished]
     kinds = {w.index: stack_kind(w.stack) for w in live}
-    outside = [i for i, k in kinds.items() if k == "other"]
+    # One that has left its loop and lingers in Python is no more to blame
+    # than one that made an extra collective and waits in TensorFlow for it:
+    # the two look the same from here, so only mid-loop counts.
+    outside = [i for i, k in kinds.items()
+               if k == "other" and phase(f.worker(i)) != protocol.STEPS_DONE]
     if not (outside and "tf" in kinds.values()):
         return None
     w = next(x for x in live if x.index == outside[0])
@@ -402,9 +428,9 @@ RULES: Tuple[Rule, ...] = (
     Rule("sync_check", frozenset({FAILED}), sync_check),
     Rule("root_error", frozenset({FAILED}), root_error),
     Rule("stopped", _STUCK, stopped),
+    Rule("collective_counts", _STUCK, collective_counts),
     Rule("majority", _STUCK, majority),
     Rule("behind", _STUCK, behind),
-    Rule("skipped_step", _STUCK, skipped_step),
     Rule("split", _STUCK, split),
     Rule("heartbeat", _STUCK, heartbeat),
     Rule("outside_tensorflow", _STUCK, outside_tensorflow),

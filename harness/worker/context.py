@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
-from .. import protocol
+from .. import progress, protocol
 from ..errors import NotInWorkerError
 from ..faults import Fault, at_step
 from .actions import act_out, replaces_step
@@ -49,14 +49,17 @@ class WorkerContext:
     The rest is the harness's own bookkeeping in this worker:
     ``creating_strategy`` is True while the strategy's constructor runs,
     ``keras_batches`` counts the batches the Keras callback has seen (its
-    step numbers run across epochs), and ``traced`` keeps the
+    step numbers run across epochs), ``current_step`` is the step whose
+    boundary was reported last (the ledger files calls under it),
+    ``record`` writes the progress map (:mod:`harness.progress`), and
+    ``traced`` keeps the
     ``tf.function``\\ s the harness traces once per worker (the sync check,
     an extra collective), by purpose.
     """
 
     def __init__(self, index: int, num_workers: int, tf_config: Optional[dict],
                  send: Callable[..., None], faults: Tuple[Fault, ...] = (),
-                 sync_check: bool = False):
+                 sync_check: bool = False, record: Optional[progress.Writer] = None):
         self.index = index
         self.num_workers = num_workers
         self.tf_config = tf_config
@@ -66,7 +69,9 @@ class WorkerContext:
         self.creating_strategy = False
         self.keras_batches = 0
         self.traced: Dict[str, Callable] = {}
+        self.current_step: Optional[int] = None
         self.send = send
+        self.record = record
 
     @property
     def is_chief(self) -> bool:
@@ -81,7 +86,8 @@ class WorkerContext:
 
         Step-keyed faults for this worker act here, after the boundary is
         reported and before the step's body runs: a ``SkipStep`` makes the
-        loop not yield that step at all.  With ``n=None`` it counts without
+        loop not yield that step, as a ``continue`` at the top of the body
+        would (the boundary is reported all the same).  With ``n=None`` it counts without
         end, for loops driven by something else:
         ``for batch, k in zip(dist_dataset, ctx.steps()):``.
         """
@@ -89,29 +95,28 @@ class WorkerContext:
             raise ValueError(f"steps(n): n must be an integer 0 or more or None, got {n!r}")
         ran = 0
         for k in (range(n) if n is not None else itertools.count()):
+            ran += 1
             if self.step_boundary(k):
-                ran += 1
                 yield k
         self.send(protocol.STEPS_DONE, step=ran, data=n)
 
     def step_boundary(self, step: int) -> bool:
-        """Report step ``step`` and act out its faults; False when the step
-        is not to run.  ``steps()`` and the Keras callback call it."""
-        faults = at_step(self.faults, step)
-        instead = [f for f in faults if replaces_step(f)]
-        if instead:
-            for f in instead:
-                self.send(protocol.FAULT, step=step, data=f)
-                act_out(f, self)
-            return False
-        self.send(protocol.STEP, step=step)
+        """Report step ``step`` and act out its faults; False when the step's
+        body is not to run.  ``steps()`` and the Keras callback call it."""
+        self.current_step = step
+        if self.record is not None:
+            self.record.write(progress.STEP, a=step)
+        else:
+            self.send(protocol.STEP, step=step)
         if self.sync_check and self.strategy is not None:
             from .sync import check_step_sync
             check_step_sync(self, step)
-        for f in faults:
+        run_body = True
+        for f in at_step(self.faults, step):
             self.send(protocol.FAULT, step=step, data=f)
             act_out(f, self)
-        return True
+            run_body = run_body and not replaces_step(f)
+        return run_body
 
     def keras_callback(self):
         """A Keras callback that counts training batches as steps.

@@ -24,11 +24,12 @@ import threading
 import time
 import traceback
 
-from .. import linux, protocol, serialize
+from .. import linux, progress, protocol, serialize
 from ..protocol import Message, WorkerError, WorkerSpec
 from . import context as context_module
 from .process import flush_output, redirect_output, start_group_reaper
 from .strategy_hook import install_strategy_hook
+from . import ledger as ledger_module
 
 # Exit codes of a worker that could not do its job for the harness's own
 # reasons (not fn's): its parent died before it was tied to it, or the parent
@@ -72,6 +73,17 @@ class Channel:
             pass
 
 
+def start_ledger(ctx, record: progress.Writer, level: str, send) -> None:
+    """Hook TensorFlow to keep the collective ledger; never fail the run for it."""
+    try:
+        why = ledger_module.install(ledger_module.Ledger(record, send, level,
+                                                         lambda: ctx.current_step))
+    except Exception as e:   # a TensorFlow whose internals moved in a way not foreseen
+        why = f"{type(e).__name__}: {e}"
+    if why is not None:
+        send(protocol.LEDGER_OFF, data=why)
+
+
 def worker_main(spec: WorkerSpec, conn) -> None:
     linux.die_with_parent(EXIT_ORPHANED)
     start_group_reaper()
@@ -89,12 +101,17 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         os.environ["TF_CONFIG"] = json.dumps(spec.tf_config)
 
     channel = Channel(conn, spec.index)
+    record = None
+    if spec.progress_path:
+        record = progress.Writer(spec.progress_path, nudge=lambda: channel.send(protocol.DRAIN))
     ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
-                                       channel.send, spec.faults, spec.sync_check)
+                                       channel.send, spec.faults, spec.sync_check, record)
     context_module.activate(ctx)
     code = 1
     try:
         install_strategy_hook(ctx)
+        if spec.ledger and record is not None:
+            start_ledger(ctx, record, spec.ledger, channel.send)
         fn, args, kwargs = serialize.loads(spec.payload)
         channel.send(protocol.STARTED)
         value = fn(*args, **(kwargs or {}))

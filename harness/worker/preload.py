@@ -37,6 +37,7 @@ import dill  # noqa: E402,F401
 
 import harness.worker  # noqa: E402,F401
 import harness.worker.sync  # noqa: E402,F401
+import harness.worker.ledger  # noqa: E402,F401
 
 if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
     try:

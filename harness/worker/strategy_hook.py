@@ -81,8 +81,9 @@ def install_strategy_hook(ctx) -> None:
                 "strategy. Create one strategy per process and reuse it.")
         if outermost:
             ctx.creating_strategy = True
-            ctx.send(protocol.STRATEGY_CREATING)
-            wait_for_chief(tf_config_from_env())
+            used = tf_config_from_env()
+            ctx.send(protocol.STRATEGY_CREATING, data={"tf_config": used})
+            wait_for_chief(used)
         try:
             original(self, *args, **kwargs)
         finally:

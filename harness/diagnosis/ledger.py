@@ -1,0 +1,145 @@
+"""Reading the workers' collective ledgers (see :mod:`harness.worker.ledger`).
+
+Every worker of an MWMS cluster must launch the same collectives in the
+same order: the *n*-th collective of one pairs with the *n*-th of every
+other.  The ledger says, per worker, which calls of which functions it made
+(at which step) and which collectives each call launches.  From that:
+
+* per step, how many collectives a worker launched (a skipped step
+  launches none; an extra all-reduce makes one more);
+* the call each worker is blocked in, and the collectives it launches (at
+  ``ledger="collectives"``, the one that is pending);
+* where the workers' sequences of collectives part.
+
+Functions are matched across workers by name: ids are per worker.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..record import Call, CollectiveOp, WorkerObservation
+
+
+def _ops(w: WorkerObservation) -> Dict[int, Tuple[CollectiveOp, ...]]:
+    return {f.id: f.collectives for f in w.functions}
+
+
+def _names(w: WorkerObservation) -> Dict[int, str]:
+    return {f.id: f.name for f in w.functions}
+
+
+def collective_calls(w: WorkerObservation) -> List[Call]:
+    """The worker's calls that launch at least one collective, in order."""
+    ops = _ops(w)
+    return [c for c in w.calls if ops.get(c.function)]
+
+
+def has_ledger(w: WorkerObservation) -> bool:
+    return bool(collective_calls(w))
+
+
+def counts_by_step(w: WorkerObservation) -> Optional[Dict[int, int]]:
+    """Collectives launched per step (every reported step, 0 when none), or
+    None when the worker reported no step.  Calls before the first step
+    (variable initialisation broadcasts, say) belong to no step."""
+    if not w.steps:
+        return None
+    ops = _ops(w)
+    counts = {s: 0 for s in w.steps}
+    for c in collective_calls(w):
+        if c.step is not None:
+            counts[c.step] = counts.get(c.step, 0) + len(ops[c.function])
+    return counts
+
+
+def total_launched(w: WorkerObservation) -> int:
+    ops = _ops(w)
+    return sum(len(ops[c.function]) for c in collective_calls(w))
+
+
+def pending_call(w: WorkerObservation) -> Optional[Call]:
+    """The call the worker is blocked in: its last collective call that never ended."""
+    calls = [c for c in collective_calls(w) if c.ended is None]
+    return calls[-1] if calls else None
+
+
+def describe_ops(ops: Sequence[CollectiveOp]) -> str:
+    """``all-reduce float32[1]`` or ``2 collectives: all-reduce float32[10], ...``."""
+    if len(ops) == 1:
+        return str(ops[0])
+    shown = ", ".join(map(str, ops[:3])) + (", ..." if len(ops) > 3 else "")
+    return f"{len(ops)} collectives: {shown}"
+
+
+def describe_pending(w: WorkerObservation) -> str:
+    """Where in its ledger a blocked worker waits, e.g. ``in call 10 of `step`
+    (all-reduce float32[1])``; at ``ledger="collectives"`` the pending one."""
+    call = pending_call(w)
+    if call is None:
+        return ""
+    ops = _ops(w)[call.function]
+    name = _names(w).get(call.function, "?")
+    where = f"in call {call.number} of `{name}`"
+    if w.ledger == "collectives" and call.launched:
+        index = [i for i in call.launched if i not in call.done]
+        if index:
+            i = index[-1]
+            return f"{where}, in its collective #{i + 1} of {len(ops)} ({ops[i]}), launched, " \
+                   f"not completed"
+    return f"{where} ({describe_ops(ops)})"
+
+
+def never_launched(ws: Sequence[WorkerObservation], w: WorkerObservation) -> List[int]:
+    """The workers that never began the call ``w`` is blocked in."""
+    call = pending_call(w)
+    if call is None:
+        return []
+    name = _names(w).get(call.function)
+    out = []
+    for other in ws:
+        if other.index == w.index or not has_ledger(other):
+            continue
+        theirs = [c for c in collective_calls(other) if _names(other).get(c.function) == name]
+        if len(theirs) < call.number:
+            out.append(other.index)
+    return out
+
+
+def sequence(w: WorkerObservation) -> List[Tuple[CollectiveOp, str, Optional[int]]]:
+    """Every collective the worker launched, in order: (op, function name, step)."""
+    ops, names = _ops(w), _names(w)
+    return [(op, names.get(c.function, "?"), c.step)
+            for c in collective_calls(w) for op in ops[c.function]]
+
+
+def where_sequences_part(ws: Sequence[WorkerObservation]) -> Optional[str]:
+    """The first collective number at which the workers' records differ in
+    kind or shape (the n-th collectives of all workers pair up), said for a
+    person; None when they agree as far as each went."""
+    seqs = {w.index: sequence(w) for w in ws if has_ledger(w)}
+    if len(seqs) < 2:
+        return None
+    for n in range(max(len(s) for s in seqs.values())):
+        here = {i: s[n] if n < len(s) else None for i, s in seqs.items()}
+        if any(v is None for v in here.values()):
+            continue   # a worker that stopped early: not a disagreement in kind or shape
+        ops = {(v[0].kind, v[0].shape, v[0].dtype) for v in here.values()}
+        if len(ops) > 1:
+            parts = "; ".join(
+                f"worker {i}: {v[0]} in `{v[1]}`" + (f" (step {v[2]})" if v[2] is not None else "")
+                for i, v in sorted(here.items()))
+            return f"the workers' collectives part at #{n + 1}: {parts}"
+    return None
+
+
+def usual(counts: Dict[int, int], leave_out: int) -> Optional[int]:
+    """The worker's most common per-step count, the step ``leave_out`` aside;
+    None when there is no other step or no single most common count."""
+    rest = collections.Counter(v for s, v in counts.items() if s != leave_out)
+    if not rest:
+        return None
+    (top, hits), *others = rest.most_common()
+    if others and others[0][1] == hits:
+        return None
+    return top

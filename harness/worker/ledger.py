@@ -1,0 +1,240 @@
+"""Worker side: the collective ledger, recorded with no change to user code.
+
+Two levels (``run(ledger=...)``):
+
+``"calls"`` (the default)
+    Which collectives a ``tf.function`` launches is known when it is traced:
+    the hooks below see each collective op being created (kind, shape,
+    dtype, in order) and tell the parent once, over the pipe.  Each later
+    call of a function that launches collectives writes two records to the
+    progress map (:mod:`harness.progress`): call *k* began (at step *s*),
+    call *k* ended.  About a microsecond a call; it tells which call a worker
+    is blocked in and which collectives that call launches, not which one
+    of them is pending.
+``"collectives"``
+    Also a ``tf.py_function`` marker before and after each collective, under
+    control dependencies, so the map says which collective was launched and
+    which completed.  It costs a fraction of a millisecond per collective.
+
+Eager collectives (``strategy.reduce`` outside a ``tf.function``) run in
+TensorFlow's thread pool, so nothing here is thread-local; each is recorded
+as one call of a pseudo-function named ``<eager KIND>``.
+
+The hooks patch private TensorFlow functions: ``collective_ops`` (the
+module attributes ``cross_device_utils`` and MWMS's variable initialisation
+call through) and ``Function.__call__``.  Where a TensorFlow version lacks
+them the ledger is off and the parent is told why, once; a run never breaks
+for the ledger's sake.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Tuple
+
+from .. import progress, protocol
+
+LEVELS = ("calls", "collectives")
+# (module attribute, kind, how to read the shape and dtype from its arguments)
+_HOOKED = (
+    ("all_reduce_v2", "all-reduce", "tensor"),
+    ("all_gather_v2", "all-gather", "tensor"),
+    ("broadcast_send", "broadcast", "tensor"),
+    ("broadcast_recv", "broadcast", "shape"),
+)
+
+
+def _describe_tensor(t) -> Tuple[Tuple, str]:
+    shape = getattr(t, "shape", None)
+    dims = tuple(d if isinstance(d, int) else -1 for d in shape.as_list()) \
+        if shape is not None and shape.rank is not None else ()
+    dtype = getattr(getattr(t, "dtype", None), "name", "?")
+    return dims, dtype
+
+
+def _describe_args(how: str, args, kwargs) -> Tuple[Tuple, str]:
+    if how == "tensor":
+        return _describe_tensor(args[0] if args else kwargs.get("t"))
+    shape = args[0] if args else kwargs.get("shape")
+    dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
+    try:
+        import tensorflow as tf
+        dims = tuple(d if isinstance(d, int) else -1 for d in tf.TensorShape(shape).as_list())
+    except Exception:
+        dims = ()
+    return dims, getattr(dtype, "name", str(dtype))
+
+
+class Ledger:
+    """The ledger of one worker: assigns function ids, knows the current
+    step, writes call records and sends what it learns at trace time."""
+
+    def __init__(self, writer: progress.Writer, send, level: str, current_step):
+        self.writer = writer
+        self.send = send
+        self.level = level
+        self.current_step = current_step      # () -> the step now, or None
+        self._ids: Dict[int, int] = {}        # id(Function) -> function id
+        self._keep: List[object] = []         # the Functions, so their ids stay theirs
+        self._collectives: Dict[int, int] = {}  # function id -> collectives in its latest trace
+        self._graphs: Dict[int, object] = {}  # function id -> the graph last traced for it
+        self._traces: Dict[int, int] = {}
+        self._calls: Dict[int, int] = {}
+        self._eager: Dict[Tuple, int] = {}
+        self._stack: List[Tuple[int, bool]] = []   # (function id, called eagerly)
+        self._lock = threading.Lock()
+
+    # -- function ids ----------------------------------------------------
+    def _new_id(self, name: str) -> int:
+        fid = len(self._keep)
+        self.send(protocol.LEDGER_FUNCTION, data={"id": fid, "name": name})
+        return fid
+
+    def function_id(self, function) -> int:
+        fid = self._ids.get(id(function))
+        if fid is None:
+            with self._lock:
+                fid = self._ids.get(id(function))
+                if fid is None:
+                    fid = self._new_id(getattr(function, "__name__", None)
+                                       or getattr(function, "_name", "tf.function"))
+                    self._keep.append(function)
+                    self._ids[id(function)] = fid
+        return fid
+
+    def _step(self) -> int:
+        step = self.current_step()
+        return progress.NO_STEP if step is None else step
+
+    # -- calls -------------------------------------------------------------
+    def call(self, function, original, args, kwargs):
+        from tensorflow.python.eager import context
+        fid = self.function_id(function)
+        if not context.executing_eagerly():
+            # Called while an outer function is traced: the outer call's
+            # records cover it when it runs.
+            self._stack.append((fid, False))
+            try:
+                return original(function, *args, **kwargs)
+            finally:
+                self._stack.pop()
+        # Until its first trace is done, a function may launch collectives.
+        record = self._collectives.get(fid, 1) > 0
+        number = 0
+        if record:
+            with self._lock:
+                number = self._calls[fid] = self._calls.get(fid, 0) + 1
+            self.writer.write(progress.CALL_BEGAN, fid, number, self._step())
+        self._stack.append((fid, True))
+        raised = 1
+        try:
+            result = original(function, *args, **kwargs)
+            raised = 0
+            return result
+        finally:
+            self._stack.pop()
+            self._collectives.setdefault(fid, 0)
+            if record:
+                self.writer.write(progress.CALL_ENDED, fid, number, raised)
+
+    # -- collectives ---------------------------------------------------------
+    def collective(self, kind: str, how: str, original, args, kwargs):
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import ops
+        shape, dtype = _describe_args(how, args, kwargs)
+        if context.executing_eagerly():
+            return self._eager_collective(kind, shape, dtype, original, args, kwargs)
+        owner = next((fid for fid, eager in self._stack if eager), None)
+        if owner is None:
+            return original(*args, **kwargs)   # a graph built outside any tf.function call
+        graph = ops.get_default_graph()
+        with self._lock:
+            if self._graphs.get(owner) is not graph:   # a new trace of this function
+                self._graphs[owner] = graph
+                self._traces[owner] = self._traces.get(owner, 0) + 1
+                self._collectives[owner] = 0
+            index = self._collectives[owner]
+            self._collectives[owner] = index + 1
+        self.send(protocol.LEDGER_COLLECTIVE,
+                  data={"function": owner, "trace": self._traces[owner], "index": index,
+                        "kind": kind, "shape": shape, "dtype": dtype})
+        if self.level != "collectives":
+            return original(*args, **kwargs)
+        return self._with_markers(owner, index, original, args, kwargs)
+
+    def _eager_collective(self, kind, shape, dtype, original, args, kwargs):
+        key = (kind, shape, dtype)
+        fid = self._eager.get(key)
+        if fid is None:
+            with self._lock:
+                fid = self._eager.get(key)
+                if fid is None:
+                    fid = self._new_id(f"<eager {kind}>")
+                    self._keep.append(key)
+                    self._collectives[fid] = 1
+                    self._eager[key] = fid
+            self.send(protocol.LEDGER_COLLECTIVE,
+                      data={"function": fid, "trace": 1, "index": 0, "kind": kind,
+                            "shape": shape, "dtype": dtype})
+        with self._lock:
+            number = self._calls[fid] = self._calls.get(fid, 0) + 1
+        self.writer.write(progress.CALL_BEGAN, fid, number, self._step())
+        raised = 1
+        try:
+            result = original(*args, **kwargs)
+            raised = 0
+            return result
+        finally:
+            self.writer.write(progress.CALL_ENDED, fid, number, raised)
+
+    def _with_markers(self, fid: int, index: int, original, args, kwargs):
+        """The collective between two ``tf.py_function`` markers that write
+        its launch and completion, ordered by control dependencies."""
+        import tensorflow as tf
+
+        def mark(kind):
+            def write():
+                self.writer.write(kind, fid, self._calls.get(fid, 0), index)
+                return 0
+            return write
+
+        before = tf.py_function(mark(progress.COLLECTIVE_LAUNCHED), [], tf.int32)
+        with tf.control_dependencies([before]):
+            out = original(*args, **kwargs)
+        with tf.control_dependencies([out]):
+            after = tf.py_function(mark(progress.COLLECTIVE_DONE), [], tf.int32)
+        with tf.control_dependencies([after]):
+            return tf.identity(out)
+
+
+def install(ledger: Ledger) -> Optional[str]:
+    """Patch TensorFlow in this process to feed ``ledger``; None when done,
+    else why it could not be (the ledger is then off)."""
+    try:
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function
+        from tensorflow.python.ops import collective_ops
+    except ImportError as e:
+        return f"this TensorFlow has no {e.name}"
+    function_class = getattr(polymorphic_function, "Function", None)
+    missing = [name for name, _, _ in _HOOKED if not callable(getattr(collective_ops, name, None))]
+    if function_class is None or not callable(getattr(function_class, "__call__", None)):
+        missing.append("polymorphic_function.Function.__call__")
+    if missing:
+        return "this TensorFlow lacks " + ", ".join(missing)
+    if getattr(function_class.__call__, "_mwms_ledger", False):
+        return None
+    original_call = function_class.__call__
+
+    def __call__(self, *args, **kwargs):
+        return ledger.call(self, original_call, args, kwargs)
+
+    __call__._mwms_ledger = True
+    function_class.__call__ = __call__
+    for name, kind, how in _HOOKED:
+        original = getattr(collective_ops, name)
+
+        def hooked(*args, _kind=kind, _how=how, _original=original, **kwargs):
+            return ledger.collective(_kind, _how, _original, args, kwargs)
+
+        hooked.__name__ = name
+        setattr(collective_ops, name, hooked)
+    return None
