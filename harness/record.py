@@ -86,6 +86,28 @@ class Call:
 
 
 @dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective a worker launched, from its ledger: the plain record
+    ``WorkerResult.collectives`` lists, for a test to assert on.
+
+    ``state`` is ``completed``; ``failed`` (its call raised); ``pending``
+    (its call had not returned when the run was decided: at the default
+    ledger level every collective of that call reads ``pending``, at
+    ``ledger="collectives"`` only the one launched and not completed);
+    or ``not launched`` (a later collective of a pending call, at
+    ``ledger="collectives"``)."""
+
+    function: str
+    call: int
+    index: int                # its place among its function's collectives
+    step: Optional[int]
+    kind: str
+    shape: Tuple[int, ...]
+    dtype: str
+    state: str
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkerObservation:
     """Everything the parent saw of one worker.
 
@@ -122,6 +144,38 @@ class WorkerObservation:
         return tuple(e.step for e in self.events
                      if e.kind == protocol.STEP and isinstance(e.step, int))
 
+    def collectives(self) -> Tuple[Collective, ...]:
+        """Every collective in the ledger, in launch order (see :class:`Collective`)."""
+        functions = {f.id: f for f in self.functions}
+        out = []
+        for c in self.calls:
+            f = functions.get(c.function)
+            if f is None:
+                continue
+            for i, op in enumerate(f.collectives):
+                if c.ended is not None:
+                    state = "failed" if c.raised else "completed"
+                elif self.ledger != "collectives":
+                    state = "pending"
+                else:
+                    state = ("completed" if i in c.done else "pending" if i in c.launched
+                             else "not launched")
+                out.append(Collective(f.name, c.number, i, c.step, op.kind, op.shape, op.dtype,
+                                      state))
+        return tuple(out)
+
+    @property
+    def last_seen(self) -> float:
+        """When the parent last saw this worker make progress (0.0: never):
+        an event, a call of its ledger, or its finishing."""
+        times = [0.0, *(e.time for e in self.events),
+                 *(t for c in self.calls for t in (c.began, c.ended) if t is not None)]
+        if self.finish_time is not None:
+            times.append(self.finish_time)
+        if self.died and self.exit_time is not None:
+            times.append(self.exit_time)
+        return max(times)
+
     @property
     def last_step(self) -> Optional[int]:
         steps = self.steps
@@ -153,14 +207,7 @@ class RunObservation:
     @property
     def last_progress_time(self) -> float:
         """When the parent last saw progress from any worker (0.0: never)."""
-        times = [0.0]
-        for w in self.workers:
-            times.extend(e.time for e in w.events)
-            times.extend(t for c in w.calls for t in (c.began, c.ended) if t is not None)
-            times.extend(t for t in (w.finish_time,) if t is not None)
-            if w.died and w.exit_time is not None:
-                times.append(w.exit_time)
-        return max(times)
+        return max([0.0, *(w.last_seen for w in self.workers)])
 
     @property
     def detection_delay(self) -> Optional[float]:

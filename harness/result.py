@@ -20,7 +20,9 @@ class WorkerResult:
     worker wrote to stdout and stderr, C++ logging included (head and tail
     kept when it is very long); ``last_step`` the last step boundary it
     reported; ``stack`` its Python stacks, dumped when the run was found hung
-    (or its peers' grace ran out).
+    (or its peers' grace ran out); ``collectives`` the collectives its ledger
+    recorded (:class:`~harness.record.Collective`: function, call, step,
+    kind, shape, dtype, state), empty when the ledger was off.
     """
 
     index: int
@@ -31,6 +33,10 @@ class WorkerResult:
     last_step: Optional[int] = None
     stack: str = ""
     observation: Optional[WorkerObservation] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def collectives(self) -> tuple:
+        return self.observation.collectives() if self.observation is not None else ()
 
     @property
     def returned(self) -> bool:
@@ -117,6 +123,23 @@ class RunResult:
 
     def assert_crashed(self, culprits: Optional[Iterable[int]] = None) -> "RunResult":
         return self._check("crashed", culprits)
+
+    def assert_culprit(self, worker: int) -> "RunResult":
+        """The diagnosis names ``worker``, alone and without doubt."""
+        if self.ambiguous or tuple(self.culprits) != (worker,):
+            raise AssertionError(f"expected culprit {worker} alone; diagnosis blames "
+                                 f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}"
+                                 f"\n{self.report()}")
+        return self
+
+    def assert_cannot_tell(self, candidates: Iterable[int]) -> "RunResult":
+        """The diagnosis says it cannot tell, and names exactly ``candidates``."""
+        candidates = tuple(sorted(candidates))
+        if not self.ambiguous or tuple(self.culprits) != candidates:
+            raise AssertionError(f"expected 'cannot tell' among {candidates}; diagnosis blames "
+                                 f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}"
+                                 f"\n{self.report()}")
+        return self
 
 
 def _error_matches(result: RunResult, error: str) -> bool:

@@ -24,12 +24,13 @@ the README table and for the outcome the test must see.
     Optional: the error type the run's failing workers raise (shown in the
     table and checked after the run).
 
-A scenario's culprit expectation lives in the scenario test when the
-current diagnosis names the right worker for every N from 2 to 4.  Where it
-does not, the expectation (what is right) goes in a separate test decorated
-``@culprit_check("test_scenario_name")`` and
-``@pytest.mark.xfail(strict=False, reason="diagnosis: <what it says instead>")``;
-both tests share one run (``scenario_run`` in ``scenarios/conftest.py``).
+A scenario's culprit expectation lives in the scenario test, or in a
+separate test decorated ``@culprit_check("test_scenario_name")`` that
+shares its run (``scenario_run`` in ``scenarios/conftest.py``).  A culprit
+check asserts strictly what holds at each worker count: the culprit alone
+(``assert_culprit``), or, at a count where the evidence really is
+symmetric, that the diagnosis cannot tell and names exactly the candidates
+(``assert_cannot_tell``).  It is never marked xfail.
 
 Every scenario test's docstring has a first line (the mistake, or for a
 fixed variant what it does right) and three labelled paragraphs:

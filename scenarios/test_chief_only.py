@@ -95,11 +95,10 @@ def test_checkpoint_on_chief_only(mwms_cluster, scenario_run, tmp_path_factory):
 
 @pytest.mark.timeout(60)
 @culprit_check("test_checkpoint_on_chief_only")
-@pytest.mark.xfail(strict=False, reason="diagnosis: with 2 workers names workers 0,1 "
-                   "(ambiguous: one side finished, the other blocked)")
 def test_checkpoint_on_chief_only_culprit(mwms_cluster, scenario_run, tmp_path_factory):
-    """The chief runs a collective nobody else joins: it is the culprit."""
-    _chief_checkpoint(scenario_run, tmp_path_factory.mktemp("ckpt")).assert_hang(culprits=[0])
+    """The chief runs a collective nobody else joins: it is the culprit, at
+    every N (its steps launched one collective more than its others)."""
+    _chief_checkpoint(scenario_run, tmp_path_factory.mktemp("ckpt")).assert_culprit(0)
 
 
 @pytest.mark.timeout(60)
@@ -207,13 +206,18 @@ def test_model_save_on_chief_only(mwms_cluster, scenario_run, tmp_path_factory, 
 
 @pytest.mark.timeout(60)
 @culprit_check("test_model_save_on_chief_only")
-@pytest.mark.xfail(strict=False, reason="diagnosis: with 2 workers names workers 0,1 "
-                   "(ambiguous: one side finished, the other blocked)")
 def test_model_save_on_chief_only_culprit(mwms_cluster, scenario_run, tmp_path_factory,
                                           monkeypatch):
-    """The chief runs a collective nobody else joins: it is the culprit."""
+    """The chief runs a collective nobody else joins: it is the culprit from
+    3 workers up (the majority); with 2 the save's collectives come outside
+    any step of ``fit``, and one finished worker against one blocked is
+    symmetric: it cannot tell."""
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
-    _chief_save(scenario_run, tmp_path_factory.mktemp("save")).assert_hang(culprits=[0])
+    result = _chief_save(scenario_run, tmp_path_factory.mktemp("save"))
+    if mwms_cluster.num_workers == 2:
+        result.assert_cannot_tell([0, 1])
+    else:
+        result.assert_culprit(0)
 
 
 @pytest.mark.timeout(60)

@@ -295,13 +295,14 @@ def test_wait_gone_counts_dead_pids_as_gone():
     assert bl.wait_gone([], time.monotonic()) < 1.0
 
 
-def test_worker_kwargs_skip_only_outside_the_harness(tmp_path):
+def test_worker_kwargs_give_every_launcher_the_same_user_code_skip(tmp_path):
     from harness.bench import launchers as bl
     w4 = bench.make_workloads()[4]
-    inside = bl.worker_kwargs(w4, str(tmp_path), harness=True)
-    assert inside == {"fn": "allreduce", "kwargs": {"n_steps": 20}, "stamp_dir": str(tmp_path)}
-    outside = bl.worker_kwargs(w4, str(tmp_path))
-    assert outside["skip"] == [1, 5] and outside["linger"] > 0
+    kwargs = bl.worker_kwargs(w4, str(tmp_path))
+    assert kwargs["skip"] == [1, 5] and kwargs["linger"] > 0
+    w1 = bench.make_workloads()[1]
+    assert bl.worker_kwargs(w1, str(tmp_path)) == {
+        "fn": "allreduce", "kwargs": {"n_steps": 20}, "stamp_dir": str(tmp_path)}
 
 
 def test_measured_run_outside_the_harness(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ covered too.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.diagnosis import RULES, diagnose
@@ -15,7 +17,7 @@ from harness.diagnosis import rules as R
 from harness.diagnosis.facts import SITUATIONS, facts_of
 from harness.errors import StepDesyncError
 from harness.protocol import WorkerError
-from harness.record import WorkerObservation
+from harness.record import CollectiveOp, Event, TracedFunction, WorkerObservation
 from observations import (SKIP5, STACK_SLEEP, STACK_TF, UNHEALTHY, blocked, config, died,
                           events, raised, returned, run, shape_error, with_ledger)
 
@@ -59,6 +61,25 @@ def test_crash_names_the_first_death_not_the_later_one():
     b = blame(R.crash, obs)
     assert list(b.culprits) == [0] and "died later" in b.headline
     assert decided_by(obs) == "crash"
+
+
+def test_a_worker_stopped_before_the_deaths_outranks_them():
+    # The others' collective timed out waiting for the stopped worker; one
+    # survivor died of SIGSEGV aborting it.  Still crashed; the stopped one
+    # is the culprit.
+    stopped = WorkerObservation(2, tf_config=config(2, 3), events=events(range(5), 3),
+                                stopped=True, exit_code=-9, killed_by_harness=True)
+    obs = run(died(0, 3, -11, 5.0, steps=range(6)),
+              raised(1, 3, "DeadlineExceededError", "Collective has timed out", 4.9,
+                     steps=range(6)), stopped, ended_by="grace_expired")
+    b = blame(R.stopped_before_deaths, obs)
+    assert list(b.culprits) == [2]
+    v = diagnose(obs)
+    assert (v.outcome, v.culprits, v.rule) == ("crashed", (2,), "stopped_before_deaths")
+    # A stop after the first death proves nothing of the kind.
+    late = WorkerObservation(2, tf_config=config(2, 3), events=events(range(5), 3) + (
+        Event(9.0, "step", 5),), stopped=True, exit_code=-9, killed_by_harness=True)
+    assert blame(R.stopped_before_deaths, run(obs.workers[0], obs.workers[1], late)) is None
 
 
 def test_crash_after_a_root_error_names_the_raiser():
@@ -209,7 +230,7 @@ def test_collective_counts_name_the_extra_collective_with_two_workers():
     obs = run(extra, with_ledger(returned(1, 2)), ended_by="hang")
     b = blame(R.collective_counts, obs)
     assert (list(b.culprits), b.step, b.ambiguous) == ([0], 5, False)
-    assert "launched 2 collectives in step 5; every other step it launched 1" in b.reason
+    assert "launched 2 collectives in step 5, and 1 in each of its other steps" in b.reason
 
 
 def test_collective_counts_without_steps_cannot_tell_at_two_and_use_the_majority_from_three():
@@ -241,7 +262,8 @@ def test_the_hang_text_says_where_each_worker_waits_from_the_ledger():
     obs = _skip_twin(2, 1, linger=True)
     text = diagnose(obs).text
     assert "in call 10 of `step` (all-reduce float32[1])" in text
-    assert "worker 1 never launched the call worker 0 waits in" in text
+    assert "worker 1 never launched call 10 of `step` (all-reduce float32[1]), which worker 0 " \
+           "waits in" in text
 
 
 def test_split_with_two_workers_and_no_hole_is_ambiguous():
@@ -268,12 +290,13 @@ def test_outside_tensorflow_names_the_worker_not_in_a_tensorflow_call():
     assert blame(R.outside_tensorflow, run(blocked(0, 2), blocked(1, 2), ended_by="hang")) is None
 
 
-def test_raised_first_when_every_error_is_an_echo():
+def test_no_evidence_when_every_error_is_an_echo_names_every_raiser():
+    # Who raised first is a matter of milliseconds, not evidence.
     obs = run(raised(0, 2, "CancelledError", "Collective ops is aborted by: x", 2.0),
               raised(1, 2, "CancelledError", "Collective ops is aborted by: y", 1.0))
-    assert list(blame(R.raised_first, obs).culprits) == [1]
-    assert decided_by(obs) == "raised_first"
-    assert blame(R.raised_first, run(blocked(0, 2), blocked(1, 2), ended_by="hang")) is None
+    b = blame(R.no_evidence, obs)
+    assert b.ambiguous and sorted(b.culprits) == [0, 1]
+    assert decided_by(obs) == "no_evidence"
 
 
 def test_no_evidence_names_everyone_unfinished_and_says_it_cannot_tell():
@@ -290,3 +313,34 @@ def test_every_rule_is_a_function_of_facts_that_answers_or_passes(rule):
     obs = run(blocked(0, 2), blocked(1, 2), ended_by="hang")
     found = rule.blame(facts_of(obs))
     assert found is None or set(found.culprits) <= {0, 1}
+
+
+def test_input_that_ran_out_is_not_the_root_when_a_peer_says_why():
+    # FILE auto-sharding with too few files: worker 1 got no file (its
+    # StopIteration came first), worker 0 says why.
+    obs = run(raised(0, 2, "InvalidArgumentError", "Could not apply FILE based sharding", 1.2),
+              raised(1, 2, "StopIteration", "", 1.0))
+    v = diagnose(obs)
+    assert (v.culprits, v.error, v.rule) == ((0,), "InvalidArgumentError", "root_error")
+    # Alone, input that ran out is the cause.
+    alone = run(raised(0, 2, "StopIteration", "", 1.0), blocked(1, 2), ended_by="grace_expired")
+    assert diagnose(alone).culprits == (0,)
+
+
+def _shaped(w, shape):
+    """``w`` with a ledger of one call of `step` in step 0, whose all-reduce has ``shape``."""
+    w = with_ledger(w, {0: 1}, blocked=w.error is None)
+    return dataclasses.replace(w, functions=(TracedFunction(0, "step", (
+        CollectiveOp("all-reduce", shape, "float32"),)),))
+
+
+def test_collective_shapes_name_the_odd_shape_from_the_ledgers_from_three_workers():
+    # Nobody's error carries the shapes (echoes only); the ledgers do.
+    ws = [_shaped(raised(i, 4, "CancelledError", "Collective ops is aborted by: x", 1.0,
+                         steps=[0]), (32,) if i == 0 else (16,)) for i in range(4)]
+    obs = run(*ws)
+    b = blame(R.collective_shapes, obs)
+    assert (list(b.culprits), b.step) == ([0], 0)
+    assert "all-reduce float32[32]" in b.reason and "float32[16]" in b.reason
+    assert decided_by(obs) == "collective_shapes"
+    assert blame(R.collective_shapes, run(*ws[:2])) is None    # two: symmetric

@@ -74,3 +74,50 @@ def test_fault_and_twin_give_the_same_verdict(mwms_cluster, kind, n, worker):
     assert seen[0] == seen[1], f"fault:\n{injected.diagnosis}\n\ntwin:\n{twin.diagnosis}"
     # And the verdict is the exact one: the worker at fault, alone.
     assert twin.culprits == (worker,) and not twin.ambiguous, twin.diagnosis
+
+
+def edit_own_config(kind):
+    """What a user's own code does to this worker's TF_CONFIG before it
+    builds the strategy: the twin of ``BadTFConfig(worker, kind)``."""
+    import json
+    config = json.loads(os.environ["TF_CONFIG"])
+    if kind == "missing":
+        del os.environ["TF_CONFIG"]
+        return
+    if kind == "swapped":
+        config["cluster"]["worker"].reverse()
+        if len(config["cluster"]["worker"]) % 2 == 1:   # as the fault does: rotate the middle
+            index = config["task"]["index"]
+            if index == len(config["cluster"]["worker"]) // 2:
+                config["cluster"]["worker"].append(config["cluster"]["worker"].pop(0))
+    if kind == "duplicate_index":
+        config["task"]["index"] = 0 if config["task"]["index"] != 0 else 1
+    os.environ["TF_CONFIG"] = json.dumps(config)
+
+
+def loop_with_own_config(kind=None, worker=None):
+    import harness
+    if harness.context().index == worker:
+        edit_own_config(kind)
+    return loop()
+
+
+CONFIG_KINDS = ("missing", "swapped", "duplicate_index")
+CONFIG_CASES = [(2, 1), (3, 1), (3, 2)]
+
+
+@pytest.mark.parametrize("n,worker", CONFIG_CASES, ids=[f"N{n}-w{w}" for n, w in CONFIG_CASES])
+@pytest.mark.parametrize("kind", CONFIG_KINDS)
+def test_bad_tf_config_and_a_config_set_by_hand_give_the_same_verdict(mwms_cluster, kind, n,
+                                                                       worker):
+    mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=n)
+    injected = mwms_cluster.run(loop, faults=[F.BadTFConfig(worker, kind)], timeout=TIMEOUT,
+                                grace=2)
+    twin = mwms_cluster.run(loop_with_own_config, kwargs={"kind": kind, "worker": worker},
+                            timeout=TIMEOUT, grace=2)
+    seen = [(r.culprits, r.ambiguous) for r in (injected, twin)]
+    assert seen[0] == seen[1], f"fault:\n{injected.diagnosis}\n\ntwin:\n{twin.diagnosis}"
+    # Which claimant of a duplicate index fails to bind is a race: the
+    # outcome may differ, the blame may not.
+    if kind != "duplicate_index":
+        assert injected.outcome == twin.outcome, f"{injected.diagnosis}\n\n{twin.diagnosis}"

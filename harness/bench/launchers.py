@@ -32,7 +32,6 @@ import psutil
 
 from harness import tfconfig
 from harness.controller import Cluster
-from harness.faults import SkipStep
 from harness.launcher import forkserver_pid, kill_tree, worker_environments
 from harness.linux import alive, set_parent_death_signal
 from harness.ports import reserve_ports
@@ -121,12 +120,12 @@ def pss_of(pids) -> Optional[int]:
     return total if seen else None
 
 
-def worker_kwargs(workload, stamp_dir: str, harness: bool = False) -> dict:
-    """:func:`harness.bench.workers.measured_run`'s keyword arguments.  Outside
-    the harness the skipping worker's loop leaves its step out itself, then
-    lingers; the harness gets a ``SkipStep`` fault instead."""
+def worker_kwargs(workload, stamp_dir: str) -> dict:
+    """:func:`harness.bench.workers.measured_run`'s keyword arguments.  Under
+    every launcher alike, the skipping worker's own loop leaves its step out
+    (a user's ``continue``, no fault injected), then lingers."""
     kwargs = {"fn": workload.fn, "kwargs": dict(workload.kwargs), "stamp_dir": stamp_dir}
-    if workload.skip and not harness:
+    if workload.skip:
         kwargs.update(skip=list(workload.skip), linger=LINGER)
     return kwargs
 
@@ -192,11 +191,9 @@ class HarnessLauncher:
     name = "harness"
 
     def run(self, workload, stamp_dir: str) -> dict:
-        faults = [SkipStep(*workload.skip)] if workload.skip else []
         cluster = Cluster(RunSettings(workers=workload.workers, timeout=run_timeout(workload)))
         t0 = time.monotonic()
-        result = cluster.run(measured_run, kwargs=worker_kwargs(workload, stamp_dir, harness=True),
-                             faults=faults)
+        result = cluster.run(measured_run, kwargs=worker_kwargs(workload, stamp_dir))
         t1 = time.monotonic()
         out = {"outcome": result.outcome, "wall_s": t1 - t0, "harness_duration_s": result.duration,
                "culprits": list(result.culprits), "diagnosis": result.diagnosis}

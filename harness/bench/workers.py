@@ -71,8 +71,9 @@ def measured_run(fn: str, kwargs: dict, stamp_dir: Optional[str] = None,
     loop ended (while its peers are still alive) and ``fn_s``, the time from
     entering here to the loop's end.
 
-    ``skip=(worker, step)``: outside the harness, that worker's loop leaves
-    out that step (the harness does it with a ``SkipStep`` fault instead).
+    ``skip=(worker, step)``: that worker's loop leaves out that step, as a
+    user's ``continue`` would (under the harness the boundary is still
+    reported, as it is for a ``continue``).
     ``linger``: seconds to stay alive afterwards (its gRPC server up), so a
     peer blocked for the step it skipped waits for ever instead of getting
     ``UnavailableError``.

@@ -40,6 +40,15 @@ def is_echo(error: Optional[WorkerError]) -> bool:
     return kind == "DeadlineExceededError" and any(m in msg for m in _DEADLINE_ECHO)
 
 
+# A worker whose input ran out raises these; it is a cause only when nothing
+# else explains why (an error about the data set up, raised by a peer, does).
+_END_OF_INPUT = frozenset({"StopIteration", "OutOfRangeError"})
+
+
+def is_end_of_input(error: Optional[WorkerError]) -> bool:
+    return error is not None and short_type(error.type_name) in _END_OF_INPUT
+
+
 def tasks_named(message: str) -> List[int]:
     """The task indexes a TensorFlow error message names (``/job:worker/.../task:N``)."""
     return [int(t) for t in _TASK_RE.findall(message or "")]

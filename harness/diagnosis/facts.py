@@ -14,7 +14,7 @@ from typing import Counter, Dict, List, Optional, Sequence, Tuple
 from .. import protocol
 from ..record import HANG, RunObservation, WorkerObservation
 from .configs import config_issues
-from .echoes import is_echo
+from .echoes import is_echo, is_end_of_input
 
 # Where each phase stands in a worker's life: who is behind whom.
 PHASE_RANK = {phase: rank for rank, phase in enumerate(protocol.PHASES)}
@@ -128,7 +128,8 @@ def facts_of(obs: RunObservation) -> Facts:
     signatures = {w.index: signature(w) for w in comparable}
     return Facts(
         obs=obs, outcome=outcome, situation=situation, config_issues=issues, config_tie=tie,
-        errors=tuple(sorted(raised, key=lambda w: (is_echo(w.error), or_inf(w.finish_time)))),
+        errors=tuple(sorted(raised, key=lambda w: (is_echo(w.error), is_end_of_input(w.error),
+                                                   or_inf(w.finish_time)))),
         roots=roots, echoes=tuple(w for w in raised if is_echo(w.error)),
         comparable=comparable, signatures=signatures,
         signature_counts=collections.Counter(signatures.values()))

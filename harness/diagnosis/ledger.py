@@ -79,8 +79,7 @@ def describe_pending(w: WorkerObservation) -> str:
     if call is None:
         return ""
     ops = _ops(w)[call.function]
-    name = _names(w).get(call.function, "?")
-    where = f"in call {call.number} of `{name}`"
+    where = f"in {describe_call(w, call, with_ops=False)}"
     if w.ledger == "collectives" and call.launched:
         index = [i for i in call.launched if i not in call.done]
         if index:
@@ -88,6 +87,12 @@ def describe_pending(w: WorkerObservation) -> str:
             return f"{where}, in its collective #{i + 1} of {len(ops)} ({ops[i]}), launched, " \
                    f"not completed"
     return f"{where} ({describe_ops(ops)})"
+
+
+def describe_call(w: WorkerObservation, call: Call, with_ops: bool = True) -> str:
+    """``call 10 of `step` (all-reduce float32[1])``."""
+    text = f"call {call.number} of `{_names(w).get(call.function, '?')}`"
+    return text + (f" ({describe_ops(_ops(w)[call.function])})" if with_ops else "")
 
 
 def never_launched(ws: Sequence[WorkerObservation], w: WorkerObservation) -> List[int]:
@@ -130,6 +135,28 @@ def where_sequences_part(ws: Sequence[WorkerObservation]) -> Optional[str]:
                 f"worker {i}: {v[0]} in `{v[1]}`" + (f" (step {v[2]})" if v[2] is not None else "")
                 for i, v in sorted(here.items()))
             return f"the workers' collectives part at #{n + 1}: {parts}"
+    return None
+
+
+def odd_collective(ws: Sequence[WorkerObservation]) -> Optional[Tuple[List[int], int, str]]:
+    """From three workers up: at the first collective number whose kind,
+    shape or dtype differs between the workers' ledgers, the workers in the
+    minority against a strict majority, that number (from 1), and the
+    majority's collective, said.  None when there is no such point or no
+    such majority (two workers are symmetric)."""
+    seqs = {w.index: sequence(w) for w in ws if w.ledger is not None and has_ledger(w)}
+    if len(seqs) < 3 or len(seqs) < len(ws):
+        return None
+    for n in range(min(len(s) for s in seqs.values())):
+        here = {i: (s[n][0].kind, s[n][0].shape, s[n][0].dtype) for i, s in seqs.items()}
+        if len(set(here.values())) == 1:
+            continue
+        (top, hits), *rest = collections.Counter(here.values()).most_common()
+        if 2 * hits <= len(here):
+            return None
+        odd = sorted(i for i, v in here.items() if v != top)
+        majority = next(s[n][0] for i, s in seqs.items() if here[i] == top)
+        return odd, n + 1, str(majority)
     return None
 
 

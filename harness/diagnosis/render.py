@@ -55,8 +55,9 @@ def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
             continue
         missing = ledger.never_launched(ws, w)
         if missing:
-            lines.append(f"ledger: {names(missing)} never launched the call {names([w.index])} "
-                         f"waits in ({ledger.describe_pending(w).removeprefix('in ')})")
+            call = ledger.describe_call(w, ledger.pending_call(w))
+            lines.append(f"ledger: {names(missing)} never launched {call}, which "
+                         f"{names([w.index])} waits in")
     parted = ledger.where_sequences_part(ws)
     if parted:
         lines.append(f"ledger: {parted}")

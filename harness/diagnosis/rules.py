@@ -5,10 +5,13 @@ applies to the run's situation and answers wins, as with pytest's
 
 The order of the table is the order of trust:
 
-* a death is a cause whatever else happened (``crash``);
+* a death is a cause whatever else happened (``crash``), unless a worker
+  found stopped had stopped before anyone died (``stopped_before_deaths``);
 * a ``TF_CONFIG`` that disagrees explains a failure or a hang (``config``);
 * in a failure, a collective whose shapes differ names the odd shape
-  (``shape_mismatch``), the sync check names who is out of step
+  (``shape_mismatch`` from the errors, ``collective_shapes`` from the
+  ledgers, which every worker has, from 3 workers up), the sync check
+  names who is out of step
   (``sync_check``), else the root error does (``root_error``);
 * in a hang, or a failure where every error is an echo, the evidence goes
   from direct to circumstantial: a stopped process; the collective ledgers
@@ -17,8 +20,8 @@ The order of the table is the order of trust:
   more (``majority``); the one behind, when it waits outside TensorFlow; a
   split with no majority (``split``, ambiguous); the task the heartbeat
   errors name; a worker stuck mid-loop outside TensorFlow while the others
-  wait in it; who raised first; and last, nobody stands out
-  (``no_evidence``, ambiguous).
+  wait in it; and last, nobody stands out (``no_evidence``, ambiguous; who
+  raised first is not evidence).
 
 A confident wrong culprit is the worst answer: where the evidence is
 symmetric (two workers, one finished and one blocked, say: a collective
@@ -48,7 +51,8 @@ from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 from .. import protocol
 from ..errors import StepDesyncError, odd_ones_out
 from ..record import WorkerObservation
-from .echoes import exit_text, is_echo, names_unhealthy, short_type, tasks_named
+from .echoes import (exit_text, is_echo, is_end_of_input, names_unhealthy, short_type,
+                     tasks_named)
 from . import ledger
 from .facts import (CRASHED, FAILED, FAILED_ECHOES, HANG_, PHASE_RANK, SITUATIONS,
                     Facts, or_inf, phase, reference_steps, where_stopped)
@@ -78,6 +82,24 @@ def nothing_to_blame(f: Facts) -> Optional[Blame]:
     if f.outcome == "completed" or not f.workers:
         return Blame((), "")
     return None
+
+
+def stopped_before_deaths(f: Facts) -> Optional[Blame]:
+    """A worker found stopped (SIGSTOP) whose progress ended before any
+    worker died: the deaths are its consequences (a survivor can die of
+    SIGSEGV aborting the collective that timed out waiting for it).  The
+    run is still ``crashed``; the culprit is the stopped worker."""
+    died = [w for w in f.workers if w.died and w.exit_time is not None]
+    found = [w for w in f.workers if w.stopped and not w.died]
+    if not died or not found:
+        return None
+    first_death = min(w.exit_time for w in died)
+    culprits = [w for w in found if w.last_seen < first_death]
+    if not culprits:
+        return None
+    return Blame([w.index for w in culprits],
+                 f"stopped (SIGSTOP) {where_stopped(culprits[0])} before any worker died; "
+                 f"{names([w.index for w in died])} died after it", culprits[0].last_step)
 
 
 def crash(f: Facts) -> Optional[Blame]:
@@ -173,6 +195,20 @@ def shape_mismatch(f: Facts) -> Optional[Blame]:
                           f"(Shape mismatch; majority shape {top})")
 
 
+def collective_shapes(f: Facts) -> Optional[Blame]:
+    """From the ledgers, N >= 3: the worker whose n-th collective has another
+    kind or shape than the majority's (a different batch size, a collective
+    the others did not make), whatever the errors happened to report."""
+    found = ledger.odd_collective(f.workers)
+    if found is None:
+        return None
+    odd, number, majority = found
+    w = f.worker(odd[0])
+    mine = ledger.sequence(w)[number - 1]
+    return Blame(odd, f"its collective #{number} is {mine[0]} in `{mine[1]}`, where the others' "
+                 f"is {majority}", mine[2] if mine[2] is not None else w.last_step)
+
+
 def sync_check(f: Facts) -> Optional[Blame]:
     """The opt-in sync check saw workers at different steps.  Every worker
     raises the same StepDesyncError, computed from the same all-reduced
@@ -200,12 +236,16 @@ def sync_check(f: Facts) -> Optional[Blame]:
 
 def root_error(f: Facts) -> Optional[Blame]:
     """The worker(s) whose error is a cause, earliest first, plus every worker
-    that raised the same type (a bug in common code hits everyone)."""
+    that raised the same type (a bug in common code hits everyone).  Input
+    that ran out (``StopIteration``, ``OutOfRangeError``) is a cause only
+    when no other error explains it: a peer's error about how the data was
+    split says why one worker got nothing."""
     if not f.roots:
         return None
-    first = f.roots[0]
+    roots = [w for w in f.roots if not is_end_of_input(w.error)] or list(f.roots)
+    first = roots[0]
     kind = short_type(first.error.type_name)
-    same = [w.index for w in f.roots if short_type(w.error.type_name) == kind]
+    same = [w.index for w in roots if short_type(w.error.type_name) == kind]
     head = f"{names(same)} raised {first.error} (root error"
     if f.echoes:
         kinds = "/".join(sorted({short_type(w.error.type_name) for w in f.echoes}))
@@ -252,21 +292,27 @@ def collective_counts(f: Facts) -> Optional[Blame]:
             return None
         s = differ[0]
         at = {i: v[s] for i, v in by_step.items()}
-        told = "; ".join(f"{names([i])} launched {_counted(n)} in step {s}"
-                         for i, n in sorted(at.items()))
+
+        def others(odd):   # what the rest launched at that step, grouped by count
+            rest = collections.defaultdict(list)
+            for i, n in at.items():
+                if i not in odd:
+                    rest[n].append(i)
+            return "; ".join(f"{names(idx)} launched {n}" for n, idx in sorted(rest.items()))
         top, hits = collections.Counter(at.values()).most_common(1)[0]
         if len(comp) >= 3 and 2 * hits > len(comp):
             odd = sorted(i for i, n in at.items() if n != top)
-            return Blame(odd, f"launched {_counted(at[odd[0]])} in step {s}, where the others "
-                         f"launched {top} ({told})", s)
+            return Blame(odd, f"launched {_counted(at[odd[0]])} in step {s}, where "
+                         f"{others(odd)}", s)
         usual = {i: ledger.usual(by_step[i], s) for i in at}
         deviants = [i for i, n in at.items() if usual[i] is not None and n != usual[i]]
         if len(deviants) == 1:
             i = deviants[0]
-            return Blame([i], f"launched {_counted(at[i])} in step {s}; every other step it "
-                         f"launched {usual[i]} ({told})", s)
+            return Blame([i], f"launched {_counted(at[i])} in step {s}, and {usual[i]} in each of "
+                         f"its other steps; in step {s} {others([i])}", s)
+        told = "; ".join(f"{names([i])} launched {n}" for i, n in sorted(at.items()))
         return Blame(sorted(at), f"the workers launched different numbers of collectives in "
-                     f"step {s}, and it cannot tell which count is wrong ({told})", s,
+                     f"step {s} ({told}), and it cannot tell which count is wrong", s,
                      ambiguous=True)
     totals = {w.index: ledger.total_launched(w) for w in comp}
     if len(set(totals.values())) == 1:
@@ -389,19 +435,12 @@ def outside_tensorflow(f: Facts) -> Optional[Blame]:
                  "others wait in a TensorFlow call", w.last_step)
 
 
-def raised_first(f: Facts) -> Optional[Blame]:
-    """Every error is an echo: the first to raise, for want of better."""
-    raised = sorted((w for w in f.workers if w.error is not None),
-                    key=lambda w: or_inf(w.finish_time))
-    if not raised:
-        return None
-    return Blame([raised[0].index], f"raised first ({raised[0].error})", raised[0].last_step)
-
-
 def no_evidence(f: Facts) -> Optional[Blame]:
-    """Nothing stands out: every unfinished worker is named, ambiguous."""
-    live = [w for w in f.workers if not w.finished]
-    pool = live or sorted(f.workers, key=lambda w: -or_inf(w.finish_time))[:1]
+    """Nothing stands out: every worker that did not return is a candidate,
+    ambiguous.  (Who raised first is no evidence: when every error is an
+    echo, every worker reports the same failure, and their order is a
+    matter of milliseconds.)"""
+    pool = [w for w in f.workers if not (w.returned and w.error is None)] or list(f.workers)
     return Blame([w.index for w in pool], "no worker stands out: all stopped at the same point "
                  f"({where_stopped(pool[0])})", pool[0].last_step, ambiguous=True)
 
@@ -422,9 +461,11 @@ _STUCK = frozenset({HANG_, FAILED_ECHOES})
 
 RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),
+    Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
     Rule("crash", frozenset({CRASHED}), crash),
     Rule("config", _TROUBLE, config),
     Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),
+    Rule("collective_shapes", _FAILED_ANY | _STUCK, collective_shapes),
     Rule("sync_check", frozenset({FAILED}), sync_check),
     Rule("root_error", frozenset({FAILED}), root_error),
     Rule("stopped", _STUCK, stopped),
@@ -434,7 +475,6 @@ RULES: Tuple[Rule, ...] = (
     Rule("split", _STUCK, split),
     Rule("heartbeat", _STUCK, heartbeat),
     Rule("outside_tensorflow", _STUCK, outside_tensorflow),
-    Rule("raised_first", _STUCK, raised_first),
     Rule("no_evidence", _STUCK, no_evidence),
 )
 

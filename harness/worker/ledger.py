@@ -206,15 +206,20 @@ class Ledger:
             return tf.identity(out)
 
 
-def install(ledger: Ledger) -> Optional[str]:
+def install(ledger: Ledger, function_module=None, collective_ops=None) -> Optional[str]:
     """Patch TensorFlow in this process to feed ``ledger``; None when done,
-    else why it could not be (the ledger is then off)."""
+    else why it could not be (the ledger is then off).  The modules to patch
+    default to TensorFlow's own (``polymorphic_function`` and
+    ``collective_ops``)."""
     try:
-        from tensorflow.python.eager.polymorphic_function import polymorphic_function
-        from tensorflow.python.ops import collective_ops
+        if function_module is None:
+            from tensorflow.python.eager.polymorphic_function import \
+                polymorphic_function as function_module
+        if collective_ops is None:
+            from tensorflow.python.ops import collective_ops
     except ImportError as e:
         return f"this TensorFlow has no {e.name}"
-    function_class = getattr(polymorphic_function, "Function", None)
+    function_class = getattr(function_module, "Function", None)
     missing = [name for name, _, _ in _HOOKED if not callable(getattr(collective_ops, name, None))]
     if function_class is None or not callable(getattr(function_class, "__call__", None)):
         missing.append("polymorphic_function.Function.__call__")
