@@ -20,9 +20,14 @@ AT = 4
 TIMEOUT = 3.0
 
 
-def loop(twin=None, worker=None):
+def loop(twin=None, worker=None, linger=False, report_steps=True):
     """A variable in scope and one all-reduce of it per step; with ``twin``,
-    worker ``worker`` does at step ``AT`` what the fault of that name does."""
+    worker ``worker`` does at step ``AT`` what the fault of that name does.
+    ``linger``: the workers stay in Python after their loop (a checkpoint
+    being written, say) instead of returning; ``report_steps=False``: a
+    plain ``range``, no step boundaries reported."""
+    import time
+
     import tensorflow as tf
     import harness
     ctx = harness.context()
@@ -40,7 +45,7 @@ def loop(twin=None, worker=None):
                                strategy.run(lambda: tf.constant(1.0)), axis=None)
 
     total = 0.0
-    for k in ctx.steps(STEPS):
+    for k in (ctx.steps(STEPS) if report_steps else range(STEPS)):
         if ctx.index == worker and k == AT:
             if twin == "SkipStep":
                 continue                  # a bad local batch, skipped
@@ -51,6 +56,8 @@ def loop(twin=None, worker=None):
             if twin == "Crash":
                 os._exit(1)
         total += float(step())
+    if linger:
+        time.sleep(60)
     return total
 
 
@@ -121,3 +128,27 @@ def test_bad_tf_config_and_a_config_set_by_hand_give_the_same_verdict(mwms_clust
     # outcome may differ, the blame may not.
     if kind != "duplicate_index":
         assert injected.outcome == twin.outcome, f"{injected.diagnosis}\n\n{twin.diagnosis}"
+
+
+@pytest.mark.parametrize("worker", [0, 1])
+@pytest.mark.parametrize("kind", ["SkipStep", "ExtraCollective"])
+def test_a_culprit_that_lingers_after_its_loop_is_still_named(mwms_cluster, kind, worker):
+    """Two workers, both staying in Python after their loop: the one that
+    waits in TensorFlow is not to blame for being "behind"."""
+    mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=2)
+    twin = mwms_cluster.run(loop, kwargs={"twin": kind, "worker": worker, "linger": True},
+                            timeout=TIMEOUT, grace=2)
+    twin.assert_hang().assert_culprit(worker)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_without_steps_exact_from_three_and_never_wrong_at_two(mwms_cluster, n):
+    mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=n)
+    skipper = n - 1
+    result = mwms_cluster.run(loop, kwargs={"twin": "SkipStep", "worker": skipper,
+                                            "report_steps": False}, timeout=TIMEOUT, grace=2)
+    result.assert_hang()
+    if n == 2:
+        result.assert_cannot_tell([0, 1])
+    else:
+        result.assert_culprit(skipper)
