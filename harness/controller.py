@@ -273,7 +273,8 @@ class Cluster:
     def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
             timeout: Optional[float] = None, faults: Sequence = (),
             grace: Optional[float] = None, sync_check: bool = False,
-            env: Optional[dict] = None, ledger=True) -> RunResult:
+            env: Optional[dict] = None, ledger=True,
+            step_fn: Optional[str] = None) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         ``timeout`` overrides the hang timeout (seconds without progress);
@@ -291,12 +292,22 @@ class Cluster:
         collectives it launches), ``"collectives"`` (also which collective
         is pending, at a fraction of a millisecond per collective), or
         ``False`` (none; step boundaries are still recorded).
+
+        Steps: where ``fn`` reports none of its own (``context().steps()``,
+        the Keras callback), each call of a ``tf.function`` that launches
+        collectives is a step, so progress and step-keyed faults work on
+        unmodified code; evaluation functions count too, unless ``step_fn``
+        names the one function whose calls are steps (``"train_step"``; a
+        Keras ``fit`` runs ``"train_function"`` or ``"one_step_on_iterator"``).
+        This needs the ledger.
         """
         settings = self.settings.with_overrides(
             timeout=None if timeout is None else parse_seconds(timeout, "run(timeout=...)"),
             grace=None if grace is None else parse_seconds(grace, "run(grace=...)", allow_zero=True))
         n = settings.workers
         level = parse_ledger(ledger)
+        if step_fn is not None and (not isinstance(step_fn, str) or not step_fn):
+            raise ValueError(f"run(step_fn=...): the name of a tf.function, got {step_fn!r}")
         plan = faults_module.validate(faults, n)
         payload = serialize_call(fn, args, kwargs)
         envs = worker_environments(n, settings.devices)
@@ -316,39 +327,65 @@ class Cluster:
             envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
             try:
                 result = self._run(payload, settings, configs, envs, plan, tmpdir,
-                                   bool(sync_check), level)
+                                   bool(sync_check), level, step_fn)
             finally:
                 shutil.rmtree(tmpdir, ignore_errors=True)
         self.runs.append(result)
         return result
 
+    def run_script(self, path=None, argv: Sequence[str] = (), *, module: Optional[str] = None,
+                   env: Optional[dict] = None, faults: Sequence = (),
+                   timeout: Optional[float] = None, grace: Optional[float] = None,
+                   ledger=True) -> RunResult:
+        """Run a script on every worker as ``python path argv...`` would, or
+        ``python -m module argv...`` with ``module=``; see :mod:`harness.scripts`.
+
+        It completes when the script returns or exits with status 0, fails on
+        an uncaught exception, and crashes on ``sys.exit(n)``, n != 0.  The
+        path, module, ``argv`` (a sequence of str) and ``env`` are checked
+        before any process starts; the other arguments are :meth:`run`'s.
+        """
+        from .scripts import script_main
+        main = script_main(path, argv, module=module, env=env,
+                           start_method=getattr(self.launcher, "start_method", None))
+        return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
+                        ledger=ledger)
+
     def _run(self, payload, settings, configs, envs, plan, tmpdir, sync_check,
-             level) -> RunResult:
+             level, step_fn) -> RunResult:
         n = settings.workers
         specs = [protocol.WorkerSpec(
             index=i, num_workers=n, payload=payload, tf_config=configs[i], env=envs[i],
             log_path=os.path.join(tmpdir, f"worker-{i}.log"),
             stack_path=os.path.join(tmpdir, f"worker-{i}.stack"),
             faults=faults_module.for_worker(plan, i), sync_check=sync_check,
-            progress_path=os.path.join(tmpdir, f"worker-{i}.progress"), ledger=level)
+            progress_path=os.path.join(tmpdir, f"worker-{i}.progress"), ledger=level,
+            step_function=step_fn)
             for i in range(n)]
         readers = []
         for spec in specs:
             progress.create(spec.progress_path)
             readers.append(progress.Reader(spec.progress_path))
-        start = time.monotonic()
+        launched = start = time.monotonic()
         handles: List[WorkerHandle] = []
         tracked: List[_TrackedWorker] = []
         ended_by = HANG
         try:
             handles = self.launcher.start(specs)
+            # The clock of the run starts once the workers exist: a forkserver
+            # still importing TensorFlow (the first run of a session) is no
+            # hang of theirs.
+            start = time.monotonic()
             tracked = [_TrackedWorker(h, WorkerObservation(index=h.index,
                                                            tf_config=configs[h.index],
                                                            ledger=level),
                                       LedgerView(start), readers[h.index])
                        for h in handles]
             ended_by = WatchLoop(tracked, settings, start).loop()
+            # The run's clock (events, hang detection) and the user's (the
+            # whole call, a cold forkserver's wait included).
             duration = time.monotonic() - start
+            total = time.monotonic() - launched
             for tw in tracked:
                 tw.stop_reading()
             if ended_by != ALL_FINISHED:
@@ -362,14 +399,24 @@ class Cluster:
         for reader in readers:
             reader.close()
         verdict = diagnose(obs)
+        never, ended_first = faults_module.not_acted(plan, obs.workers)
+        outcome, text = verdict.outcome, verdict.text
+        if never:
+            # A run that was asked for a fault and did not get it is not a
+            # pass: the test would believe its job survives what never happened.
+            if outcome in ("completed", "hang"):
+                outcome = "failed"
+            text = "\n".join([f"FAILED: {f!r} never acted: {why}" for f, why in never]
+                              + [text])
+        text += "".join(f"\nnot acted: {f!r}: {why}" for f, why in ended_first)
         workers = tuple(
             WorkerResult(index=w.index, return_value=_load_return(tw), exception=w.error,
                          exit_code=w.exit_code, log=read_capped(specs[w.index].log_path),
                          last_step=w.last_step, stack=w.stack, observation=w)
             for w, tw in zip(obs.workers, tracked))
-        return RunResult(outcome=verdict.outcome, workers=workers, culprits=tuple(verdict.culprits),
-                         diagnosis=verdict.text, duration=duration, observation=obs,
-                         verdict=verdict)
+        return RunResult(outcome=outcome, workers=workers, culprits=tuple(verdict.culprits),
+                         diagnosis=text, duration=total, observation=obs, verdict=verdict,
+                         faults_never_acted=tuple((repr(f), why) for f, why in never))
 
 
 LEDGER_LEVELS = ("calls", "collectives")
@@ -401,6 +448,10 @@ def _dump_stacks(tracked: List[_TrackedWorker], specs) -> None:
             continue
         if tw.handle.is_stopped():
             tw.note(stopped=True)
+            continue
+        if not any(e.kind == protocol.STARTED for e in tw.events):
+            # Its faulthandler may not be armed yet, and the signal's default
+            # action would kill it, to be read as a crash.
             continue
         if tw.handle.send_signal(protocol.DUMP_SIGNAL):
             asked.append(specs[tw.index].stack_path)

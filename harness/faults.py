@@ -182,6 +182,39 @@ def at_step(plan: Iterable[Fault], step: int) -> Tuple[StepFault, ...]:
     return tuple(f for f in plan if isinstance(f, StepFault) and f.step == step)
 
 
+AUTOMATIC_STEPS_HINT = ("use ctx.steps(), the Keras callback (ctx.keras_callback()), or "
+                        "automatic steps (each call of a tf.function that launches collectives)")
+
+
+def not_acted(plan: Sequence[Fault], workers) -> Tuple[List[Tuple[Fault, str]],
+                                                      List[Tuple[Fault, str]]]:
+    """The faults of ``plan`` that never acted in the run whose worker
+    observations are ``workers``: ``(never, ended_first)``, each a list of
+    (fault, why).  A fault acted when its worker reported it (its printed
+    form is what the record keeps).  One whose worker finished on its own
+    (returned, or exited 0) without reaching it *never* acted: the run asked
+    for a fault and did not get it, which is a failure of the run.  One
+    whose worker ended otherwise (raised, died, was stopped or killed when
+    the run was decided) did not act because the run ended first: listed,
+    not a failure."""
+    never, ended_first = [], []
+    for f in plan:
+        if not isinstance(f, StepFault):
+            continue   # a TF_CONFIG fault acts before the worker starts
+        w = workers[f.worker]
+        if any(e.kind == "fault" and e.data == repr(f) for e in w.events):
+            continue
+        if (w.returned and w.error is None) or (w.exit_code == 0 and not w.killed_by_harness
+                                                and w.error is None):
+            why = (f"worker {f.worker} never reached step {f.step}: "
+                   + (f"it reported no steps; {AUTOMATIC_STEPS_HINT}" if not w.steps
+                      else f"its last step was {w.steps[-1]}"))
+            never.append((f, why))
+        else:
+            ended_first.append((f, "did not act (the run ended first)"))
+    return never, ended_first
+
+
 def configs_under(plan: Sequence[Fault], configs: List[Optional[dict]],
                   spare_port: int) -> List[Optional[dict]]:
     """The workers' ``TF_CONFIG`` dicts once every fault of ``plan`` has edited them."""

@@ -56,8 +56,10 @@ class LedgerView:
                     "step": None if r.b == progress.NO_STEP else r.b}
             elif r.kind == progress.CALL_ENDED:
                 call = self.calls.get((r.function, r.a))
-                if call is not None:
-                    call.update(ended=t, raised=bool(r.b))
+                if r.b == progress.CALL_NOT_RUN:   # skipped before it reached the cluster
+                    self.calls.pop((r.function, r.a), None)
+                elif call is not None:
+                    call.update(ended=t, raised=r.b == progress.CALL_RAISED)
             elif r.kind in (progress.COLLECTIVE_LAUNCHED, progress.COLLECTIVE_DONE):
                 call = self.calls.get((r.function, r.a))
                 if call is not None:

@@ -58,12 +58,13 @@ DEFAULT_CAPACITY = 1 << 16   # 2 MiB of records per worker
 # FunctionInfo), or -1.  ``a`` and ``b`` depend on the kind:
 STEP = 1             # a: the step number
 CALL_BEGAN = 2       # a: call number of that function (from 1); b: the step, or -1
-CALL_ENDED = 3       # a: call number; b: 1 when it raised
+CALL_ENDED = 3       # a: call number; b: CALL_RETURNED, CALL_RAISED or CALL_NOT_RUN
 COLLECTIVE_LAUNCHED = 4   # a: call number; b: the collective's index in the function
 COLLECTIVE_DONE = 5       # a: call number; b: index
 KIND_NAMES = {STEP: "step", CALL_BEGAN: "call_began", CALL_ENDED: "call_ended",
               COLLECTIVE_LAUNCHED: "collective_launched", COLLECTIVE_DONE: "collective_done"}
 NO_STEP = -1
+CALL_RETURNED, CALL_RAISED, CALL_NOT_RUN = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,3 +103,4 @@ class WorkerSpec:
     sync_check: bool = False
     progress_path: str = ""
     ledger: Optional[str] = "calls"
+    step_function: Optional[str] = None

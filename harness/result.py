@@ -54,7 +54,9 @@ class RunResult:
     (precedence in that reverse order: a crash outranks an error, an error
     outranks a hang); ``culprits`` the worker indexes the diagnosis blames;
     ``diagnosis`` the text to read first; ``duration`` seconds from launch to
-    verdict.
+    verdict.  ``faults_never_acted`` lists (fault, why) for each fault asked
+    for whose worker finished without reaching it: such a run is
+    ``failed``, whatever its workers did, and its diagnosis says so first.
     """
 
     outcome: str
@@ -64,6 +66,7 @@ class RunResult:
     duration: float
     observation: RunObservation = dataclasses.field(repr=False)
     verdict: Any = dataclasses.field(repr=False, default=None)
+    faults_never_acted: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def return_values(self) -> list:

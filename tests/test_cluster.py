@@ -206,3 +206,33 @@ def test_unbounded_steps(mwms_cluster):
     assert result.return_values == [[0, 1, 2, 3]] * mwms_cluster.num_workers
     assert [w.last_step for w in result.workers] == [3] * mwms_cluster.num_workers
     assert result.ambiguous is False
+
+
+@pytest.mark.timeout(120)
+def test_a_fault_that_never_acts_fails_the_run_and_says_why(mwms_cluster):
+    from harness.faults import Crash, Delay
+    from harness.workloads import allreduce_loop
+    result = mwms_cluster.run(allreduce_loop, args=(3,), timeout=30,
+                              faults=[Crash(1, 5), Delay(0, 1, 0.1)])
+    assert result.outcome == "failed"
+    first = result.diagnosis.splitlines()[0]
+    assert first == ("FAILED: Crash(worker=1, step=5, how='exit') never acted: worker 1 never "
+                     "reached step 5: its last step was 2")
+    assert [f for f, _ in result.faults_never_acted] == ["Crash(worker=1, step=5, how='exit')"]
+    with pytest.raises(AssertionError, match="never acted"):
+        result.assert_completed()
+    # A function with no steps at all is told how to get them.
+    nothing = mwms_cluster.run(lambda: 1, faults=[Crash(0, 0)], timeout=30)
+    assert nothing.outcome == "failed" and "it reported no steps; use ctx.steps()" in \
+        nothing.diagnosis
+
+
+@pytest.mark.timeout(120)
+def test_a_fault_left_behind_by_an_earlier_crash_is_listed_not_failed(mwms_cluster):
+    from harness.faults import Crash, Delay
+    from harness.workloads import allreduce_loop
+    result = mwms_cluster.run(allreduce_loop, args=(8,), timeout=30, grace=2,
+                              faults=[Crash(1, 2), Delay(0, 6, 0.1)])
+    assert result.outcome == "crashed" and result.faults_never_acted == ()
+    assert "not acted: Delay(worker=0, step=6, seconds=0.1): did not act (the run ended first)" \
+        in result.diagnosis

@@ -51,15 +51,21 @@ class WorkerContext:
     ``keras_batches`` counts the batches the Keras callback has seen (its
     step numbers run across epochs), ``current_step`` is the step whose
     boundary was reported last (the ledger files calls under it),
-    ``record`` writes the progress map (:mod:`harness.progress`), and
-    ``traced`` keeps the
+    ``record`` writes the progress map (:mod:`harness.progress`);
+    ``explicit_steps`` turns True when ``fn`` reports steps itself (else
+    ``automatic_steps`` counts the calls of collective-launching functions
+    as steps, see :meth:`automatic_step`; ``step_function`` names the one
+    function whose calls count, when given), ``in_boundary`` is True while
+    a boundary's faults and sync check run, ``acted`` holds the faults that
+    have acted, and ``traced`` keeps the
     ``tf.function``\\ s the harness traces once per worker (the sync check,
     an extra collective), by purpose.
     """
 
     def __init__(self, index: int, num_workers: int, tf_config: Optional[dict],
                  send: Callable[..., None], faults: Tuple[Fault, ...] = (),
-                 sync_check: bool = False, record: Optional[progress.Writer] = None):
+                 sync_check: bool = False, record: Optional[progress.Writer] = None,
+                 step_function: Optional[str] = None):
         self.index = index
         self.num_workers = num_workers
         self.tf_config = tf_config
@@ -70,6 +76,11 @@ class WorkerContext:
         self.keras_batches = 0
         self.traced: Dict[str, Callable] = {}
         self.current_step: Optional[int] = None
+        self.explicit_steps = False
+        self.automatic_steps = 0
+        self.step_function = step_function
+        self.in_boundary = False
+        self.acted: set = set()
         self.send = send
         self.record = record
 
@@ -93,6 +104,7 @@ class WorkerContext:
         """
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
             raise ValueError(f"steps(n): n must be an integer 0 or more or None, got {n!r}")
+        self.explicit_steps = True
         ran = 0
         for k in (range(n) if n is not None else itertools.count()):
             ran += 1
@@ -100,23 +112,61 @@ class WorkerContext:
                 yield k
         self.send(protocol.STEPS_DONE, step=ran, data=n)
 
+    def _due(self, step: int):
+        """The faults at ``step`` that have not acted yet (each acts once, so
+        a second loop that numbers its steps from 0 again does not repeat them)."""
+        return [f for f in at_step(self.faults, step) if f not in self.acted]
+
+    def _act(self, f, step: int) -> None:
+        self.acted.add(f)
+        self.send(protocol.FAULT, step=step, data=f)
+        act_out(f, self)
+
     def step_boundary(self, step: int) -> bool:
         """Report step ``step`` and act out its faults; False when the step's
         body is not to run.  ``steps()`` and the Keras callback call it."""
-        self.current_step = step
-        if self.record is not None:
-            self.record.write(progress.STEP, a=step)
-        else:
-            self.send(protocol.STEP, step=step)
-        if self.sync_check and self.strategy is not None:
-            from .sync import check_step_sync
-            check_step_sync(self, step)
-        run_body = True
-        for f in at_step(self.faults, step):
-            self.send(protocol.FAULT, step=step, data=f)
-            act_out(f, self)
-            run_body = run_body and not replaces_step(f)
-        return run_body
+        self.in_boundary = True
+        try:
+            self.current_step = step
+            if self.record is not None:
+                self.record.write(progress.STEP, a=step)
+            else:
+                self.send(protocol.STEP, step=step)
+            if self.sync_check and self.strategy is not None:
+                from .sync import check_step_sync
+                check_step_sync(self, step)
+            run_body = True
+            for f in self._due(step):
+                self._act(f, step)
+                run_body = run_body and not replaces_step(f)
+            return run_body
+        finally:
+            self.in_boundary = False
+
+    def automatic_step(self, function_name: str) -> Optional[bool]:
+        """Called by the ledger as a ``tf.function`` that launches collectives
+        is about to run: where ``fn`` reports no steps of its own, that call
+        is the next step.  None when it is not a step (explicit steps are
+        in use, another function was named as the step, or the harness is
+        acting a fault or checking sync); else whether the call is to run.
+
+        A ``SkipStep`` makes the call not happen and not count, as a
+        ``continue`` before the call would: no boundary is reported for it,
+        and the next call is the same step number.
+        """
+        if self.explicit_steps or self.in_boundary:
+            return None
+        if self.step_function is not None and function_name != self.step_function:
+            return None
+        step = self.automatic_steps
+        skips = [f for f in self._due(step) if replaces_step(f)]
+        if skips:
+            for f in skips:
+                self.acted.add(f)
+                self.send(protocol.FAULT, step=step, data=f)
+            return False
+        self.automatic_steps += 1
+        return self.step_boundary(step)
 
     def keras_callback(self):
         """A Keras callback that counts training batches as steps.

@@ -10,6 +10,7 @@ def make_keras_callback(ctx):
     if any(replaces_step(f) for f in ctx.faults):
         raise ValueError("SkipStep cannot act through keras_callback(): model.fit has no "
                          "way to skip a batch; use a custom loop with context().steps()")
+    ctx.explicit_steps = True
     import tensorflow as tf
     base = tf.keras.callbacks.Callback  # tf_keras when TF_USE_LEGACY_KERAS=1
 

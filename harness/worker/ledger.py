@@ -64,15 +64,44 @@ def _describe_args(how: str, args, kwargs) -> Tuple[Tuple, str]:
     return dims, getattr(dtype, "name", str(dtype))
 
 
+def _trace_first(function, args, kwargs) -> bool:
+    """Trace ``function`` for these arguments without running it (the call
+    that follows uses the trace), so that a SkipStep can act between the two.
+    False when it cannot be traced apart; the call then traces it itself."""
+    try:
+        function.get_concrete_function(*args, **kwargs)
+        return True
+    except Exception:
+        return False
+
+
+def _stand_in(function, args, kwargs):
+    """What a skipped call returns: zeros of the structure the function's
+    traced outputs have (so ``float(step())`` still works), or None."""
+    try:
+        import tensorflow as tf
+        outputs = function.get_concrete_function(*args, **kwargs).structured_outputs
+
+        def zero(t):
+            if not isinstance(t, tf.Tensor):
+                return t
+            dims = [d if d is not None else 0 for d in t.shape.as_list()] \
+                if t.shape.rank is not None else []
+            return tf.zeros(dims, t.dtype)
+        return tf.nest.map_structure(zero, outputs)
+    except Exception:
+        return None
+
+
 class Ledger:
     """The ledger of one worker: assigns function ids, knows the current
     step, writes call records and sends what it learns at trace time."""
 
-    def __init__(self, writer: progress.Writer, send, level: str, current_step):
+    def __init__(self, writer: progress.Writer, send, level: str, ctx):
         self.writer = writer
         self.send = send
         self.level = level
-        self.current_step = current_step      # () -> the step now, or None
+        self.ctx = ctx                        # the WorkerContext: its step, automatic steps
         self._ids: Dict[int, int] = {}        # id(Function) -> function id
         self._keep: List[object] = []         # the Functions, so their ids stay theirs
         self._collectives: Dict[int, int] = {}  # function id -> collectives in its latest trace
@@ -81,6 +110,7 @@ class Ledger:
         self._calls: Dict[int, int] = {}
         self._eager: Dict[Tuple, int] = {}
         self._stack: List[Tuple[int, bool]] = []   # (function id, called eagerly)
+        self._skip_first: Dict[int, bool] = {}     # its first call is skipped (a SkipStep)
         self._lock = threading.Lock()
 
     # -- function ids ----------------------------------------------------
@@ -102,8 +132,12 @@ class Ledger:
         return fid
 
     def _step(self) -> int:
-        step = self.current_step()
+        step = self.ctx.current_step
         return progress.NO_STEP if step is None else step
+
+    def _names(self, fid: int) -> str:
+        function = self._keep[fid]
+        return getattr(function, "__name__", None) or getattr(function, "_name", "")
 
     # -- calls -------------------------------------------------------------
     def call(self, function, original, args, kwargs):
@@ -117,24 +151,38 @@ class Ledger:
                 return original(function, *args, **kwargs)
             finally:
                 self._stack.pop()
+        known = self._collectives.get(fid)
+        if known:
+            # A call of a function that launches collectives: where fn
+            # reports no steps, it is the next step (faults act before it).
+            run = self.ctx.automatic_step(self._names(fid))
+            if run is False:
+                return _stand_in(function, args, kwargs)
         # Until its first trace is done, a function may launch collectives.
-        record = self._collectives.get(fid, 1) > 0
+        record = known is None or known > 0
         number = 0
         if record:
             with self._lock:
                 number = self._calls[fid] = self._calls.get(fid, 0) + 1
             self.writer.write(progress.CALL_BEGAN, fid, number, self._step())
         self._stack.append((fid, True))
-        raised = 1
+        ended = progress.CALL_RAISED
         try:
+            if known is None and _trace_first(function, args, kwargs) and \
+                    self._skip_first.pop(fid, False):
+                # Its first trace found a collective, and a SkipStep made the
+                # call not happen: as if fn had never made it.
+                ended = progress.CALL_NOT_RUN
+                return _stand_in(function, args, kwargs)
             result = original(function, *args, **kwargs)
-            raised = 0
+            ended = progress.CALL_RETURNED
             return result
         finally:
             self._stack.pop()
-            self._collectives.setdefault(fid, 0)
+            if ended != progress.CALL_NOT_RUN:
+                self._collectives.setdefault(fid, 0)
             if record:
-                self.writer.write(progress.CALL_ENDED, fid, number, raised)
+                self.writer.write(progress.CALL_ENDED, fid, number, ended)
 
     # -- collectives ---------------------------------------------------------
     def collective(self, kind: str, how: str, original, args, kwargs):
@@ -148,12 +196,23 @@ class Ledger:
             return original(*args, **kwargs)   # a graph built outside any tf.function call
         graph = ops.get_default_graph()
         with self._lock:
+            first = owner not in self._collectives
             if self._graphs.get(owner) is not graph:   # a new trace of this function
                 self._graphs[owner] = graph
                 self._traces[owner] = self._traces.get(owner, 0) + 1
                 self._collectives[owner] = 0
             index = self._collectives[owner]
             self._collectives[owner] = index + 1
+        if first:
+            # The first call of a function is traced before it runs: only
+            # now is it known to launch collectives, so only now is it
+            # known to be a step.
+            run = self.ctx.automatic_step(self._names(owner))
+            if run is False:
+                self._skip_first[owner] = True
+            elif run is not None:   # the call belongs to the step just reported
+                self.writer.write(progress.CALL_BEGAN, owner, self._calls.get(owner, 0),
+                                  self._step())
         self.send(protocol.LEDGER_COLLECTIVE,
                   data={"function": owner, "trace": self._traces[owner], "index": index,
                         "kind": kind, "shape": shape, "dtype": dtype})

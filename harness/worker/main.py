@@ -76,8 +76,7 @@ class Channel:
 def start_ledger(ctx, record: progress.Writer, level: str, send) -> None:
     """Hook TensorFlow to keep the collective ledger; never fail the run for it."""
     try:
-        why = ledger_module.install(ledger_module.Ledger(record, send, level,
-                                                         lambda: ctx.current_step))
+        why = ledger_module.install(ledger_module.Ledger(record, send, level, ctx))
     except Exception as e:   # a TensorFlow whose internals moved in a way not foreseen
         why = f"{type(e).__name__}: {e}"
     if why is not None:
@@ -105,7 +104,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     if spec.progress_path:
         record = progress.Writer(spec.progress_path, nudge=lambda: channel.send(protocol.DRAIN))
     ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
-                                       channel.send, spec.faults, spec.sync_check, record)
+                                       channel.send, spec.faults, spec.sync_check, record,
+                                       spec.step_function)
     context_module.activate(ctx)
     code = 1
     try:

@@ -1,0 +1,237 @@
+"""The command line, for people outside pytest: ``python -m harness run``.
+
+::
+
+    python -m harness run -n 3 --timeout 30 --fault "Crash(worker=1, step=5)" train.py -- --epochs 2
+    python -m harness run -m package.train -- --epochs 2
+
+starts one cluster, runs the script (or module) on every worker as
+``Cluster.run_script`` does, prints the diagnosis (and, unless the run
+completed, each failing worker's log tail), then one line saying where the
+run went.  It exits 0 only when the outcome is the one ``--expect`` names
+(``completed`` by default), 1 when it is another, and 2 for a usage error
+(a bad option value, a bad fault, a missing script), before any process
+starts.
+
+The options are the pytest plugin's, declared once in
+:data:`harness.settings.OPTIONS`, without the ``mwms-`` prefix (``--workers``
+or ``-n``, ``--timeout``, ``--grace``, ``--devices``, ``--start-method``,
+``--state-dir``), with the same defaults and the same checks.  ``--fault``
+takes a fault of :mod:`harness.faults` as its constructor call (the form a
+fault prints as), read by :func:`parse_fault`, which evaluates nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import os
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from . import faults as faults_module
+from .errors import HarnessError
+from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, gpu_assignment,
+                       parse_choice, parse_seconds, parse_workers, visible_gpus)
+
+OUTCOMES = ("completed", "failed", "crashed", "hang")
+PROG = "python -m harness"
+FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
+# Options of `run` that take a value: the scan that finds where the script
+# starts skips their values.
+_VALUE_FLAGS = {"-n", "--fault", "--expect", *(o.flag.replace("--mwms-", "--") for o in OPTIONS)}
+
+
+class UsageError(Exception):
+    """A command line that cannot be run; printed with the usage, exit status 2."""
+
+
+def parse_fault(text: str) -> faults_module.Fault:
+    """A fault from its constructor call, e.g. ``"Crash(worker=1, step=5)"``.
+
+    Only a call of one of the fault classes of :mod:`harness.faults`, by its
+    bare name, with literal arguments (numbers, strings, None, True/False)
+    is accepted: the text is parsed, never evaluated.
+    """
+    names = ", ".join(FAULT_CLASSES)
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise UsageError(f"--fault {text!r}: not a fault ({e.msg}); write one of {names} as "
+                         f"a call, e.g. \"Crash(worker=1, step=5)\"") from None
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id in FAULT_CLASSES):
+        raise UsageError(f"--fault {text!r}: only a call of one of {names} is allowed, "
+                         f"e.g. \"Crash(worker=1, step=5)\"")
+    cls = FAULT_CLASSES[call.func.id]
+    args, kwargs = [], {}
+    try:
+        for node in call.args:
+            if isinstance(node, ast.Starred):
+                raise ValueError("*args")
+            args.append(ast.literal_eval(node))
+        for kw in call.keywords:
+            if kw.arg is None:
+                raise ValueError("**kwargs")
+            kwargs[kw.arg] = ast.literal_eval(kw.value)
+    except ValueError:
+        raise UsageError(f"--fault {text!r}: arguments must be plain values (numbers, "
+                         f"strings, None, True, False)") from None
+    try:
+        return cls(*args, **kwargs)
+    except TypeError as e:
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise UsageError(f"--fault {text!r}: {e}; {cls.__name__} takes {fields}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} run", allow_abbrev=False,
+        usage=f"{PROG} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
+        description="Run a Python script (or module) on N TensorFlow worker processes that "
+                    "form one MultiWorkerMirroredStrategy cluster (TF_CONFIG is set for "
+                    "each), print the diagnosis, and exit 0 when the outcome is the one "
+                    "expected. Everything after the script or module (after an optional --) "
+                    "is the script's own arguments.")
+    for o in OPTIONS:
+        flags = ["-n", "--workers"] if o.name == "workers" else []
+        flags = flags or [o.flag.replace("--mwms-", "--")]
+        p.add_argument(*flags, dest=o.name.replace("-", "_"), metavar=o.metavar,
+                       default=None,
+                       help=f"{o.help} (default {o.default_text})".replace("%", "%%"))
+    p.add_argument("--fault", action="append", default=[], metavar="FAULT",
+                   help="a fault of harness.faults as its constructor call, e.g. "
+                        "\"Crash(worker=1, step=5)\"; may repeat. Step-keyed faults act at "
+                        "the steps the workers report (harness.context().steps(), ...)")
+    p.add_argument("--expect", default="completed", metavar="|".join(OUTCOMES),
+                   help="the outcome that makes the exit status 0 (default completed)")
+    p.add_argument("-m", "--module", metavar="MODULE",
+                   help="run this module as `python -m MODULE` does, instead of a script")
+    return p
+
+
+def split_command(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str],
+                                                List[str]]:
+    """``run``'s arguments as (harness options, script, module, script arguments).
+
+    The harness's options come first; the script path (the first word that
+    is not an option or an option's value), or ``-m MODULE``, ends them, as
+    on python's own command line.  A ``--`` right after the script or module
+    is dropped; a ``--`` before it ends the options, so the next word is
+    the script.
+    """
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            if i + 1 >= len(argv):
+                break
+            return argv[:i], argv[i + 1], None, _script_args(argv[i + 2:])
+        if word in ("-m", "--module"):
+            if i + 1 >= len(argv):
+                raise UsageError(f"{word} needs a module name")
+            return argv[:i], None, argv[i + 1], _script_args(argv[i + 2:])
+        if word.startswith("--module="):
+            return argv[:i], None, word.split("=", 1)[1], _script_args(argv[i + 1:])
+        if word.startswith("-") and word != "-":
+            i += 2 if word in _VALUE_FLAGS else 1
+            continue
+        return argv[:i], word, None, _script_args(argv[i + 1:])
+    return argv, None, None, []
+
+
+def _script_args(rest: List[str]) -> List[str]:
+    return rest[1:] if rest[:1] == ["--"] else rest
+
+
+def settings_from_args(ns: argparse.Namespace) -> RunSettings:
+    """The run's settings from the options, checked as the plugin checks them."""
+    def value(name):
+        v = getattr(ns, name.replace("-", "_"))
+        return OPTION[name].default if v is None else v
+
+    workers = parse_workers(value("workers"), "--workers")
+    timeout = parse_seconds(value("timeout"), "--timeout")
+    grace = parse_seconds(value("grace"), "--grace", allow_zero=True)
+    devices = parse_choice(value("devices"), "--devices", DEVICES)
+    method = value("start-method")
+    if method in (None, ""):
+        method = "forkserver" if devices == "cpu" else "spawn"
+    method = parse_choice(method, "--start-method", START_METHODS)
+    if devices == "gpu":
+        gpu_assignment(workers, visible_gpus())
+    state_dir = value("state-dir")
+    return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
+                       start_method=method,
+                       state_dir=os.path.abspath(state_dir) if state_dir else None)
+
+
+def _noop() -> None:
+    return None
+
+
+def run_command(argv: Sequence[str]) -> int:
+    parser = _parser()
+    try:
+        options, script, module, script_args = split_command(argv)
+        ns = parser.parse_args(options)   # --help exits 0 here; bad syntax exits 2
+        if script is None and ns.module is None and module is None:
+            raise UsageError("give a script to run, or -m MODULE")
+        module = module or ns.module
+        settings = settings_from_args(ns)
+        expect = parse_choice(ns.expect, "--expect", OUTCOMES)
+        plan = [parse_fault(f) for f in ns.fault]
+        try:
+            faults_module.validate(plan, settings.workers)
+        except faults_module.FaultError as e:
+            raise UsageError(f"--fault: {e}") from None
+        from .ports import check_state_dir
+        check_state_dir(settings.state_dir)
+        from .controller import Cluster
+        from .scripts import script_main
+        cluster = Cluster(settings)
+        main = script_main(script, script_args, module=module,
+                           start_method=cluster.launcher.start_method)
+    except (UsageError, HarnessError) as e:
+        parser.error(str(e))   # prints the usage, exits 2
+    what = f"-m {module}" if module else script
+    print(f"harness: running {what} on {settings.workers} workers (timeout {settings.timeout:g} s, "
+          f"{settings.start_method}, {settings.devices})", flush=True)
+    try:
+        if settings.start_method == "forkserver":
+            # The first run from a forkserver waits for it to import
+            # TensorFlow; done here, once, that wait does not count against
+            # the script's hang timeout.
+            Cluster(settings.with_overrides(workers=1)).run(_noop, timeout=300, ledger=False)
+        result = cluster.run(main, faults=plan)
+    except KeyboardInterrupt:
+        print("harness: interrupted; every worker was stopped", file=sys.stderr)
+        return 130
+    except (HarnessError, ValueError) as e:   # found only once the run starts
+        print(f"harness: error: {e}", file=sys.stderr)
+        return 2
+    print(result.diagnosis if result.outcome == "completed" else result.report())
+    ok = result.outcome == expect
+    print(f"harness: {what} on {settings.workers} workers: {result.outcome} in "
+          f"{result.duration:.1f} s; expected {expect}: {'ok' if ok else 'NOT OK'}", flush=True)
+    return 0 if ok else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = argparse.ArgumentParser(
+        prog=PROG, usage=f"{PROG} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
+        description="pytest-mwms outside pytest. `run` runs a script on an N-worker "
+                    "MultiWorkerMirroredStrategy cluster; `run --help` lists its options.")
+    if not argv or argv[0] in ("-h", "--help"):
+        top.print_help()
+        return 0 if argv else 2
+    if argv[0] != "run":
+        top.error(f"unknown command {argv[0]!r}; the command is `run`")
+    return run_command(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
