@@ -168,10 +168,6 @@ def settings_from_args(ns: argparse.Namespace) -> RunSettings:
                        state_dir=os.path.abspath(state_dir) if state_dir else None)
 
 
-def _noop() -> None:
-    return None
-
-
 def run_command(argv: Sequence[str]) -> int:
     parser = _parser()
     try:
@@ -200,11 +196,6 @@ def run_command(argv: Sequence[str]) -> int:
     print(f"harness: running {what} on {settings.workers} workers (timeout {settings.timeout:g} s, "
           f"{settings.start_method}, {settings.devices})", flush=True)
     try:
-        if settings.start_method == "forkserver":
-            # The first run from a forkserver waits for it to import
-            # TensorFlow; done here, once, that wait does not count against
-            # the script's hang timeout.
-            Cluster(settings.with_overrides(workers=1)).run(_noop, timeout=300, ledger=False)
         result = cluster.run(main, faults=plan)
     except KeyboardInterrupt:
         print("harness: interrupted; every worker was stopped", file=sys.stderr)

@@ -32,6 +32,7 @@ from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
 from .ports import reserve_ports
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
 from .result import RunResult, WorkerResult
+from .scripts import check_import_time_env
 from .settings import RunSettings, parse_seconds
 
 # How long a finished worker gets to exit by itself once released, and how
@@ -316,6 +317,8 @@ class Cluster:
             if bad or "TF_CONFIG" in env:
                 raise ValueError("run(env=...): give str names and str values, and no TF_CONFIG "
                                  "(the harness sets it; use faults=[BadTFConfig(...)] to break it)")
+            check_import_time_env(env, getattr(self.launcher, "start_method", None),
+                                  "run(env=...)")
         with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation:
             ports, spare = reservation.ports[:n], reservation.ports[n]
             configs = faults_module.configs_under(plan, tfconfig.cluster_configs(ports), spare)

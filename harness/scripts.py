@@ -43,11 +43,14 @@ from .errors import SettingError
 # from the forkserver starts with TensorFlow imported under the forkserver's
 # environment, so a different value given for the run cannot take effect.
 # Found by tracing getenv() and os.environ during `import tensorflow` in the
-# forkserver's preload (TensorFlow 2.21), then reading each one's use; the
-# first two were also measured in forked workers (log lines, oneDNN on),
-# where spawn honours them.  Variables TensorFlow reads later (at the first
-# op: TF_NUM_INTRAOP_THREADS, TF_XLA_FLAGS, ...; at the first `tf.keras`:
-# TF_USE_LEGACY_KERAS) take effect in forked workers and are not here.
+# forkserver's preload (TensorFlow 2.21), then reading each one's use;
+# TF_CPP_MIN_LOG_LEVEL and TF_ENABLE_ONEDNN_OPTS were also measured: ignored
+# in forked workers (the log lines stay, oneDNN stays on), honoured under
+# spawn.  Variables TensorFlow reads later (at the first op:
+# TF_NUM_INTRAOP_THREADS, TF_XLA_FLAGS, ...) take effect in forked workers.
+# TF_USE_LEGACY_KERAS is left out on purpose (run(env=...) documents it):
+# `tf.keras` reads it at first use, though `from tensorflow.keras import x`
+# follows the value TensorFlow was imported with (measured: Keras 3 there).
 IMPORT_TIME_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "TensorFlow's C++ logging fixes its level at import",
     "TF_CPP_MAX_VLOG_LEVEL": "TensorFlow's C++ logging fixes its level at import",

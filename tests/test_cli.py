@@ -1,0 +1,180 @@
+"""The command line: `python -m harness run [options] SCRIPT [--] ARGS`.
+
+Real runs go through a subprocess, as a user's shell would start them (each
+starts its own forkserver: about 3 s of TensorFlow import); parsing is
+tested in-process.
+"""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness import faults as F
+from harness import SettingError
+from harness.cli import UsageError, parse_fault, split_command
+from harness.settings import OPTIONS, parse_choice, parse_seconds, parse_workers
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leftover_workers")]
+
+# Counts its steps with harness.context().steps(), where step faults act.
+STEPS_PY = textwrap.dedent('''\
+    import argparse
+
+    import tensorflow as tf
+
+    import harness
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        w = tf.Variable(1.0)
+
+
+    @tf.function
+    def train_step():
+        return strategy.reduce("SUM", strategy.run(lambda: w * 2.0), axis=None)
+
+
+    for step in harness.context().steps(args.steps):
+        train_step()
+    print(f"trained {args.steps} steps")
+''')
+
+
+def harness_cli(tmp_path, *args, timeout=90):
+    """Run `python -m harness run ARGS` in tmp_path; return the CompletedProcess."""
+    (tmp_path / "steps.py").write_text(STEPS_PY)
+    return subprocess.run([sys.executable, "-m", "harness", "run", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(120)
+def test_completing_script_exits_0_and_prints_the_diagnosis(tmp_path):
+    proc = harness_cli(tmp_path, "-n", "2", "--timeout", "30", "steps.py", "--", "--steps", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "COMPLETED: all 2 workers returned" in proc.stdout
+    assert "ran 5 steps (0-4)" in proc.stdout    # the script got its argument
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("harness: steps.py on 2 workers: completed in ")
+    assert last.endswith("expected completed: ok")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_fault_that_hangs_with_expect_hang_exits_0(tmp_path):
+    proc = harness_cli(tmp_path, "--timeout", "3", "--fault", "SkipStep(worker=1, step=2)",
+                       "--expect", "hang", "steps.py", "--steps", "6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "HANG: no progress for 3.0s; culprit: worker 1" in proc.stdout
+    assert "--- worker 0 (exit code -9)" in proc.stdout   # the blocked worker's log tail
+    assert "hang in" in proc.stdout and "expected hang: ok" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_outcome_other_than_expected_exits_1(tmp_path):
+    proc = harness_cli(tmp_path, "--grace", "1", "--fault", "Crash(worker=1, step=2)",
+                       "steps.py")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "CRASHED: worker 1 died" in proc.stdout
+    assert "crashed in" in proc.stdout and "expected completed: NOT OK" in proc.stdout
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("args, option, expected", [
+    (["-n", "0"], "--workers", lambda: parse_workers("0", "--workers")),
+    (["--workers", "many"], "--workers", lambda: parse_workers("many", "--workers")),
+    (["--timeout", "soon"], "--timeout", lambda: parse_seconds("soon", "--timeout")),
+    (["--grace", "-1"], "--grace", lambda: parse_seconds("-1", "--grace", allow_zero=True)),
+    (["--devices", "tpu"], "--devices", lambda: parse_choice("tpu", "--devices", ("cpu", "gpu"))),
+    (["--start-method", "fork"], "--start-method",
+     lambda: parse_choice("fork", "--start-method", ("forkserver", "spawn"))),
+    (["--expect", "success"], "--expect", None),
+], ids=["workers-0", "workers-word", "timeout", "grace", "devices", "start-method", "expect"])
+def test_bad_option_value_exits_2_naming_the_option(tmp_path, args, option, expected):
+    proc = harness_cli(tmp_path, *args, "steps.py", timeout=30)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"error: {option}: " in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    if expected is not None:   # the very message the pytest option gets (with its name)
+        with pytest.raises(SettingError) as e:
+            expected()
+        assert str(e.value) in proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_malicious_fault_is_refused_and_not_run(tmp_path):
+    marker = tmp_path / "PWNED"
+    proc = harness_cli(tmp_path, "--fault", f"__import__('os').system('touch {marker}')",
+                       "steps.py", timeout=30)
+    assert proc.returncode == 2 and "error: --fault" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.timeout(30)
+def test_missing_script_and_unknown_option_exit_2(tmp_path):
+    proc = harness_cli(tmp_path, "nope.py", timeout=30)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    proc = harness_cli(tmp_path, "-m", "no_such_module_here", timeout=30)
+    assert proc.returncode == 2 and "no module named" in proc.stderr
+    proc = harness_cli(tmp_path, "--bogus", "steps.py", timeout=30)
+    assert proc.returncode == 2 and "--bogus" in proc.stderr
+    proc = harness_cli(tmp_path, "--fault", "Crash(worker=7, step=1)", "steps.py", timeout=30)
+    assert proc.returncode == 2 and "worker 7 does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_help_lists_the_plugin_options(tmp_path):
+    proc = harness_cli(tmp_path, "--help", timeout=30)
+    assert proc.returncode == 0
+    for o in OPTIONS:
+        assert o.flag.replace("--mwms-", "--") in proc.stdout
+    assert "-n N" in proc.stdout and "--fault" in proc.stdout and "--expect" in proc.stdout
+
+
+@pytest.mark.parametrize("fault", [
+    F.SkipStep(worker=1, step=2), F.ExtraCollective(0, 3), F.Crash(1, 5, how="kill"),
+    F.RaiseError(0, 1, "it's \"quoted\""), F.Pause(1, 2), F.Pause(1, 2, seconds=0.5),
+    F.Delay(0, 1, 2), F.BadTFConfig(1, "swapped"),
+])
+def test_a_fault_parses_back_from_how_it_prints(fault):
+    assert parse_fault(repr(fault)) == fault
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('true')",
+    "Crash(worker=__import__('os').getpid(), step=1)",
+    "Crash.__init__.__globals__",
+    "harness.faults.Crash(worker=1, step=1)",
+    "Crash(*[1, 2])",
+    "Crash(**{'worker': 1, 'step': 2})",
+    "Crash(worker=1, step=1) or open('x', 'w')",
+    "print(1)",
+    "[Crash(worker=1, step=1)]",
+    "lambda: 0",
+    "Crash(worker=1 +",
+    "Crash(wrker=1, step=1)",
+])
+def test_anything_but_a_literal_fault_call_is_refused(text):
+    with pytest.raises(UsageError, match="--fault"):
+        parse_fault(text)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["-n", "3", "--timeout", "30", "--fault", "Crash(worker=1, step=5)", "train.py", "--",
+      "--epochs", "2"],
+     (["-n", "3", "--timeout", "30", "--fault", "Crash(worker=1, step=5)"], "train.py", None,
+      ["--epochs", "2"])),
+    (["train.py", "--timeout", "5"], ([], "train.py", None, ["--timeout", "5"])),
+    (["--timeout=5", "-m", "pkg.train", "--", "--x"], (["--timeout=5"], None, "pkg.train",
+                                                       ["--x"])),
+    (["-n", "2", "--", "train.py", "-v"], (["-n", "2"], "train.py", None, ["-v"])),
+    (["--workers", "2"], (["--workers", "2"], None, None, [])),
+])
+def test_split_command_finds_where_the_script_starts(argv, expected):
+    assert split_command(argv) == expected
