@@ -259,7 +259,7 @@ class Cluster:
 
     def __init__(self, settings: RunSettings, launcher: Optional[Launcher] = None):
         self.settings = settings
-        self.launcher = launcher or LocalLauncher(settings.start_method)
+        self.launcher = launcher or LocalLauncher(settings.start_method, settings.preload)
         self.runs: List[RunResult] = []
 
     @property

@@ -20,10 +20,13 @@ implements the same two classes.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
+import tempfile
 import threading
+import warnings
 from typing import List, Optional, Sequence
 
 import multiprocess
@@ -135,13 +138,51 @@ class Launcher:
 
 
 _forkserver_lock = threading.Lock()
+# What the forkserver was asked to import, and where it reports what failed:
+# one server per pytest process, so one of each.
+_preload_report: Optional[str] = None
+_preload_warned = False
 
 
-def _forkserver_context():
+class PreloadWarning(UserWarning):
+    """A module named in ``mwms_preload`` could not be preloaded safely."""
+
+
+def _forkserver_context(preload: Sequence[str] = ()):
+    global _preload_report
     ctx = multiprocess.get_context("forkserver")
     with _forkserver_lock:
+        if _preload_report is None:
+            # Read by harness.worker.preload in the server, which inherits
+            # this process's environment when it starts.
+            fd, _preload_report = tempfile.mkstemp(prefix="pytest-mwms-preload-")
+            os.close(fd)
+            atexit.register(_remove, _preload_report)
+            os.environ["MWMS_PRELOAD_REPORT"] = _preload_report
+            os.environ["MWMS_PRELOAD"] = ",".join(preload)
         ctx.set_forkserver_preload(["harness.worker.preload"])
     return ctx
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _warn_about_preload() -> None:
+    """Once the server is up: warn of each module it could not preload."""
+    global _preload_warned
+    if _preload_warned or _preload_report is None:
+        return
+    try:
+        with open(_preload_report) as f:
+            problems = [line for line in f.read().splitlines() if line]
+    except OSError:
+        return
+    _preload_warned = True
+    for problem in problems:
+        warnings.warn(PreloadWarning(f"mwms_preload: {problem}; the forkserver runs without "
+                                     f"it (each worker imports it as usual)"), stacklevel=3)
 
 
 def forkserver_pid() -> Optional[int]:
@@ -151,14 +192,18 @@ def forkserver_pid() -> Optional[int]:
 
 
 class LocalLauncher(Launcher):
-    def __init__(self, start_method: str = "forkserver"):
+    """``preload``: modules the forkserver imports once before it forks
+    workers (``mwms_preload``), besides TensorFlow, pytest and hypothesis."""
+
+    def __init__(self, start_method: str = "forkserver", preload: Sequence[str] = ()):
         if start_method not in START_METHODS:
             raise ValueError(f"start method must be one of {START_METHODS}, got {start_method!r}")
         self.start_method = start_method
+        self.preload = tuple(preload)
 
     def _context(self):
         if self.start_method == "forkserver":
-            return _forkserver_context()
+            return _forkserver_context(self.preload)
         return multiprocess.get_context("spawn")
 
     def prewarm(self) -> None:
@@ -185,6 +230,8 @@ class LocalLauncher(Launcher):
                 proc.start()
                 child_conn.close()
                 handles.append(WorkerHandle(spec.index, proc, parent_conn))
+            if self.start_method == "forkserver":
+                _warn_about_preload()
         except BaseException:
             for h in handles:
                 h.kill_tree()

@@ -18,8 +18,8 @@ import pytest
 
 from .errors import StateDirError
 from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, SettingError,
-                       gpu_assignment, parse_choice, parse_marker, parse_seconds, parse_workers,
-                       visible_gpus)
+                       gpu_assignment, parse_choice, parse_marker, parse_modules, parse_seconds,
+                       parse_workers, visible_gpus)
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 
@@ -58,8 +58,9 @@ def settings_from_config(config: pytest.Config) -> RunSettings:
         state_dir = os.path.join(str(config.rootpath), config.getini(OPTION["state-dir"].ini))
     else:
         state_dir = None
+    preload = parse_modules(_value(config, "preload"))
     return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
-                       start_method=method, state_dir=state_dir)
+                       start_method=method, state_dir=state_dir, preload=preload)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -99,7 +100,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         # Overlap the forkserver's TensorFlow import with collection and the
         # first tests' setup.
         from .launcher import LocalLauncher
-        LocalLauncher(settings.start_method).prewarm()
+        LocalLauncher(settings.start_method, settings.preload).prewarm()
 
 
 @pytest.fixture

@@ -123,6 +123,11 @@ OPTIONS = (
            "starts a fresh Python per worker",
            "forkserver: a 2-worker run in ~0.3 s after the first. spawn: 5-10 s a run, "
            "nothing shared (forking a process that loaded CUDA is not shown safe)."),
+    Option("preload", "MODULES", "", "none",
+           "comma-separated modules the forkserver imports once before it forks workers "
+           "(your package, what a script imports), besides TensorFlow, pytest and hypothesis",
+           "Each run then skips importing them. One that fails to import, or starts a thread, "
+           "is a warning and is left out."),
     Option("state-dir", "DIR", None, "$MWMS_STATE_DIR, else the temp directory's "
            "`pytest-mwms-ports`",
            "where the harness coordinates the ports it reserves with other pytest processes "
@@ -131,6 +136,19 @@ OPTIONS = (
            "collide must use the same one."),
 )
 OPTION = {o.name: o for o in OPTIONS}
+
+
+def parse_modules(value: Any, option: str = "--mwms-preload") -> tuple:
+    """``"pkg.a, pkg.b"`` (or a list) as module names, each checked for shape."""
+    names = value if isinstance(value, (list, tuple)) else str(value or "").replace("\n", ",").split(",")
+    out = []
+    for name in (str(n).strip() for n in names):
+        if not name:
+            continue
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise SettingError(f"{option}: {name!r} is not a module name")
+        out.append(name)
+    return tuple(out)
 
 
 def options_markdown() -> str:
@@ -155,6 +173,7 @@ class RunSettings:
     devices: str = "cpu"
     start_method: str = "forkserver"
     state_dir: Optional[str] = None
+    preload: tuple = ()
 
     def with_overrides(self, **overrides: Any) -> "RunSettings":
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})

@@ -128,3 +128,34 @@ def test_two_xdist_runs_side_by_side_do_not_collide(pytester):
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out
         assert "4 passed" in out, out
+
+
+def test_preload_imports_in_the_forkserver_and_warns_of_what_it_could_not(pytester):
+    pytester.makepyfile(threaded="""
+        import threading, time
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    """, mymod="VALUE = 41\n")
+    pytester.makeini("[pytest]\nmwms_preload = mymod, no_such_module_here, threaded\n")
+    pytester.makepyfile(test_x="""
+        import sys
+
+        def uses_preloaded():
+            # Imported by the forkserver, so already there when the worker runs.
+            return "mymod" in sys.modules, __import__("mymod").VALUE + 1
+
+        def test_runs(mwms_cluster):
+            result = mwms_cluster.run(uses_preloaded, timeout=60).assert_completed()
+            assert result.return_values == [(True, 42)] * mwms_cluster.num_workers
+    """)
+    result = pytester.runpytest_subprocess("-W", "default", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    assert "mwms_preload: no_such_module_here: ModuleNotFoundError" in out
+    assert "mwms_preload: threaded: started a thread" in out
+
+
+def test_preload_names_are_checked(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest_subprocess("--mwms-preload=good, not-a-module")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--mwms-preload: 'not-a-module' is not a module name" in result.stderr.str()
