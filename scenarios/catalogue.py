@@ -33,7 +33,7 @@ START, END = "<!-- scenarios:start -->", "<!-- scenarios:end -->"
 # Keras: files not listed here follow, by name.
 FILE_ORDER = ("test_seed.py", "test_tf_config.py", "test_scope.py", "test_collectives.py",
               "test_data.py", "test_chief_only.py", "test_control_flow.py",
-              "test_peer_faults.py", "test_keras.py")
+              "test_peer_faults.py", "test_keras.py", "test_tutorials.py")
 MEASURED_WITH = "TensorFlow 2.21.0, Keras 3.15.1, tf_keras 2.21.0"
 MAX_SUMMARY = 200
 

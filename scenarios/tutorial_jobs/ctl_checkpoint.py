@@ -15,7 +15,9 @@ here: nothing is downloaded.
     python ctl_checkpoint.py --model-dir /tmp/ckpt --epochs 3 --steps-per-epoch 5
 
 ``--save-on chief`` is the mistake the tutorial warns about: only the chief
-calls ``save``.
+calls ``save``.  ``--checkpoint-metric`` also puts the training accuracy
+metric in the checkpoint (with tf_keras, ``TF_USE_LEGACY_KERAS=1``), so that
+saving reads sync-on-read variables: an all-reduce.
 """
 import argparse
 import json
@@ -96,6 +98,9 @@ def parse_args(argv):
     parser.add_argument("--steps-per-epoch", type=int, default=5)
     parser.add_argument("--save-on", choices=("all", "chief"), default="all",
                         help="'chief' is the mistake: only the chief calls save")
+    parser.add_argument("--checkpoint-metric", action="store_true",
+                        help="also checkpoint train_accuracy (tf_keras only: a Keras 3 "
+                             "metric is not trackable)")
     return parser.parse_args(argv)
 
 
@@ -144,7 +149,10 @@ def main(argv=None):
     chief = _is_chief(task_type, task_id, cluster_spec)
 
     checkpoint_dir = os.path.join(args.model_dir, "ckpt")
-    checkpoint = tf.train.Checkpoint(model=multi_worker_model, epoch=epoch)
+    checkpointed = {"model": multi_worker_model, "epoch": epoch}
+    if args.checkpoint_metric:
+        checkpointed["train_accuracy"] = train_accuracy
+    checkpoint = tf.train.Checkpoint(**checkpointed)
     write_checkpoint_dir = write_filepath(checkpoint_dir, task_type, task_id, cluster_spec)
     checkpoint_manager = tf.train.CheckpointManager(checkpoint, directory=write_checkpoint_dir,
                                                     max_to_keep=1)
