@@ -164,6 +164,23 @@ def _forkserver_context(preload: Sequence[str] = ()):
     return ctx
 
 
+# Read by TensorFlow when it is imported, so it would decide for every worker
+# of the session which Keras ``tensorflow.keras`` is: the server starts
+# without it, and each run's workers choose with their own environment.
+_KERAS_CHOICE = "TF_USE_LEGACY_KERAS"
+
+
+def _ensure_forkserver() -> None:
+    from multiprocess import forkserver
+    with _forkserver_lock:
+        saved = os.environ.pop(_KERAS_CHOICE, None)
+        try:
+            forkserver.ensure_running()
+        finally:
+            if saved is not None:
+                os.environ[_KERAS_CHOICE] = saved
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
@@ -215,12 +232,13 @@ class LocalLauncher(Launcher):
         """
         if self.start_method == "forkserver":
             self._context()
-            from multiprocess import forkserver
-            forkserver.ensure_running()
+            _ensure_forkserver()
 
     def start(self, specs: Sequence[WorkerSpec]) -> List[WorkerHandle]:
         from .worker import worker_main   # the worker side's one entry point
         ctx = self._context()
+        if self.start_method == "forkserver":
+            _ensure_forkserver()
         handles: List[WorkerHandle] = []
         try:
             for spec in specs:

@@ -112,3 +112,10 @@ def _no_worker_left_behind():
         time.sleep(0.05)
         left = [p for p in left if linux.alive(p)]
     assert not left, f"TensorFlow worker processes outlived the test: {left}"
+
+
+@pytest.fixture(autouse=True)
+def _keras_chosen_by_the_scenario(monkeypatch):
+    """Each scenario states its Keras (tf_keras ones set TF_USE_LEGACY_KERAS
+    themselves): the caller's shell must not choose it for them."""
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)

@@ -199,20 +199,21 @@ def _paused_with_timeout(scenario_run, mwms_cluster):
 
 
 @pytest.mark.timeout(60)
-@scenario(outcome=("failed", "crashed"), error="DeadlineExceededError",
-          source="MWMS docs: CommunicationOptions", fixed_by=NO_FIX)
+@scenario(outcome=("failed", "crashed"), source="MWMS docs: CommunicationOptions",
+          fixed_by=NO_FIX)
 def test_paused_worker_with_collective_timeout(mwms_cluster, scenario_run):
     """A worker stops at step 5 and never resumes; the strategy has
     ``CommunicationOptions(timeout_seconds=2)``.
 
     TensorFlow: after 2 s the survivors raise ``DeadlineExceededError:
     Collective has timed out during execution``: an error instead of a
-    hang.  Not deterministic here: on some 4-worker runs (3 of 8 measured)
-    one or two survivors die of SIGSEGV while aborting the timed-out
-    collective, and the outcome is ``crashed``; with 2 workers it was
-    ``failed`` in 11 runs alone, and ``crashed`` (the one survivor died of
-    SIGSEGV) once when two ``pytest -n 2`` runs of the catalogue shared the
-    machine's 2 cores.
+    hang.  Not deterministic here: a survivor can die aborting the
+    timed-out collective (SIGSEGV, or SIGABRT from absl "Mutex corrupt"), a
+    TensorFlow bug, and the outcome is then ``crashed``.  Measured over 122
+    runs: 0-2 of 10-12 at 2 workers, 1 of 10 at 3, 3-6 of 10-12 at 4, more
+    under load; never two survivors in one run.  At 2 workers the only
+    survivor may be the one that dies, so no ``DeadlineExceededError`` is
+    raised at all.
 
     Source: ``tf.distribute.experimental.CommunicationOptions``.
 
@@ -228,7 +229,8 @@ def test_paused_worker_with_collective_timeout(mwms_cluster, scenario_run):
     assert all(w.exception.type_name == "DeadlineExceededError" for w in raised)
     assert all("Collective has timed out" in w.exception.message for w in raised)
     died = [w for w in result.workers[:last] if w.exception is None]
-    assert all(w.exit_code == -11 for w in died), result.report()  # SIGSEGV, see above
+    assert len(died) <= 1 and all(w.exit_code in (-11, -6) for w in died), result.report()
+    assert all(w.last_step == AT for w in result.workers)
     assert result.workers[last].exception is None
 
 

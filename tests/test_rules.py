@@ -76,6 +76,7 @@ def test_a_worker_stopped_before_the_deaths_outranks_them():
     assert list(b.culprits) == [2]
     v = diagnose(obs)
     assert (v.outcome, v.culprits, v.rule) == ("crashed", (2,), "stopped_before_deaths")
+    assert v.text.startswith("CRASHED: culprit: worker 2 (stopped (SIGSTOP) at step 4 before")
     # A stop after the first death proves nothing of the kind.
     late = WorkerObservation(2, tf_config=config(2, 3), events=events(range(5), 3) + (
         Event(9.0, "step", 5),), stopped=True, exit_code=-9, killed_by_harness=True)

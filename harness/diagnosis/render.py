@@ -79,9 +79,11 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
         cause = (f"no progress for {obs.timeout:.1f}s" if obs.ended_by == HANG
                  else "not every worker finished")
         head = f"HANG: {cause}; {who} ({reason})"
-    else:
+    elif outcome == "failed" and errs:
         kinds = "/".join(sorted({short_type(w.error.type_name) for w in errs}))
         head = f"FAILED: {names([w.index for w in errs])} raised {kinds}; {who} ({reason})"
+    else:
+        head = f"{outcome.upper()}: {who} ({reason})"
     lines = [head]
     if blame.ambiguous:
         lines.append(f"ambiguous: {blame.reason}")

@@ -143,6 +143,11 @@ class WorkerContext:
         finally:
             self.in_boundary = False
 
+    def skip_due(self) -> bool:
+        """Whether the next automatic step has a SkipStep to act."""
+        return not self.explicit_steps and any(
+            replaces_step(f) for f in self._due(self.automatic_steps))
+
     def automatic_step(self, function_name: str) -> Optional[bool]:
         """Called by the ledger as a ``tf.function`` that launches collectives
         is about to run: where ``fn`` reports no steps of its own, that call

@@ -168,8 +168,11 @@ class Ledger:
         self._stack.append((fid, True))
         ended = progress.CALL_RAISED
         try:
-            if known is None and _trace_first(function, args, kwargs) and \
-                    self._skip_first.pop(fid, False):
+            # Tracing apart from the call changes nothing, but it is only
+            # done when a SkipStep is due: a trace that raises must raise as
+            # the user's own call would.
+            if known is None and self.ctx.skip_due() and \
+                    _trace_first(function, args, kwargs) and self._skip_first.pop(fid, False):
                 # Its first trace found a collective, and a SkipStep made the
                 # call not happen: as if fn had never made it.
                 ended = progress.CALL_NOT_RUN

@@ -92,6 +92,10 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(protocol.DUMP_SIGNAL, file=stack_file, all_threads=True)
 
+    # The whole environment the parent chose, not an update of the
+    # forkserver's: a variable unset in the parent since the server started
+    # must not linger in its workers.
+    os.environ.clear()
     os.environ.update(spec.env)
     tempfile.tempdir = None   # the forkserver cached its own: read TMPDIR again
     if spec.tf_config is None:

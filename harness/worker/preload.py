@@ -2,9 +2,9 @@
 starts with TensorFlow already loaded (4-10 s saved per worker).
 
 The forkserver only serves ``--mwms-devices=cpu`` runs, so it hides GPUs
-before TensorFlow could look for them.  tf_keras is preloaded only when the
-environment asks for legacy Keras (``TF_USE_LEGACY_KERAS=1``), as importing
-it costs a second or two that most runs would not use.
+before TensorFlow could look for them.  It is Keras-neutral: tf_keras is not
+preloaded, and the server starts without ``TF_USE_LEGACY_KERAS`` (see
+:mod:`harness.launcher`), so each run's workers choose their Keras.
 """
 import os
 import signal
@@ -39,11 +39,10 @@ import harness.worker  # noqa: E402,F401
 import harness.worker.sync  # noqa: E402,F401
 import harness.worker.ledger  # noqa: E402,F401
 
-if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
-    try:
-        import tf_keras  # noqa: F401
-    except ImportError:
-        pass
+# Not tf_keras: importing it here would make tf.keras tf_keras in every
+# worker of the session, whatever its own TF_USE_LEGACY_KERAS says (the
+# server starts without that variable, so each run chooses).  A run that
+# asks for tf_keras imports it itself, a second or two.
 
 # A worker imports fn's module to unpickle it, and a test module imports
 # pytest and hypothesis: imported here once, not again by every worker of
