@@ -345,7 +345,7 @@ def schedule(launchers: Sequence[str], workloads: Sequence[int], repeats: int,
     return plan
 
 
-def _parse_list(text: str, allowed: Sequence, kind=str) -> list:
+def parse_list(text: str, allowed: Sequence, kind=str) -> list:
     items = [kind(x.strip()) for x in text.split(",") if x.strip()]
     bad = [x for x in items if x not in allowed]
     if bad or not items:
@@ -363,10 +363,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--hang-repeats", type=int, default=2,
                    help="runs of workload 4 at most (each costs >= T; the runner's T + 30 s) (2)")
     p.add_argument("--launchers", default=",".join(ALL_LAUNCHERS),
-                   type=lambda s: _parse_list(s, ALL_LAUNCHERS),
+                   type=lambda s: parse_list(s, ALL_LAUNCHERS),
                    help="subset of harness,spawn,runner")
     p.add_argument("--workloads", default="1,2,3,4",
-                   type=lambda s: _parse_list(s, ALL_WORKLOADS, int), help="subset of 1,2,3,4")
+                   type=lambda s: parse_list(s, ALL_WORKLOADS, int), help="subset of 1,2,3,4")
     p.add_argument("--hang-timeout", type=float, default=10.0, help="T for workload 4 (10 s)")
     p.add_argument("--json", default="bench-results.json", help="where to write the figures")
     p.add_argument("--markdown", default=None,
@@ -379,7 +379,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -398,7 +398,7 @@ def _describe(r: dict) -> str:
     return txt
 
 
-def _on_sigterm(signum, frame):
+def on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
@@ -413,7 +413,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     broken: Dict[str, str] = {}
     overhead: Dict[str, Optional[float]] = {}
     plan = schedule(args.launchers, args.workloads, args.repeats, args.hang_repeats)
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    old_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         for name in args.launchers:
             t0 = time.monotonic()
@@ -421,7 +421,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 launchers[name] = LAUNCHERS[name]()
             except Exception as e:  # record it, go on with the others
                 broken[name] = f"{type(e).__name__}: {e}"
-                _log(f"launcher {name} could not start: {broken[name]}")
+                log(f"launcher {name} could not start: {broken[name]}")
                 continue
             startup[name] = getattr(launchers[name], "startup_s", time.monotonic() - t0)
         for i, (name, w, rep, cold) in enumerate(plan, 1):
@@ -437,7 +437,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 shutil.rmtree(stamp_dir, ignore_errors=True)
             r.update(launcher=name, workload=w, repeat=rep, cold=cold)
             runs.append(r)
-            _log(f"[{i}/{len(plan)}] {name} w{w} {'cold' if cold else f'rep {rep}'}: {_describe(r)}")
+            log(f"[{i}/{len(plan)}] {name} w{w} {'cold' if cold else f'rep {rep}'}: {_describe(r)}")
         for name, launcher in launchers.items():
             pss = launcher.overhead_pss()
             overhead[name] = None if pss is None else pss / MIB
@@ -470,20 +470,25 @@ def run_bench(args: argparse.Namespace) -> dict:
     }
 
 
+def write_results(results: dict, json_path: str, markdown_path: Optional[str]) -> None:
+    """Print the table; write the figures as JSON (and the table, if asked)."""
+    print(results["markdown"])
+    with open(json_path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    log(f"figures written to {os.path.abspath(json_path)}")
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(results["markdown"])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
         results = run_bench(args)
     except KeyboardInterrupt:
         # run_bench has already stopped every launcher and all they started.
-        _log("interrupted; nothing written")
+        log("interrupted; nothing written")
         return 130
-    print(results["markdown"])
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    _log(f"figures written to {os.path.abspath(args.json)}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(results["markdown"])
+    write_results(results, args.json, args.markdown)
     return 0 if all(r.get("ok") for r in results["runs"]) and not results["launcher_errors"] else 1
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import inspect
-import json
 import os
 import resource
 import signal
@@ -28,7 +27,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
-from . import _log, _on_sigterm, _parse_list, machine_info, machine_line, stats
+from . import log, machine_info, machine_line, on_sigterm, parse_list, stats, write_results
 
 
 class Variant(NamedTuple):
@@ -317,25 +316,25 @@ def run_bench(args: argparse.Namespace) -> dict:
     variants = {name: VARIANTS[name] for name in args.variants}
     runnable, skipped = split_supported(variants, Cluster.run)
     for name, why in skipped.items():
-        _log(f"skipping variant {name} ({fmt_kwargs(variants[name].run_kwargs)}): {why}")
+        log(f"skipping variant {name} ({fmt_kwargs(variants[name].run_kwargs)}): {why}")
     machine = machine_info()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     cluster = Cluster(RunSettings(workers=args.workers, timeout=args.timeout))
     runs: List[dict] = []
     cold: Optional[dict] = None
     plan = schedule(runnable, args.rounds)
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    old_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         if runnable:
             # The forkserver imports TensorFlow on the first run: not a figure.
             cold = run_once(cluster, runnable[0], variants[runnable[0]], args)
             cold.update(round=-1, cold=True)
-            _log(f"cold {runnable[0]}: {_describe(cold)}")
+            log(f"cold {runnable[0]}: {_describe(cold)}")
         for i, (rnd, name) in enumerate(plan, 1):
             r = run_once(cluster, name, variants[name], args)
             r.update(round=rnd, cold=False)
             runs.append(r)
-            _log(f"[{i}/{len(plan)}] round {rnd} {name}: {_describe(r)}")
+            log(f"[{i}/{len(plan)}] round {rnd} {name}: {_describe(r)}")
     finally:
         signal.signal(signal.SIGTERM, old_term)
     machine["load_avg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -378,7 +377,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
                    help=f"workers per cluster ({DEFAULT_WORKERS})")
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   type=lambda s: _parse_list(s, tuple(VARIANTS)),
+                   type=lambda s: parse_list(s, tuple(VARIANTS)),
                    help=f"subset of {','.join(VARIANTS)}; the first given is the reference "
                         f"when {REFERENCE} is left out")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
@@ -402,15 +401,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         results = run_bench(args)
     except KeyboardInterrupt:
-        _log("interrupted; nothing written")
+        log("interrupted; nothing written")
         return 130
-    print(results["markdown"])
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    _log(f"figures written to {os.path.abspath(args.json)}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(results["markdown"])
+    write_results(results, args.json, args.markdown)
     runs = results["runs"] + ([results["cold"]] if results["cold"] else [])
     return 0 if runs and all(r.get("ok") for r in runs) else 1
 
