@@ -103,3 +103,12 @@ def culprit_check(scenario_test: str):
 
 def culprit_check_of(fn) -> Optional[str]:
     return getattr(fn, "culprit_check_of", None)
+
+
+def culprit_from_three(result, worker: int):
+    """The culprit check of a scenario whose evidence is symmetric with 2
+    workers: "cannot tell" between the two at N = 2, ``worker`` alone from
+    3 up (a majority).  Returns the result."""
+    if len(result.workers) == 2:
+        return result.assert_cannot_tell([0, 1])
+    return result.assert_culprit(worker)
