@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 
+import psutil
 from multiprocess import connection
 
 from . import faults as faults_module
@@ -30,10 +31,12 @@ from .errors import SerializationError
 from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
 from .ports import reserve_ports
+from .replicas import compare as compare_replicas, parse_check_replicas
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
 from .result import RunResult, WorkerResult
 from .scripts import check_import_time_env
-from .settings import RunSettings, parse_seconds
+from .settings import (DEFAULT_RESTART_ON, RunSettings, parse_restart_on, parse_restarts,
+                       parse_seconds)
 
 # How long a finished worker gets to exit by itself once released, and how
 # long a live one gets to write its faulthandler dump, before SIGKILL.
@@ -90,6 +93,9 @@ class _TrackedWorker:
     events: List[Event] = dataclasses.field(default_factory=list)
     return_payload: Optional[bytes] = None
     channel_open: bool = True
+    # The replica check's fingerprints (a tuple of VariablePrint), or the
+    # text of why the worker could not make them.
+    replica_prints: Any = None
 
     def note(self, **changes: Any) -> None:
         self.seen = dataclasses.replace(self.seen, **changes)
@@ -135,11 +141,13 @@ class WatchLoop:
     def __init__(self, workers: List[_TrackedWorker], settings: RunSettings, start: float):
         self.workers = workers
         self.timeout = settings.timeout
+        self.run_grace = settings.grace
         self.grace = min(settings.grace, settings.timeout)
         self.start = start
         self.last_progress = start
         self.first_failure: Optional[float] = None   # when a worker first raised or died
-        self.resumes: List[tuple] = []  # (monotonic time, worker index)
+        # Signals faults asked the parent to send: (monotonic time, worker index, signal).
+        self.signals: List[tuple] = []
 
     def _failure_at(self, now: float) -> None:
         """A worker raised or died: its peers' grace starts now, if it has not yet."""
@@ -156,6 +164,8 @@ class WatchLoop:
         elif msg.kind == protocol.RETURNED:
             tw.return_payload = msg.data
             tw.note(returned=True, finish_time=t)
+        elif msg.kind == protocol.REPLICAS:
+            tw.replica_prints = msg.data
         elif msg.kind == protocol.RAISED:
             tw.note(error=msg.data, finish_time=t)
             self._failure_at(now)
@@ -163,8 +173,8 @@ class WatchLoop:
             fault = msg.data
             # The record keeps plain text: it must load without harness.faults.
             tw.events.append(Event(t, msg.kind, msg.step, repr(fault)))
-            if fault.resume_after is not None:
-                self.resumes.append((now + fault.resume_after, tw.index))
+            for delay, sig in fault.parent_signals(self.run_grace):
+                self.signals.append((now + delay, tw.index, sig))
         else:
             if msg.kind == protocol.STRATEGY_CREATING and msg.data is not None:
                 # The TF_CONFIG the worker really had: fn may have set it.
@@ -199,17 +209,21 @@ class WatchLoop:
             self._failure_at(now)
         self.last_progress = now
 
-    def _resume_due(self, now: float) -> None:
-        due = [r for r in self.resumes if r[0] <= now]
-        self.resumes = [r for r in self.resumes if r[0] > now]
-        for when, index in due:
+    def _signals_due(self, now: float) -> None:
+        due = [r for r in self.signals if r[0] <= now]
+        self.signals = [r for r in self.signals if r[0] > now]
+        for when, index, sig in due:
             tw = self.workers[index]
             if tw.seen.exit_code is not None:
                 continue
-            if tw.handle.is_stopped():
-                tw.handle.send_signal(signal.SIGCONT)
+            if sig == signal.SIGKILL:
+                # A preempted worker that outlived its grace: the cluster
+                # manager takes the machine away, with all that runs on it.
+                tw.handle.kill_tree(tw.handle.descendants())
+            elif sig != signal.SIGCONT or tw.handle.is_stopped():
+                tw.handle.send_signal(sig)
             elif now - when < 1.0:  # it has not stopped itself yet; look again soon
-                self.resumes.append((now + 0.02, index))
+                self.signals.append((now + 0.02, index, sig))
 
     def loop(self) -> str:
         while True:
@@ -220,9 +234,9 @@ class WatchLoop:
             hang_at = self.last_progress + self.timeout
             grace_at = (self.first_failure + self.grace if self.first_failure is not None
                         else math.inf)
-            resume_at = min((r[0] for r in self.resumes), default=math.inf)
-            if now >= resume_at:
-                self._resume_due(now)
+            signal_at = min((r[0] for r in self.signals), default=math.inf)
+            if now >= signal_at:
+                self._signals_due(now)
                 continue
             if now >= hang_at:
                 # Steps and calls are in the progress maps, read only now:
@@ -237,7 +251,7 @@ class WatchLoop:
                     waitables[w.handle.conn] = ("conn", w)
                 if w.pending:
                     waitables[w.handle.sentinel] = ("sentinel", w)
-            ready = connection.wait(list(waitables), timeout=min(hang_at, grace_at, resume_at) - now)
+            ready = connection.wait(list(waitables), timeout=min(hang_at, grace_at, signal_at) - now)
             now = time.monotonic()
             for obj in ready:
                 what, tw = waitables[obj]
@@ -275,7 +289,8 @@ class Cluster:
             timeout: Optional[float] = None, faults: Sequence = (),
             grace: Optional[float] = None, sync_check: bool = False,
             env: Optional[dict] = None, ledger=True,
-            step_fn: Optional[str] = None) -> RunResult:
+            step_fn: Optional[str] = None, restarts: Optional[int] = None,
+            restart_on=DEFAULT_RESTART_ON, check_replicas=False) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         ``timeout`` overrides the hang timeout (seconds without progress);
@@ -301,15 +316,34 @@ class Cluster:
         names the one function whose calls are steps (``"train_step"``; a
         Keras ``fit`` runs ``"train_function"`` or ``"one_step_on_iterator"``).
         This needs the ledger.
+
+        Restarts: with ``restarts=K`` (default: the ``--mwms-restarts``
+        option), a run that ends in one of the outcomes ``restart_on`` names
+        (``"crash,fail"`` by default; add ``hang`` to restart hangs too) is
+        started again, whole, up to K times, as a cluster manager would: the
+        same ports (kept reserved, not probed again) and ``TF_CONFIG``, a
+        fresh process per worker, once every process of the attempt before
+        is gone.  ``fn`` reads ``context().attempt``; a fault acts in the
+        attempt it names (``attempt=0`` by default).  The result is the last
+        attempt's, with every attempt's in ``RunResult.attempts``.
+
+        ``check_replicas=True`` (or a tolerance: a number used as ``atol``
+        and ``rtol``; ``True`` is 1e-6, ``0`` bit for bit) fingerprints the
+        strategy's mirrored variables on every worker when ``fn`` returns;
+        a run whose workers disagree fails with ``ReplicaDivergence`` naming
+        the first variable that differs (see :mod:`harness.replicas`).
         """
         settings = self.settings.with_overrides(
             timeout=None if timeout is None else parse_seconds(timeout, "run(timeout=...)"),
-            grace=None if grace is None else parse_seconds(grace, "run(grace=...)", allow_zero=True))
+            grace=None if grace is None else parse_seconds(grace, "run(grace=...)", allow_zero=True),
+            restarts=None if restarts is None else parse_restarts(restarts, "run(restarts=...)"))
         n = settings.workers
         level = parse_ledger(ledger)
         if step_fn is not None and (not isinstance(step_fn, str) or not step_fn):
             raise ValueError(f"run(step_fn=...): the name of a tf.function, got {step_fn!r}")
-        plan = faults_module.validate(faults, n)
+        restart_after = parse_restart_on(restart_on)
+        tolerance = parse_check_replicas(check_replicas)
+        plan = faults_module.validate(faults, n, settings.restarts)
         payload = serialize_call(fn, args, kwargs)
         envs = worker_environments(n, settings.devices)
         if env:
@@ -319,27 +353,43 @@ class Cluster:
                                  "(the harness sets it; use faults=[BadTFConfig(...)] to break it)")
             check_import_time_env(env, getattr(self.launcher, "start_method", None),
                                   "run(env=...)")
+        launched = time.monotonic()
+        attempts: List[RunResult] = []
         with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation:
             ports, spare = reservation.ports[:n], reservation.ports[n]
-            configs = faults_module.configs_under(plan, tfconfig.cluster_configs(ports), spare)
             # 0700, holds the logs; removed after the run.  It is also the
             # workers' TMPDIR (unless env= sets one), so what TensorFlow and fn
             # leave in the temp directory (autograph's generated files: one
             # per traced function per worker) goes with it.
             tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
             envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
+            job = _Job(payload, settings, envs, bool(sync_check), level, step_fn, tolerance)
             try:
-                result = self._run(payload, settings, configs, envs, plan, tmpdir,
-                                   bool(sync_check), level, step_fn)
+                for attempt in range(settings.restarts + 1):
+                    # Every attempt on the ports reserved once: a restarted
+                    # cluster is found at the same addresses, and a port of
+                    # the last attempt in TIME_WAIT is not probed (the probe
+                    # binds without SO_REUSEADDR; TensorFlow's server binds with it).
+                    attempt_plan = faults_module.in_attempt(plan, attempt)
+                    configs = faults_module.configs_under(
+                        attempt_plan, tfconfig.cluster_configs(ports), spare)
+                    files = os.path.join(tmpdir, f"attempt-{attempt}")
+                    os.mkdir(files, 0o700)
+                    result = self._run(job, attempt, configs, attempt_plan, files)
+                    attempts.append(result)
+                    if result.verdict.outcome not in restart_after:
+                        break
             finally:
                 shutil.rmtree(tmpdir, ignore_errors=True)
+        result = combine_attempts(attempts, plan, time.monotonic() - launched)
         self.runs.append(result)
         return result
 
     def run_script(self, path=None, argv: Sequence[str] = (), *, module: Optional[str] = None,
                    env: Optional[dict] = None, faults: Sequence = (),
                    timeout: Optional[float] = None, grace: Optional[float] = None,
-                   ledger=True) -> RunResult:
+                   ledger=True, restarts: Optional[int] = None,
+                   restart_on=DEFAULT_RESTART_ON, check_replicas=False) -> RunResult:
         """Run a script on every worker as ``python path argv...`` would, or
         ``python -m module argv...`` with ``module=``; see :mod:`harness.scripts`.
 
@@ -352,18 +402,21 @@ class Cluster:
         main = script_main(path, argv, module=module, env=env,
                            start_method=getattr(self.launcher, "start_method", None))
         return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
-                        ledger=ledger)
+                        ledger=ledger, restarts=restarts, restart_on=restart_on,
+                        check_replicas=check_replicas)
 
-    def _run(self, payload, settings, configs, envs, plan, tmpdir, sync_check,
-             level, step_fn) -> RunResult:
+    def _run(self, job: "_Job", attempt: int, configs, plan, files: str) -> RunResult:
+        """One attempt: start the workers, watch them, stop them, decide."""
+        settings, level = job.settings, job.ledger
         n = settings.workers
         specs = [protocol.WorkerSpec(
-            index=i, num_workers=n, payload=payload, tf_config=configs[i], env=envs[i],
-            log_path=os.path.join(tmpdir, f"worker-{i}.log"),
-            stack_path=os.path.join(tmpdir, f"worker-{i}.stack"),
-            faults=faults_module.for_worker(plan, i), sync_check=sync_check,
-            progress_path=os.path.join(tmpdir, f"worker-{i}.progress"), ledger=level,
-            step_function=step_fn)
+            index=i, num_workers=n, payload=job.payload, tf_config=configs[i], env=job.envs[i],
+            log_path=os.path.join(files, f"worker-{i}.log"),
+            stack_path=os.path.join(files, f"worker-{i}.stack"),
+            faults=faults_module.for_worker(plan, i), sync_check=job.sync_check,
+            progress_path=os.path.join(files, f"worker-{i}.progress"), ledger=level,
+            step_function=job.step_fn, attempt=attempt,
+            replicas_path="" if job.tolerance is None else os.path.join(files, f"worker-{i}.npz"))
             for i in range(n)]
         readers = []
         for spec in specs:
@@ -398,7 +451,8 @@ class Cluster:
         obs = RunObservation(
             num_workers=n, timeout=settings.timeout, grace=settings.grace, ended_by=ended_by,
             duration=duration, workers=tuple(
-                tw.observation(stack=read_capped(specs[tw.index].stack_path)) for tw in tracked))
+                tw.observation(stack=read_capped(specs[tw.index].stack_path)) for tw in tracked),
+            replicas=_check_replicas(tracked, specs, job.tolerance))
         for reader in readers:
             reader.close()
         verdict = diagnose(obs)
@@ -419,7 +473,74 @@ class Cluster:
             for w, tw in zip(obs.workers, tracked))
         return RunResult(outcome=outcome, workers=workers, culprits=tuple(verdict.culprits),
                          diagnosis=text, duration=total, observation=obs, verdict=verdict,
-                         faults_never_acted=tuple((repr(f), why) for f, why in never))
+                         faults_never_acted=tuple((repr(f), why) for f, why in never),
+                         attempt=attempt)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What every attempt of one ``run`` call shares."""
+
+    payload: bytes
+    settings: RunSettings
+    envs: List[dict]
+    sync_check: bool
+    ledger: Optional[str]
+    step_fn: Optional[str]
+    tolerance: Optional[float]   # the replica check's; None when it is off
+
+
+def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):
+    """The replica check's finding, when it is on and every worker returned."""
+    if tolerance is None or not tracked or not all(
+            tw.seen.returned and tw.seen.error is None for tw in tracked):
+        return None
+    prints, notes = {}, []
+    for tw in tracked:
+        if isinstance(tw.replica_prints, tuple):
+            prints[tw.index] = tw.replica_prints
+        else:
+            notes.append(f"worker {tw.index}: {tw.replica_prints or 'sent no fingerprints'}")
+    files: Dict[int, Any] = {}
+
+    def load(worker: int, number: int):
+        import numpy as np
+        if worker not in files:
+            files[worker] = np.load(specs[worker].replicas_path)
+        return files[worker][f"v{number}"]
+
+    try:
+        return compare_replicas(prints, load, tolerance, notes)
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def combine_attempts(attempts: Sequence[RunResult], plan, total: float) -> RunResult:
+    """The result of a run from its attempts' results: the last attempt's,
+    with every attempt kept.  A fault planned for an attempt that never ran
+    never acted, and a run with such a fault fails, as one whose worker
+    never reached it does."""
+    last = attempts[-1]
+    unreached = [(repr(f), f"attempt {f.attempt} never ran: the run ended after attempt "
+                           f"{len(attempts) - 1} ({last.outcome})")
+                 for f in plan if f.attempt >= len(attempts)]
+    never = tuple(x for a in attempts for x in a.faults_never_acted) + tuple(unreached)
+    outcome, text = last.outcome, last.diagnosis
+    if unreached:
+        if outcome in ("completed", "hang"):
+            outcome = "failed"
+        text = "\n".join([f"FAILED: {f} never acted: {why}" for f, why in unreached] + [text])
+    if len(attempts) > 1:
+        story = ", ".join(f"attempt {a.attempt} {a.outcome.upper()}" for a in attempts)
+        parts = [f"{outcome.upper()} after {len(attempts) - 1} restart"
+                 f"{'s' if len(attempts) > 2 else ''}: {story}",
+                 f"--- attempt {last.attempt} (last) ---", text]
+        for a in reversed(attempts[:-1]):
+            parts += [f"--- attempt {a.attempt} ---", a.diagnosis]
+        text = "\n".join(parts)
+    return dataclasses.replace(last, outcome=outcome, diagnosis=text, duration=total,
+                               faults_never_acted=never, attempts=tuple(attempts))
 
 
 LEDGER_LEVELS = ("calls", "collectives")
@@ -513,3 +634,6 @@ def _stop(tracked: List[_TrackedWorker], handles: List[WorkerHandle], start: flo
         if tw is not None and tw.seen.exit_code is None:
             tw.note(exit_code=h.exitcode, exit_time=time.monotonic() - start)
         h.close()
+    # Gone, not only signalled: the next attempt of a restarted run binds
+    # the same ports, and a run's end means no process of it is left.
+    psutil.wait_procs([p for known in descendants.values() for p in known], timeout=5)

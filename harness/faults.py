@@ -14,11 +14,16 @@ Adding a fault kind is two edits: its class here (fields, and ``check`` for
 what its fields must hold), and a row in the worker's action table
 (:data:`harness.worker.actions.ACTIONS`) saying what it does there.  What a
 fault does in the parent is declared on the class: ``edit_configs`` (a
-``TF_CONFIG`` fault) and ``resume_after`` (a pause the parent ends).
+``TF_CONFIG`` fault) and ``parent_signals`` (a pause the parent ends, a
+preempted worker the parent kills when its grace is over).
+
+Every fault acts in one attempt of a run (``attempt=``, keyword only, 0 by
+default); see ``run(restarts=...)``.
 """
 from __future__ import annotations
 
 import dataclasses
+import signal
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .errors import FaultError, InjectedFault  # noqa: F401  (InjectedFault: RaiseError raises it)
@@ -37,107 +42,147 @@ def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
         raise FaultError(f"{fault!r}: {name} must be 0 or more, got {value!r}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Fault:
-    """Base of every fault: the worker it acts in."""
-    worker: int
+    """Base of every fault: the worker it acts in, and the attempt.
 
-    def check(self, num_workers: int) -> None:
-        """Raise :class:`FaultError` unless this fault can act in a cluster of ``num_workers``."""
+    ``attempt`` (keyword only) is the attempt of a run with restarts
+    (``run(restarts=K)``) that the fault acts in: 0, the first, by default,
+    so a restarted cluster runs clean and can show that the job recovers.
+    It prints only when it is not 0.
+    """
+    worker: int
+    attempt: int = dataclasses.field(default=0, kw_only=True)
+
+    def __repr__(self) -> str:
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name != "attempt"]
+        if self.attempt != 0:   # last, as it is passed: by keyword
+            shown.append(f"attempt={self.attempt!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        """Raise :class:`FaultError` unless this fault can act in a cluster of
+        ``num_workers`` that is restarted up to ``restarts`` times."""
         if isinstance(self.worker, bool) or not isinstance(self.worker, int) \
                 or not 0 <= self.worker < num_workers:
             raise FaultError(f"{self!r}: worker {self.worker!r} does not exist in a cluster of "
                              f"{num_workers} workers (0..{num_workers - 1})")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) \
+                or not 0 <= self.attempt <= restarts:
+            raise FaultError(f"{self!r}: attempt {self.attempt!r} never runs: a run with "
+                             f"restarts={restarts} has attempts 0..{restarts}")
 
     def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
         """The workers' ``TF_CONFIG`` dicts as this fault leaves them (most leave them be)."""
         return configs
 
-    @property
-    def resume_after(self) -> Optional[float]:
-        """Seconds after this fault acted at which the parent resumes the stopped worker."""
-        return None
+    def parent_signals(self, run_grace: float) -> Tuple[Tuple[float, int], ...]:
+        """What the parent sends the worker once this fault acted: ``(seconds
+        after, signal)`` pairs.  ``run_grace`` is the run's grace setting."""
+        return ()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class StepFault(Fault):
     """A fault that acts at the boundary of step ``step`` of the worker's loop."""
     step: int
 
-    def check(self, num_workers: int) -> None:
-        super().check(num_workers)
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise FaultError(f"{self!r}: step must be an integer 0 or more, got {self.step!r}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class SkipStep(StepFault):
     """The worker does not run ``step``: its step count diverges by one."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class ExtraCollective(StepFault):
     """At ``step`` the worker runs one all-reduce the others do not."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Crash(StepFault):
     """At ``step`` the worker dies: ``os._exit(1)``, SIGKILL of itself, or ``abort()``."""
     how: str = "exit"
 
-    def check(self, num_workers: int) -> None:
-        super().check(num_workers)
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
         if self.how not in CRASH_HOW:
             raise FaultError(f"{self!r}: how must be one of {', '.join(CRASH_HOW)}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class RaiseError(StepFault):
     """At ``step`` the worker's training loop raises :class:`~harness.errors.InjectedFault`."""
     message: str = "injected fault"
 
-    def check(self, num_workers: int) -> None:
-        super().check(num_workers)
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
         if not isinstance(self.message, str):
             raise FaultError(f"{self!r}: message must be a string")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Pause(StepFault):
     """At ``step`` the worker is stopped with SIGSTOP; the parent sends
     SIGCONT after ``seconds``, or never when ``seconds`` is None."""
     seconds: Optional[float] = None
 
-    def check(self, num_workers: int) -> None:
-        super().check(num_workers)
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
         _check_number(self, "seconds", self.seconds, allow_none=True)
 
-    @property
-    def resume_after(self) -> Optional[float]:
+    def parent_signals(self, run_grace: float) -> Tuple[Tuple[float, int], ...]:
         # A stopped process cannot wake itself: the parent, which saw the
         # fault's message first, sends SIGCONT.
-        return self.seconds
+        return () if self.seconds is None else ((self.seconds, signal.SIGCONT),)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
+class Preempt(StepFault):
+    """At ``step`` the worker gets SIGTERM, a cluster manager's preemption
+    notice; if it is still alive ``grace`` seconds later (the run's grace
+    setting when None), the parent SIGKILLs it with all it started.
+
+    What the worker does with the notice is its own code's business:
+    TensorFlow's ``PreemptionCheckpointHandler`` saves a checkpoint on every
+    worker and exits them all; code without a SIGTERM handler dies of it.
+    The signal is raised by the worker itself at the step's boundary, so it
+    lands at the same point on every replay; a handler cannot tell it from
+    one sent by another process."""
+    grace: Optional[float] = None
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "grace", self.grace, allow_none=True)
+
+    def parent_signals(self, run_grace: float) -> Tuple[Tuple[float, int], ...]:
+        return ((run_grace if self.grace is None else self.grace, signal.SIGKILL),)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class Delay(StepFault):
     """At ``step`` the worker sleeps ``seconds``: a straggler that should
     still complete when ``seconds`` is below the hang timeout."""
     seconds: float
 
-    def check(self, num_workers: int) -> None:
-        super().check(num_workers)
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
         _check_number(self, "seconds", self.seconds)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class BadTFConfig(Fault):
     """The worker's ``TF_CONFIG`` is wrong from the start (see
     :func:`harness.tfconfig.apply_bad_config` for each ``kind``)."""
     kind: str
 
-    def check(self, num_workers: int) -> None:
-        super().check(num_workers)
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
         if self.kind not in BAD_CONFIG_KINDS:
             raise FaultError(f"{self!r}: kind must be one of {', '.join(BAD_CONFIG_KINDS)}")
         if self.kind in ("duplicate_index", "swapped") and num_workers < 2:
@@ -147,14 +192,15 @@ class BadTFConfig(Fault):
         return tfconfig.apply_bad_config(configs, self.worker, self.kind, spare_port)
 
 
-FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, BadTFConfig)
+FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, BadTFConfig)
 
 
-def validate(faults: Iterable, num_workers: int) -> Tuple[Fault, ...]:
-    """Check a fault plan against a cluster of ``num_workers``; return it as a tuple.
+def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fault, ...]:
+    """Check a fault plan against a cluster of ``num_workers`` restarted up
+    to ``restarts`` times; return it as a tuple.
 
     Each fault checks its own fields (:meth:`Fault.check`); across the plan,
-    a worker may have one ``BadTFConfig`` at most.
+    a worker may have one ``BadTFConfig`` per attempt at most.
     """
     if faults is None:
         return ()
@@ -166,12 +212,17 @@ def validate(faults: Iterable, num_workers: int) -> Tuple[Fault, ...]:
         if not isinstance(f, Fault):
             raise FaultError(f"{f!r} is not a fault; use one of "
                              f"{', '.join(t.__name__ for t in FAULT_TYPES)} from harness.faults")
-        f.check(num_workers)
+        f.check(num_workers, restarts)
         if isinstance(f, BadTFConfig):
-            if f.worker in seen_config:
-                raise FaultError(f"{f!r}: worker {f.worker} already has a BadTFConfig")
-            seen_config.add(f.worker)
+            if (f.worker, f.attempt) in seen_config:
+                raise FaultError(f"{f!r}: worker {f.worker} already has a BadTFConfig"
+                                 + (f" in attempt {f.attempt}" if restarts else ""))
+            seen_config.add((f.worker, f.attempt))
     return plan
+
+
+def in_attempt(plan: Iterable[Fault], attempt: int) -> Tuple[Fault, ...]:
+    return tuple(f for f in plan if f.attempt == attempt)
 
 
 def for_worker(plan: Iterable[Fault], index: int) -> Tuple[Fault, ...]:

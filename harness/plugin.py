@@ -7,7 +7,7 @@ all of this with no conftest import.
 The options, their ini keys, defaults and trade-offs are declared once, in
 :data:`harness.settings.OPTIONS`; ``pytest --help`` and README.md's table
 are made from there.  The marker ``@pytest.mark.mwms(workers=N, timeout=S,
-grace=S)`` overrides them for one test.  Every bad value is a usage error
+grace=S, restarts=K)`` overrides them for one test.  Every bad value is a usage error
 naming the option, raised before any test runs.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 
 from .errors import StateDirError
 from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, SettingError,
-                       gpu_assignment, parse_choice, parse_marker, parse_modules, parse_seconds,
-                       parse_workers, visible_gpus)
+                       gpu_assignment, parse_choice, parse_marker, parse_modules, parse_restarts,
+                       parse_seconds, parse_workers, visible_gpus)
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 
@@ -59,13 +59,15 @@ def settings_from_config(config: pytest.Config) -> RunSettings:
     else:
         state_dir = None
     preload = parse_modules(_value(config, "preload"))
+    restarts = parse_restarts(_value(config, "restarts"))
     return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
-                       start_method=method, state_dir=state_dir, preload=preload)
+                       start_method=method, state_dir=state_dir, preload=preload,
+                       restarts=restarts)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "mwms(workers=N, timeout=SECONDS, grace=SECONDS): override the "
+        "markers", "mwms(workers=N, timeout=SECONDS, grace=SECONDS, restarts=K): override the "
         "pytest-mwms options for this test's mwms_cluster")
     try:
         config.stash[SETTINGS_KEY] = settings_from_config(config)

@@ -26,6 +26,7 @@ PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 FAULT = "fault"                        # data: the fault being applied (the record keeps its repr)
 RETURNED = "returned"                  # data: dill bytes of fn's return value
 RAISED = "raised"                      # data: WorkerError
+REPLICAS = "replicas"                  # data: tuple of VariablePrint, before RETURNED (check_replicas)
 # The collective ledger (see harness.worker.ledger), told once, at trace time:
 LEDGER_FUNCTION = "ledger_function"    # data: {"id", "name"} of a function that may launch collectives
 LEDGER_COLLECTIVE = "ledger_collective"  # data: {"function", "trace", "index", "kind", "shape", "dtype"}
@@ -66,6 +67,27 @@ class WorkerError:
 
 
 @dataclasses.dataclass(frozen=True)
+class VariablePrint:
+    """One strategy variable as a worker holds it when ``fn`` has returned.
+
+    ``name`` is the name it was created with, ``number`` its place in the
+    order of creation; ``digest`` the SHA-256 of its value's bytes.  The
+    value itself is array ``v<number>`` of the worker's replica file, read
+    only where digests differ.
+    """
+
+    number: int
+    name: str
+    shape: tuple
+    dtype: str
+    digest: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name!r} (variable #{self.number}, shape {tuple(self.shape)}, {self.dtype})"
+
+
+@dataclasses.dataclass(frozen=True)
 class Message:
     """One report from worker ``worker``.
 
@@ -90,6 +112,8 @@ class WorkerSpec:
     ``tf_config`` is the worker's ``TF_CONFIG`` (None: left unset).
     ``progress_path`` is the file the parent made for its progress map
     (:mod:`harness.progress`); ``ledger`` the ledger level, or None for off.
+    ``attempt`` counts the restarts of the run so far (``ctx.attempt``);
+    ``replicas_path`` is set when the run checks its replicas.
     """
 
     index: int
@@ -104,3 +128,5 @@ class WorkerSpec:
     progress_path: str = ""
     ledger: Optional[str] = "calls"
     step_function: Optional[str] = None
+    attempt: int = 0
+    replicas_path: str = ""   # where to write the replica file; "" when the check is off

@@ -196,13 +196,46 @@ class WorkerObservation:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplicaDivergence:
+    """The first variable on which the workers disagree.
+
+    ``sides`` groups the workers that agree with each other on it (within
+    the tolerance), largest group first; ``max_difference`` is the largest
+    absolute difference between any worker's value and the first side's
+    (None when the variables do not even have the same shape or are
+    missing on some workers); ``detail`` says it for a person."""
+
+    variable: str
+    sides: Tuple[Tuple[int, ...], ...]
+    max_difference: Optional[float]
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaCheck:
+    """What the replica check found: how many variables each worker
+    fingerprinted, the tolerance, the divergence if any, and notes (a
+    worker that could not fingerprint)."""
+
+    variables: Tuple[int, ...]
+    tolerance: float
+    divergence: Optional[ReplicaDivergence] = None
+    notes: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class RunObservation:
+    """What the parent saw of one run (one attempt of a run with restarts).
+    ``replicas`` is the replica check's finding (``run(check_replicas=...)``),
+    None when the check was off or the workers did not all return."""
+
     num_workers: int
     timeout: float
     grace: float
     ended_by: str
     duration: float
     workers: Tuple[WorkerObservation, ...]
+    replicas: Optional[ReplicaCheck] = None
 
     @property
     def last_progress_time(self) -> float:
@@ -237,4 +270,12 @@ class RunObservation:
                                        "done": tuple(c.get("done", ()))})
                                for c in w.get("calls", ()))
             workers.append(WorkerObservation(**w))
-        return cls(**{**d, "workers": tuple(workers)})
+        replicas = d.get("replicas")
+        if replicas is not None:
+            div = replicas.get("divergence")
+            replicas = ReplicaCheck(**{
+                **replicas, "variables": tuple(replicas["variables"]),
+                "notes": tuple(replicas.get("notes", ())),
+                "divergence": None if div is None else ReplicaDivergence(**{
+                    **div, "sides": tuple(tuple(s) for s in div["sides"])})})
+        return cls(**{**d, "workers": tuple(workers), "replicas": replicas})

@@ -67,6 +67,8 @@ class RunResult:
     observation: RunObservation = dataclasses.field(repr=False)
     verdict: Any = dataclasses.field(repr=False, default=None)
     faults_never_acted: Tuple[Tuple[str, str], ...] = ()
+    attempt: int = 0
+    attempts: Tuple["RunResult", ...] = dataclasses.field(default=(), repr=False)
 
     @property
     def return_values(self) -> list:
@@ -77,6 +79,15 @@ class RunResult:
         """True when the diagnosis could not single out a culprit and named
         every candidate (two workers out of step, two disagreeing configs)."""
         return bool(getattr(self.verdict, "ambiguous", False))
+
+    @property
+    def replicas(self):
+        return self.observation.replicas if self.observation is not None else None
+
+    @property
+    def restarts(self) -> int:
+        """How many times the run was restarted."""
+        return max(0, len(self.attempts) - 1)
 
     @property
     def step(self) -> Optional[int]:

@@ -65,6 +65,42 @@ def parse_seconds(value: Any, option: str, allow_zero: bool = False) -> float:
     return s
 
 
+MAX_RESTARTS = 100
+
+
+def parse_restarts(value: Any, option: str = "--mwms-restarts") -> int:
+    """A number of restarts: a whole number from 0 to :data:`MAX_RESTARTS`."""
+    try:
+        n = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        n = None
+    if n is None or not 0 <= n <= MAX_RESTARTS:
+        raise SettingError(f"{option}: {value!r} is not a number of restarts; use a whole "
+                           f"number from 0 to {MAX_RESTARTS}")
+    return n
+
+
+# What a restart can follow: the names ``run(restart_on=...)`` takes, and
+# the outcome each stands for.
+RESTART_ON = {"crash": "crashed", "fail": "failed", "hang": "hang"}
+DEFAULT_RESTART_ON = "crash,fail"
+
+
+def parse_restart_on(value: Any, option: str = "run(restart_on=...)") -> frozenset:
+    """``"crash,fail"`` (or a sequence of those words) as the set of outcomes
+    after which a run with restarts left starts again."""
+    words = value if isinstance(value, (list, tuple, set, frozenset)) else str(value).split(",")
+    out = set()
+    for word in (str(w).strip().lower() for w in words):
+        if word not in RESTART_ON:
+            raise SettingError(f"{option}: {word!r} is not one of {', '.join(RESTART_ON)} "
+                               f"(comma-separated)")
+        out.add(RESTART_ON[word])
+    if not out:
+        raise SettingError(f"{option}: name at least one of {', '.join(RESTART_ON)}")
+    return frozenset(out)
+
+
 def parse_choice(value: Any, option: str, choices: tuple) -> str:
     v = str(value).strip().lower()
     if v not in choices:
@@ -128,6 +164,11 @@ OPTIONS = (
            "(your package, what a script imports), besides TensorFlow, pytest and hypothesis",
            "Each run then skips importing them. One that fails to import, or starts a thread, "
            "is a warning and is left out."),
+    Option("restarts", "K", "0", "0",
+           "after a run crashed or failed, restart its whole cluster up to K times (same "
+           "ports and `TF_CONFIG`, fresh processes), as a cluster manager would",
+           "Each restart pays a cluster start-up again; a hang is restarted only when "
+           "`run(restart_on=...)` asks."),
     Option("state-dir", "DIR", None, "$MWMS_STATE_DIR, else the temp directory's "
            "`pytest-mwms-ports`",
            "where the harness coordinates the ports it reserves with other pytest processes "
@@ -174,12 +215,13 @@ class RunSettings:
     start_method: str = "forkserver"
     state_dir: Optional[str] = None
     preload: tuple = ()
+    restarts: int = 0
 
     def with_overrides(self, **overrides: Any) -> "RunSettings":
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-MARKER_KEYS = ("workers", "timeout", "grace")
+MARKER_KEYS = ("workers", "timeout", "grace", "restarts")
 
 
 def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) -> dict:
@@ -198,6 +240,8 @@ def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) ->
         out["timeout"] = parse_seconds(kwargs["timeout"], "@pytest.mark.mwms(timeout=...)")
     if "grace" in kwargs:
         out["grace"] = parse_seconds(kwargs["grace"], "@pytest.mark.mwms(grace=...)", allow_zero=True)
+    if "restarts" in kwargs:
+        out["restarts"] = parse_restarts(kwargs["restarts"], "@pytest.mark.mwms(restarts=...)")
     return out
 
 

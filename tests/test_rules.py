@@ -44,7 +44,8 @@ def test_table_names_are_unique_and_every_situation_ends_with_an_answer():
     assert all(r.when <= set(SITUATIONS) and r.when for r in RULES)
     for situation in SITUATIONS:
         last = [r for r in RULES if situation in r.when][-1]
-        assert last.name in ("nothing_to_blame", "crash", "root_error", "no_evidence"), situation
+        assert last.name in ("nothing_to_blame", "crash", "root_error", "no_evidence",
+                             "replicas"), situation
 
 
 def test_the_verdict_names_the_rule_and_a_completed_run_blames_nobody():

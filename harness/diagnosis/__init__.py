@@ -14,7 +14,8 @@ tested on hand-built or recorded runs.  It works in three parts:
 Outcome, by strict precedence: ``crashed`` if any worker died (ended without
 returning or raising, not by the harness's hand); else ``failed`` if any
 raised; else ``hang`` if the run ended by the hang detector or a worker never
-returned; else ``completed``.  ``fault`` events are never used for blame;
+returned; else ``failed`` if the replica check found the workers' models
+differ (error ``ReplicaDivergence``); else ``completed``.  ``fault`` events are never used for blame;
 the text lists them as "injected".  ``Verdict.step`` is the step where the
 others wait for the culprit when they wait for it, else the culprit's last
 step.
@@ -60,5 +61,7 @@ def diagnose(obs: RunObservation) -> Verdict:
     if errs and (f.outcome == "failed" or (f.outcome == "crashed" and errs[0].index in culprits
                                            and not is_echo(errs[0].error))):
         error = short_type(errs[0].error.type_name)
+    elif rule == "replicas":
+        error = "ReplicaDivergence"
     return Verdict(f.outcome, culprits, render(f, blame, culprits), blame.step, error,
                    blame.ambiguous, rule)

@@ -25,7 +25,8 @@ CRASHED = "crashed"
 FAILED = "failed"             # a worker raised, and some error is a cause
 FAILED_ECHOES = "failed_echoes"  # a worker raised, but every error is an echo
 HANG_ = "hang"
-SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, HANG_)
+DIVERGED = "diverged"         # every worker returned, but their replicas disagree
+SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, HANG_, DIVERGED)
 
 
 def or_inf(t: Optional[float]) -> float:
@@ -71,7 +72,8 @@ def reference_steps(ws: Sequence[WorkerObservation]) -> Tuple[int, ...]:
 
 
 def outcome_of(obs: RunObservation) -> str:
-    """Strict precedence: crashed, then failed, then hang, else completed."""
+    """Strict precedence: crashed, then failed, then hang, else completed;
+    a run whose workers all returned but disagree (the replica check) failed."""
     ws = obs.workers
     if any(w.died for w in ws):
         return "crashed"
@@ -79,7 +81,14 @@ def outcome_of(obs: RunObservation) -> str:
         return "failed"
     if obs.ended_by == HANG or not all(w.returned for w in ws):
         return "hang"
+    if diverged(obs):
+        return "failed"
     return "completed"
+
+
+def diverged(obs: RunObservation) -> bool:
+    """The replica check found workers that disagree."""
+    return obs.replicas is not None and obs.replicas.divergence is not None
 
 
 # (finished?, steps, phase): workers with equal signatures stand at the same
@@ -120,7 +129,9 @@ def facts_of(obs: RunObservation) -> Facts:
     raised = [w for w in obs.workers if w.error is not None]
     roots = tuple(sorted((w for w in raised if not is_echo(w.error)),
                          key=lambda w: or_inf(w.finish_time)))
-    if outcome == "failed":
+    if outcome == "failed" and not raised:
+        situation = DIVERGED
+    elif outcome == "failed":
         situation = FAILED if roots else FAILED_ECHOES
     else:
         situation = outcome

@@ -66,6 +66,19 @@ def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
     return lines
 
 
+def replica_lines(check) -> List[str]:
+    """What the replica check adds: that the replicas agree, or notes."""
+    lines = [f"note: replica check: {n}" for n in check.notes]
+    if check.divergence is None:
+        counts = sorted(set(check.variables))
+        lines.append(f"replicas: {counts[0] if len(counts) == 1 else counts} mirrored "
+                     f"variables agree on every worker (tolerance {check.tolerance:g})"
+                     if counts and counts != [0] else
+                     "replicas: no mirrored variables to compare (none was created under "
+                     "the strategy's scope)")
+    return lines
+
+
 def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     obs, outcome, issues, errs = f.obs, f.outcome, f.config_issues, f.errors
     ws = obs.workers
@@ -100,6 +113,8 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     if outcome in ("completed", "crashed"):   # else the config is the blame, said above
         lines += [f"note: TF_CONFIG of {names([i])}: {'; '.join(v)}"
                   for i, v in sorted(issues.items())]
+    if obs.replicas is not None:
+        lines += replica_lines(obs.replicas)
     faults = [(w.index, e) for w in ws for e in w.events if e.kind == protocol.FAULT]
     for i, e in faults[:MAX_FAULTS_LISTED]:
         at = f" at step {e.step}" if e.step is not None else ""

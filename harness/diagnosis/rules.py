@@ -54,7 +54,7 @@ from ..record import WorkerObservation
 from .echoes import (exit_text, is_echo, is_end_of_input, names_unhealthy, short_type,
                      tasks_named)
 from . import ledger
-from .facts import (CRASHED, FAILED, FAILED_ECHOES, HANG_, PHASE_RANK, SITUATIONS,
+from .facts import (CRASHED, DIVERGED, FAILED, FAILED_ECHOES, HANG_, PHASE_RANK, SITUATIONS,
                     Facts, or_inf, phase, reference_steps, where_stopped)
 from .stacks import stack_kind, summarize_stack
 from .words import names, steps_text
@@ -100,6 +100,33 @@ def stopped_before_deaths(f: Facts) -> Optional[Blame]:
     return Blame([w.index for w in culprits],
                  f"stopped (SIGSTOP) {where_stopped(culprits[0])} before any worker died; "
                  f"{names([w.index for w in died])} died after it", culprits[0].last_step)
+
+
+def replicas(f: Facts) -> Optional[Blame]:
+    """Every worker returned, but they hold different models (the replica
+    check).  Blame the odd ones out where a strict majority agrees and each
+    odd one is alone; otherwise (two workers, two sides of two, every worker
+    on its own) it cannot tell, and names them all.  The majority rule
+    assumes one faulty worker: two that went wrong the same way outvote
+    the truth."""
+    if f.obs.replicas is None or f.obs.replicas.divergence is None:
+        return None
+    found = f.obs.replicas.divergence
+    sides = [tuple(s) for s in found.sides]
+    biggest = sides[0]
+    majority_holds = len(biggest) * 2 > f.obs.num_workers and all(
+        len(s) == 1 for s in sides[1:]) and sum(len(s) == len(biggest) for s in sides) == 1
+    if majority_holds:
+        odd = sorted(w for s in sides[1:] for w in s)
+        return Blame(odd, f"holds a different {found.variable} from the majority "
+                          f"({names(list(biggest))})",
+                     headline=f"replicas diverged; culprit: {names(odd)} against the "
+                              f"majority; {found.detail}")
+    every = sorted(w for s in sides for w in s)
+    return Blame(every, "the workers split with no majority: the check cannot tell which "
+                        "side is right", ambiguous=True,
+                 headline=f"replicas diverged; cannot tell which of {names(every)}; "
+                          f"{found.detail}")
 
 
 def crash(f: Facts) -> Optional[Blame]:
@@ -461,6 +488,7 @@ _STUCK = frozenset({HANG_, FAILED_ECHOES})
 
 RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),
+    Rule("replicas", frozenset({DIVERGED}), replicas),
     Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
     Rule("crash", frozenset({CRASHED}), crash),
     Rule("config", _TROUBLE, config),

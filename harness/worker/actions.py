@@ -14,7 +14,8 @@ import time
 from typing import Callable, Dict
 
 from ..errors import InjectedFault
-from ..faults import Crash, Delay, ExtraCollective, Pause, RaiseError, SkipStep, StepFault
+from ..faults import (Crash, Delay, ExtraCollective, Pause, Preempt, RaiseError, SkipStep,
+                      StepFault)
 from .process import flush_output
 
 
@@ -27,8 +28,8 @@ def delay(fault: Delay, ctx) -> None:
 
 
 def pause(fault: Pause, ctx) -> None:
-    # The parent sends SIGCONT after fault.resume_after (it saw the FAULT
-    # message first); a stopped process cannot wake itself.
+    # The parent sends SIGCONT after the fault's parent_signals (it saw the
+    # FAULT message first); a stopped process cannot wake itself.
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -40,6 +41,15 @@ def crash(fault: Crash, ctx) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     else:
         os.abort()
+
+
+def preempt(fault: Preempt, ctx) -> None:
+    """The preemption notice: SIGTERM to this process, whatever handles it.
+    With no handler it dies of it; a handler (TensorFlow's
+    PreemptionCheckpointHandler) runs in the main thread right after this
+    returns.  The parent kills it if it outlives the fault's grace."""
+    flush_output()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def raise_error(fault: RaiseError, ctx) -> None:
@@ -80,6 +90,7 @@ ACTIONS: Dict[type, Action] = {
     RaiseError: Action(raise_error),
     Pause: Action(pause),
     Delay: Action(delay),
+    Preempt: Action(preempt),
 }
 
 

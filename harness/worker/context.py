@@ -42,7 +42,8 @@ class WorkerContext:
 
     ``index`` is this worker's task index, ``num_workers`` the cluster size,
     ``is_chief`` true for worker 0 (a cluster of workers only has no separate
-    chief task), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
+    chief task), ``attempt`` which attempt of a run with restarts this is
+    (0, then 1 after the first restart, and so on), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
     fault removed it) and ``strategy`` the MultiWorkerMirroredStrategy ``fn``
     created, once it has.
 
@@ -57,7 +58,8 @@ class WorkerContext:
     as steps, see :meth:`automatic_step`; ``step_function`` names the one
     function whose calls count, when given), ``in_boundary`` is True while
     a boundary's faults and sync check run, ``acted`` holds the faults that
-    have acted, and ``traced`` keeps the
+    have acted, ``replica_variables`` the strategy's variables as they are
+    created (when the run checks replicas), and ``traced`` keeps the
     ``tf.function``\\ s the harness traces once per worker (the sync check,
     an extra collective), by purpose.
     """
@@ -65,8 +67,10 @@ class WorkerContext:
     def __init__(self, index: int, num_workers: int, tf_config: Optional[dict],
                  send: Callable[..., None], faults: Tuple[Fault, ...] = (),
                  sync_check: bool = False, record: Optional[progress.Writer] = None,
-                 step_function: Optional[str] = None):
+                 step_function: Optional[str] = None, attempt: int = 0,
+                 check_replicas: bool = False):
         self.index = index
+        self.attempt = attempt
         self.num_workers = num_workers
         self.tf_config = tf_config
         self.sync_check = sync_check
@@ -83,6 +87,9 @@ class WorkerContext:
         self.acted: set = set()
         self.send = send
         self.record = record
+        # (name, variable) for each variable the strategy creates, when the
+        # run checks its replicas (see harness.worker.replicas); else None.
+        self.replica_variables: Optional[list] = [] if check_replicas else None
 
     @property
     def is_chief(self) -> bool:

@@ -10,8 +10,10 @@ over the channel of :mod:`harness.protocol`:
    thread's Python stack to the stack file, and fatal signals dump to the log;
 4. sets ``TF_CONFIG`` and the environment, then runs ``fn`` with
    ``harness.context()`` available;
-5. reports RETURNED or RAISED, then waits for the parent's RELEASE (or its
-   SIGKILL) so a finished worker stays in the cluster until the run is decided.
+5. fingerprints the strategy's variables when the run checks replicas, then
+   reports RETURNED and waits for the parent's RELEASE (or its SIGKILL), so a
+   worker that returned stays in the cluster until the run is decided; or
+   reports RAISED and exits with status 1, as a process whose main raised.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ from . import ledger as ledger_module
 # went away while it was reporting.
 EXIT_ORPHANED = 70
 EXIT_PARENT_GONE = 71
+# A worker whose fn raised exits as Python does on an uncaught exception.
+EXIT_RAISED = 1
 
 
 def worker_error(exc: BaseException) -> WorkerError:
@@ -83,6 +87,17 @@ def start_ledger(ctx, record: progress.Writer, level: str, send) -> None:
         send(protocol.LEDGER_OFF, data=why)
 
 
+def send_replicas(ctx, path: str, send) -> None:
+    """Fingerprint the strategy's variables for the replica check; a
+    failure to do so is the harness's, reported as text, not fn's error."""
+    from .replicas import fingerprint
+    try:
+        data = fingerprint(ctx.replica_variables or [], path)
+    except Exception as e:
+        data = f"could not fingerprint its variables: {type(e).__name__}: {e}"
+    send(protocol.REPLICAS, data=data)
+
+
 def worker_main(spec: WorkerSpec, conn) -> None:
     linux.die_with_parent(EXIT_ORPHANED)
     start_group_reaper()
@@ -109,7 +124,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         record = progress.Writer(spec.progress_path, nudge=lambda: channel.send(protocol.DRAIN))
     ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
                                        channel.send, spec.faults, spec.sync_check, record,
-                                       spec.step_function)
+                                       spec.step_function, spec.attempt,
+                                       bool(spec.replicas_path))
     context_module.activate(ctx)
     code = 1
     try:
@@ -125,6 +141,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         except Exception as e:
             raise TypeError(f"fn returned a value that cannot be sent to the parent "
                             f"({type(value).__name__}): {e}") from e
+        if spec.replicas_path:
+            send_replicas(ctx, spec.replicas_path, channel.send)
         channel.send(protocol.RETURNED, data=payload)
         code = 0
     except (SystemExit, KeyboardInterrupt):
@@ -134,6 +152,10 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         traceback.print_exc()
         flush_output()
         channel.send(protocol.RAISED, data=worker_error(e))
+        # A process whose main raised ends: its peers lose its heartbeats
+        # and TensorFlow tells them (UnavailableError, about 10 s later), as
+        # it would tell a real cluster.  Kept alive, it would hide that.
+        os._exit(EXIT_RAISED)
     channel.wait_release()
     flush_output()
     os._exit(code)

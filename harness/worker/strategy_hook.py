@@ -91,6 +91,9 @@ def install_strategy_hook(ctx) -> None:
                 ctx.creating_strategy = False
         if outermost:
             ctx.strategy = self
+            if ctx.replica_variables is not None:
+                from .replicas import watch_variables
+                watch_variables(self, ctx.replica_variables)
             ctx.send(protocol.STRATEGY_CREATED, data=int(self.num_replicas_in_sync))
 
     __init__._mwms_hooked = True
