@@ -21,11 +21,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 
-import psutil
 from multiprocess import connection
 
 from . import faults as faults_module
-from . import progress, protocol, serialize, tfconfig
+from . import linux, progress, protocol, serialize, tfconfig
 from .diagnosis import diagnose
 from .errors import SerializationError
 from .ledger_view import LedgerView
@@ -42,6 +41,8 @@ from .settings import (DEFAULT_RESTART_ON, RunSettings, parse_restart_on, parse_
 # long a live one gets to write its faulthandler dump, before SIGKILL.
 RELEASE_WAIT = 0.5
 STACK_WAIT = 0.5
+# How long the processes of a run get to be gone once SIGKILLed.
+STOP_WAIT = 5.0
 # Logs past this are kept as head + tail, so a worker that prints without end
 # cannot swallow the parent's memory.
 LOG_HEAD = 64 * 1024
@@ -635,5 +636,7 @@ def _stop(tracked: List[_TrackedWorker], handles: List[WorkerHandle], start: flo
             tw.note(exit_code=h.exitcode, exit_time=time.monotonic() - start)
         h.close()
     # Gone, not only signalled: the next attempt of a restarted run binds
-    # the same ports, and a run's end means no process of it is left.
-    psutil.wait_procs([p for known in descendants.values() for p in known], timeout=5)
+    # the same ports, and a run's end means no process of it is left.  A
+    # zombie holds nothing and counts as gone (psutil.wait_procs would wait
+    # for whoever adopted it to reap it: seconds, for a worker's reaper).
+    linux.wait_gone([p.pid for known in descendants.values() for p in known], STOP_WAIT)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from typing import Iterable, List
 
 import psutil
@@ -56,6 +57,18 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def wait_gone(pids: Iterable[int], seconds: float) -> List[int]:
+    """Wait until none of ``pids`` is alive (zombies count as gone), at most
+    ``seconds``; return the survivors."""
+    deadline = time.monotonic() + seconds
+    left = list(pids)
+    while True:
+        left = [p for p in left if alive(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
 
 
 def has_tensorflow(pid: int) -> bool:

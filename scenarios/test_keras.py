@@ -131,7 +131,8 @@ def test_tf_keras_fit_last_partial_batch_without_repeat(mwms_cluster, monkeypatc
 
     TensorFlow: this hung in TensorFlow 2.0-2.2; now ``fit`` agrees across
     workers where the epoch ends: 16 batches per epoch, all workers complete.
-    The scenario guards that fix.
+    The scenario guards that fix, with the replica check on: the replicas
+    stay equal through the partial batches.
 
     Source: tensorflow#36153.
 
@@ -139,6 +140,8 @@ def test_tf_keras_fit_last_partial_batch_without_repeat(mwms_cluster, monkeypatc
     ``steps_per_epoch``.
     """
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
-    result = mwms_cluster.run(fit, kwargs={"data": "partial", "epochs": 3}, timeout=20)
+    result = mwms_cluster.run(fit, kwargs={"data": "partial", "epochs": 3}, timeout=20,
+                              check_replicas=True)
     result.assert_completed()
     assert all(w.last_step == 3 * 16 - 1 for w in result.workers)
+    assert result.replicas.divergence is None and result.replicas.variables[0] > 0

@@ -90,10 +90,79 @@ def test_worker_crashes_with_collective_timeout(mwms_cluster):
     _survivors_report_the_death(result, last)
 
 
+def train_with_a_corrupt_batch(bad_worker, bad_step=AT, steps=STEPS):
+    """The seed's loop with its input checked (``tf.debugging.check_numerics``
+    in the train step); worker ``bad_worker``'s batch at ``bad_step`` is
+    corrupt (NaN images: a bad record in its shard).  (A check on the loss
+    would not see it: ReLU turns NaN into 0 on CPU.)"""
+    import tensorflow as tf
+
+    import harness
+    from harness.workloads import make_loss_object, replica_gradients
+    from scenarios import mnist_like
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = mnist_like.build_model()
+        optimizer = tf.keras.optimizers.Adam(learning_rate=0.001)
+        loss_object = make_loss_object()
+
+    @tf.function
+    def step(dist_inputs, corrupt):
+        def replica(inputs):
+            images, labels = inputs
+            images = tf.debugging.check_numerics(images * corrupt, "input batch is not finite")
+            _, loss, gradients = replica_gradients(model, loss_object, (images, labels))
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica, args=(dist_inputs,)), axis=None)
+
+    x, y = mnist_like.make_data()
+    iterator = iter(mnist_like.distributed_dataset(strategy, x, y))
+    for k in ctx.steps(steps):
+        bad = ctx.index == bad_worker and k == bad_step
+        step(next(iterator), tf.constant(float("nan") if bad else 1.0))
+    return k
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="failed", error="InvalidArgumentError", fixed_by=NO_FIX,
+          source="TensorFlow's multi-worker error propagation (coordination service)")
+def test_error_on_one_worker_reaches_every_worker(mwms_cluster):
+    """One worker's input check fails (a corrupt batch in its shard at step
+    5); the others' batches are fine.
+
+    TensorFlow: that worker raises ``InvalidArgumentError`` "input batch is
+    not finite" before its all-reduce and exits; the others, waiting in the
+    all-reduce, raise ``UnavailableError`` as soon as its connections close
+    (the coordination service's heartbeat timeout, ~10 s, is the backstop):
+    the error reaches every worker, nobody hangs.  The harness names the worker whose
+    error came first, and reads the others' as echoes.
+
+    Source: TensorFlow's error propagation between MWMS workers (the
+    coordination service's heartbeats; ``multi_process_runner``'s tests
+    check that an error on one worker ends them all).
+
+    Fix: none makes a corrupt batch train; what a job can rely on is this
+    behaviour: it fails everywhere within seconds, and a restart resumes
+    from the last checkpoint.  Filter or repair the bad records in the
+    input pipeline, the same way on every worker.
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(train_with_a_corrupt_batch, args=(last,), timeout=30, grace=15)
+    result.assert_failed(culprits=[last], error="InvalidArgumentError").assert_culprit(last)
+    assert "input batch is not finite" in result.workers[last].exception.message
+    for w in result.workers[:last]:
+        assert w.exception is not None and w.exception.type_name == "UnavailableError", w
+        assert w.last_step == AT
+    assert "echo" in result.diagnosis
+
+
 def train_resumable(directory, steps=STEPS, save_every=2):
     """The seed's loop, checkpointed every 2 steps on every worker (the chief
-    into ``directory``, the others into temporary directories) and resumed
-    from the chief's latest checkpoint.  Returns (first step, steps done)."""
+    into ``directory``, the others into temporary directories they delete
+    after each save, as TensorFlow's tutorial does) and resumed from the
+    chief's latest checkpoint.  Returns (first step, steps done)."""
     import tensorflow as tf
 
     import harness
@@ -119,6 +188,8 @@ def train_resumable(directory, steps=STEPS, save_every=2):
         done.assign_add(1)
         if int(done.numpy()) % save_every == 0:
             manager.save()
+            if write_dir != directory:   # the tutorial's pattern: the others' copies go
+                tf.io.gfile.rmtree(write_dir)
     return first, int(done.numpy())
 
 
@@ -126,12 +197,14 @@ def train_resumable(directory, steps=STEPS, save_every=2):
 @scenario(outcome="completed", source="MWMS docs: fault tolerance")
 def test_restart_from_checkpoint_after_a_crash(mwms_cluster, tmp_path):
     """Fixed: checkpoints every 2 steps on every worker; after the crash the
-    job is started again and resumes from the last one.
+    cluster is restarted (``restarts=1``) and the job resumes from the last
+    checkpoint.
 
-    TensorFlow: the first run crashes at step 5 as in
-    ``test_worker_crashes_mid_training``; the second, a new cluster, restores
-    4 steps' worth of model and optimizer state and completes the
-    remaining 6.
+    TensorFlow: the first attempt crashes at step 5 as in
+    ``test_worker_crashes_mid_training``; the second, a new cluster at the
+    same addresses, restores 4 steps' worth of model and optimizer state and
+    completes the remaining 6.  Nothing is left of the non-chief workers'
+    temporary checkpoints.
 
     Source: the MWMS fault-tolerance guide (``BackupAndRestore``, or
     ``CheckpointManager`` in a custom loop).
@@ -139,12 +212,14 @@ def test_restart_from_checkpoint_after_a_crash(mwms_cluster, tmp_path):
     Fix: this.
     """
     last = _last(mwms_cluster)
-    crashed = mwms_cluster.run(train_resumable, args=(str(tmp_path),), timeout=30, grace=15,
-                               faults=[Crash(last, AT)])
-    crashed.assert_crashed(culprits=[last])
-    resumed = mwms_cluster.run(train_resumable, args=(str(tmp_path),), timeout=20)
-    resumed.assert_completed()
-    assert resumed.return_values == [(4, STEPS)] * mwms_cluster.num_workers
+    result = mwms_cluster.run(train_resumable, args=(str(tmp_path),), timeout=30, grace=15,
+                              faults=[Crash(last, AT)], restarts=1)
+    result.assert_completed()
+    result.attempts[0].assert_crashed(culprits=[last])
+    assert result.return_values == [(4, STEPS)] * mwms_cluster.num_workers
+    left = [os.path.join(parent, f) for parent, _, files in os.walk(tmp_path) for f in files
+            if ".worker-" in parent]
+    assert left == []
 
 
 @pytest.mark.timeout(60)

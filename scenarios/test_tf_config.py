@@ -14,11 +14,13 @@ from scenarios.meta import culprit_check, culprit_from_three, scenario
 STEPS = 10
 
 
-def train_and_report(tf_config_late=False):
+def train_and_report(tf_config_late=False, own_data=False):
     """The seed's loop for 10 steps; returns (replicas in sync, losses).
 
     ``tf_config_late``: build the strategy while ``TF_CONFIG`` is unset and
-    set it right after, as in tensorflow#31154.
+    set it right after, as in tensorflow#31154.  ``own_data``: each worker
+    reads data of its own (its own files, say) rather than one dataset the
+    strategy shards.
     """
     import tensorflow as tf
 
@@ -32,7 +34,7 @@ def train_and_report(tf_config_late=False):
     else:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     _, _, step = mnist_like.make_training(strategy)
-    x, y = mnist_like.make_data()
+    x, y = mnist_like.make_data(seed=ctx.index if own_data else 0)
     iterator = iter(mnist_like.distributed_dataset(strategy, x, y))
     losses = [float(step(next(iterator))) for _ in ctx.steps(STEPS)]
     return strategy.num_replicas_in_sync, losses
@@ -56,12 +58,19 @@ def test_tf_config_consistent(mwms_cluster):
     Fix: set ``TF_CONFIG`` in each worker's environment before it creates
     ``MultiWorkerMirroredStrategy``: same ``cluster.worker`` list everywhere,
     in the same order, ``task.index`` its own position in that list.
+
+    With data of each worker's own and the replica check on, the replicas
+    agree: every variable, bit for bit.
     """
     result = mwms_cluster.run(train_and_report, timeout=20)
     result.assert_completed()
     n = mwms_cluster.num_workers
     assert [r[0] for r in result.return_values] == [n] * n
     assert all(r[1] == result.return_values[0][1] for r in result.return_values)
+    checked = mwms_cluster.run(train_and_report, kwargs={"own_data": True}, timeout=20,
+                               check_replicas=0)
+    checked.assert_completed()
+    assert checked.replicas.divergence is None and checked.replicas.variables[0] > 0
 
 
 @pytest.mark.timeout(60)
@@ -217,14 +226,19 @@ def test_tf_config_wrong_port_culprit(mwms_cluster, scenario_run):
 
 
 @pytest.mark.timeout(60)
-@scenario(outcome="completed", source="tensorflow#31154", fixed_by="test_tf_config_consistent")
+@scenario(outcome="failed", error="ReplicaDivergence", source="tensorflow#31154",
+          fixed_by="test_tf_config_consistent")
 def test_tf_config_set_after_strategy(mwms_cluster):
     """``TF_CONFIG`` is set after ``MultiWorkerMirroredStrategy()`` was created.
 
     TensorFlow: the strategy reads ``TF_CONFIG`` only when it is created, so
     each worker builds a 1-replica strategy of its own and trains alone:
-    every worker completes, no error, no hang, and the workers' models
-    silently differ ("workers are out of sync").
+    every worker completes, no error, no hang ("workers are out of sync").
+    On one dataset (no sharding without a cluster) they even train the same
+    model; with data of each worker's own the models silently differ, and
+    only the replica check (``check_replicas=True``) fails the run, naming
+    the first variable that differs.  Every worker trained alone, so it
+    cannot tell which is right: it names them all.
 
     Source: tensorflow#31154.
 
@@ -232,7 +246,13 @@ def test_tf_config_set_after_strategy(mwms_cluster):
     environment, not from the training script after the fact), and check
     ``strategy.num_replicas_in_sync``.
     """
-    result = mwms_cluster.run(train_and_report, kwargs={"tf_config_late": True}, timeout=20)
-    result.assert_completed()
     n = mwms_cluster.num_workers
-    assert [r[0] for r in result.return_values] == [1] * n  # nobody formed a cluster
+    silent = mwms_cluster.run(train_and_report, kwargs={"tf_config_late": True,
+                                                        "own_data": True}, timeout=20)
+    silent.assert_completed()
+    assert [r[0] for r in silent.return_values] == [1] * n  # nobody formed a cluster
+    checked = mwms_cluster.run(train_and_report, kwargs={"tf_config_late": True,
+                                                         "own_data": True},
+                               timeout=20, check_replicas=True)
+    checked.assert_failed(error="ReplicaDivergence").assert_cannot_tell(range(n))
+    assert checked.replicas.divergence.sides == tuple((i,) for i in range(n))

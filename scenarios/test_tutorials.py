@@ -51,6 +51,10 @@ def _chief_files(model_dir):
     return sorted(os.listdir(os.path.join(model_dir, "ckpt")))
 
 
+def _files_under(directory):
+    return [os.path.join(parent, f) for parent, _, files in os.walk(directory) for f in files]
+
+
 def _files_in_worker_temp_dirs(model_dir):
     """Every file under the non-chief workers' ``workertemp_<i>`` directories."""
     found = []
@@ -357,13 +361,14 @@ def test_keras_fit_job_as_a_script(mwms_cluster, tmp_path, monkeypatch):
 @pytest.mark.timeout(90)
 @scenario(outcome="completed", source="MWMS Keras tutorial; fault tolerance")
 def test_keras_fit_job_resumes_with_backup_and_restore(mwms_cluster, tmp_path):
-    """Fixed: a worker of the ``fit`` job dies at step 7 (epoch 1); the job
-    is started again and ``BackupAndRestore`` resumes it.
+    """Fixed: a worker of the ``fit`` job dies at step 7 (epoch 1); the
+    cluster is restarted (``restarts=1``) and ``BackupAndRestore`` resumes it.
 
-    TensorFlow: the first run crashes (the survivors raise
-    ``UnavailableError``) with the backup of epoch 0 on disk; the second
+    TensorFlow: the first attempt crashes with the backup of epoch 0 on disk
+    (the survivors block, then raise ``UnavailableError``); the second
     restores it on every worker and fits epochs 1 and 2 only (2 entries in
-    the history), then saves the model.
+    the history), then saves the model.  After the successful ``fit`` the
+    backup is deleted: its directory is left, empty.
 
     Source: the multi-worker Keras tutorial (fault tolerance with
     ``BackupAndRestore``).
@@ -371,14 +376,37 @@ def test_keras_fit_job_resumes_with_backup_and_restore(mwms_cluster, tmp_path):
     Fix: this.
     """
     last = _last(mwms_cluster)
-    crashed = mwms_cluster.run(keras_fit.main, args=(_argv(tmp_path),), timeout=20, grace=5,
-                               env=TF_KERAS, faults=[Crash(last, AT)])
+    result = mwms_cluster.run(keras_fit.main, args=(_argv(tmp_path),), timeout=20, grace=5,
+                              env=TF_KERAS, faults=[Crash(last, AT)], restarts=1)
+    result.assert_completed()
+    crashed, resumed = result.attempts
     crashed.assert_crashed().assert_culprit(last)
-    assert crashed.faults_never_acted == ()
-    assert os.listdir(tmp_path / "backup") != []
-    resumed = mwms_cluster.run(keras_fit.main, args=(_argv(tmp_path),), timeout=20,
-                               env=TF_KERAS)
-    resumed.assert_completed()
     assert all(len(v) == EPOCHS - 1 for v in resumed.return_values)
     assert all(v == resumed.return_values[0] for v in resumed.return_values)
     assert sorted(os.listdir(tmp_path)) == ["backup", "model.keras"]
+    assert _files_under(tmp_path / "backup") == []
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="MWMS Keras tutorial; fault tolerance",
+          fixed_by="test_keras_fit_job_resumes_with_backup_and_restore")
+def test_keras_fit_job_without_backup_starts_over(mwms_cluster, tmp_path):
+    """The same crash and restart, without ``BackupAndRestore``.
+
+    TensorFlow: the restarted job has nothing to resume from and fits all 3
+    epochs again: it completes, and the work before the crash is lost
+    (here 1 epoch and 2 steps, in a long job hours).
+
+    Source: the multi-worker Keras tutorial (fault tolerance).
+
+    Fix: ``tf.keras.callbacks.BackupAndRestore(backup_dir=...)`` in ``fit``'s
+    callbacks, on every worker.
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(keras_fit.main, args=(_argv(tmp_path, "--no-backup"),),
+                              timeout=20, grace=5, env=TF_KERAS, faults=[Crash(last, AT)],
+                              restarts=1)
+    result.assert_completed()
+    crashed, restarted = result.attempts
+    crashed.assert_crashed().assert_culprit(last)
+    assert all(len(v) == EPOCHS for v in restarted.return_values)   # started over

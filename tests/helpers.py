@@ -40,10 +40,4 @@ def tensorflow_pids(exclude=()):
 
 def wait_gone(pids, seconds=10.0):
     """Wait until none of ``pids`` is alive (zombies count as gone); return the survivors."""
-    deadline = time.monotonic() + seconds
-    alive = list(pids)
-    while True:
-        alive = [p for p in alive if linux.alive(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
+    return linux.wait_gone(pids, seconds)

@@ -64,6 +64,21 @@ def test_crash_names_the_first_death_not_the_later_one():
     assert decided_by(obs) == "crash"
 
 
+def test_every_worker_exiting_alike_at_once_names_no_one():
+    # PreemptionCheckpointHandler's exit: status 42 everywhere, same step.
+    obs = run(died(0, 3, 42, 5.00, steps=range(10)), died(1, 3, 42, 5.02, steps=range(10)),
+              died(2, 3, 42, 5.01, steps=range(10)))
+    v = diagnose(obs)
+    assert (v.outcome, v.culprits, v.ambiguous, v.rule) == (
+        "crashed", (0, 1, 2), True, "coordinated_exit")
+    assert "exited with status 42 at step 9, together" in v.text
+    # Not alike: different statuses, a signal, far apart, a survivor, other steps.
+    for other in (died(2, 3, 1, 5.01, steps=range(10)), died(2, 3, -9, 5.01, steps=range(10)),
+                  died(2, 3, 42, 9.0, steps=range(10)), died(2, 3, 42, 5.01, steps=range(6)),
+                  blocked(2, 3)):
+        assert blame(R.coordinated_exit, run(obs.workers[0], obs.workers[1], other)) is None
+
+
 def test_a_worker_stopped_before_the_deaths_outranks_them():
     # The others' collective timed out waiting for the stopped worker; one
     # survivor died of SIGSEGV aborting it.  Still crashed; the stopped one

@@ -6,7 +6,9 @@ applies to the run's situation and answers wins, as with pytest's
 The order of the table is the order of trust:
 
 * a death is a cause whatever else happened (``crash``), unless a worker
-  found stopped had stopped before anyone died (``stopped_before_deaths``);
+  found stopped had stopped before anyone died (``stopped_before_deaths``),
+  or every worker exited alike at once, which names no one
+  (``coordinated_exit``);
 * a ``TF_CONFIG`` that disagrees explains a failure or a hang (``config``);
 * in a failure, a collective whose shapes differ names the odd shape
   (``shape_mismatch`` from the errors, ``collective_shapes`` from the
@@ -127,6 +129,29 @@ def replicas(f: Facts) -> Optional[Blame]:
                         "side is right", ambiguous=True,
                  headline=f"replicas diverged; cannot tell which of {names(every)}; "
                           f"{found.detail}")
+
+
+def coordinated_exit(f: Facts) -> Optional[Blame]:
+    """Every worker exited with the same status, not by a signal, at the
+    same step and within ``SIMULTANEOUS`` s, and none raised: the job ended
+    itself on every worker at once (``PreemptionCheckpointHandler`` exits
+    every worker with 42 once its checkpoint is saved, whichever worker got
+    the notice).  Nothing singles one out: it cannot tell, and names all."""
+    ws = f.workers
+    if len(ws) < 2 or not all(w.died and w.error is None for w in ws):
+        return None
+    codes = {w.exit_code for w in ws}
+    times = [w.exit_time for w in ws]
+    if len(codes) != 1 or next(iter(codes)) <= 0 or None in times \
+            or max(times) - min(times) > SIMULTANEOUS or len({w.last_step for w in ws}) != 1:
+        return None
+    code, where = next(iter(codes)), where_stopped(ws[0])
+    return Blame([w.index for w in ws],
+                 f"every worker exited with status {code} {where}, together: the job ended "
+                 f"itself everywhere (PreemptionCheckpointHandler exits every worker with 42 "
+                 f"after its checkpoint), so no worker stands out", ws[0].last_step,
+                 ambiguous=True, headline=f"all {len(ws)} workers exited with status {code} "
+                 f"{where}, together; cannot tell which worker caused it")
 
 
 def crash(f: Facts) -> Optional[Blame]:
@@ -490,6 +515,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),
     Rule("replicas", frozenset({DIVERGED}), replicas),
     Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
+    Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
     Rule("crash", frozenset({CRASHED}), crash),
     Rule("config", _TROUBLE, config),
     Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),

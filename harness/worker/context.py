@@ -8,6 +8,7 @@ and where step-keyed faults act; a Keras ``fit`` gets the same through
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from .. import progress, protocol
@@ -109,8 +110,15 @@ class WorkerContext:
         end, for loops driven by something else:
         ``for batch, k in zip(dist_dataset, ctx.steps()):``.
         """
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise ValueError(f"steps(n): n must be an integer 0 or more or None, got {n!r}")
+        if n is not None:
+            asked = n
+            try:   # any integer: numpy's and TensorFlow's step counts too
+                n = operator.index(n) if not isinstance(n, bool) else -1
+            except TypeError:
+                n = -1
+            if n < 0:
+                raise ValueError(f"steps(n): n must be an integer 0 or more or None, "
+                                 f"got {asked!r}")
         self.explicit_steps = True
         ran = 0
         for k in (range(n) if n is not None else itertools.count()):

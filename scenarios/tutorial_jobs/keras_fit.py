@@ -96,6 +96,8 @@ def parse_args(argv):
                              "MODEL_DIR/backup while fit runs")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps-per-epoch", type=int, default=5)
+    parser.add_argument("--no-backup", action="store_true",
+                        help="leave BackupAndRestore out (a restarted job starts over)")
     return parser.parse_args(argv)
 
 
@@ -116,7 +118,7 @@ def main(argv=None):
         # Model building/compiling need to be within `strategy.scope()`.
         multi_worker_model = build_and_compile_cnn_model()
 
-    callbacks = [tf.keras.callbacks.BackupAndRestore(
+    callbacks = [] if args.no_backup else [tf.keras.callbacks.BackupAndRestore(
         backup_dir=os.path.join(args.model_dir, "backup"))]
     history = multi_worker_model.fit(multi_worker_dataset, epochs=args.epochs,
                                      steps_per_epoch=args.steps_per_epoch,
