@@ -19,7 +19,7 @@ from .worker.context import WorkerContext, context
 __all__ = ["context", "WorkerContext", "WorkerError", "faults", "RunResult", "WorkerResult",
            "Cluster", "HarnessError", "SettingError", "FaultError", "SerializationError",
            "StateDirError", "NotInWorkerError", "InjectedFault", "SecondStrategyError",
-           "StepDesyncError"]
+           "StepDesyncError", "ReplicaCheck", "ReplicaDivergence"]
 
 
 def __getattr__(name):
@@ -28,6 +28,9 @@ def __getattr__(name):
     if name in ("RunResult", "WorkerResult"):
         from . import result
         return getattr(result, name)
+    if name in ("ReplicaCheck", "ReplicaDivergence"):
+        from . import record
+        return getattr(record, name)
     if name == "Cluster":
         from .controller import Cluster
         return Cluster

@@ -31,10 +31,10 @@ from typing import List, Optional, Sequence, Tuple
 
 from . import faults as faults_module
 from .errors import HarnessError
+from .record import OUTCOMES
 from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, gpu_assignment,
-                       parse_choice, parse_seconds, parse_workers, visible_gpus)
-
-OUTCOMES = ("completed", "failed", "crashed", "hang")
+                       parse_choice, parse_modules, parse_restarts, parse_seconds,
+                       parse_workers, visible_gpus)
 PROG = "python -m harness"
 FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
 # Options of `run` that take a value: the scan that finds where the script
@@ -104,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a fault of harness.faults as its constructor call, e.g. "
                         "\"Crash(worker=1, step=5)\"; may repeat. Step-keyed faults act at "
                         "the steps the workers report (harness.context().steps(), ...)")
+    p.add_argument("--check-replicas", action="store_true",
+                   help="when the script returns, check that every worker holds the same "
+                        "model (see run(check_replicas=True))")
     p.add_argument("--expect", default="completed", metavar="|".join(OUTCOMES),
                    help="the outcome that makes the exit status 0 (default completed)")
     p.add_argument("-m", "--module", metavar="MODULE",
@@ -165,7 +168,9 @@ def settings_from_args(ns: argparse.Namespace) -> RunSettings:
     state_dir = value("state-dir")
     return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
                        start_method=method,
-                       state_dir=os.path.abspath(state_dir) if state_dir else None)
+                       state_dir=os.path.abspath(state_dir) if state_dir else None,
+                       preload=parse_modules(value("preload"), "--preload"),
+                       restarts=parse_restarts(value("restarts"), "--restarts"))
 
 
 def run_command(argv: Sequence[str]) -> int:
@@ -180,7 +185,7 @@ def run_command(argv: Sequence[str]) -> int:
         expect = parse_choice(ns.expect, "--expect", OUTCOMES)
         plan = [parse_fault(f) for f in ns.fault]
         try:
-            faults_module.validate(plan, settings.workers)
+            faults_module.validate(plan, settings.workers, settings.restarts)
         except faults_module.FaultError as e:
             raise UsageError(f"--fault: {e}") from None
         from .ports import check_state_dir
@@ -196,7 +201,7 @@ def run_command(argv: Sequence[str]) -> int:
     print(f"harness: running {what} on {settings.workers} workers (timeout {settings.timeout:g} s, "
           f"{settings.start_method}, {settings.devices})", flush=True)
     try:
-        result = cluster.run(main, faults=plan)
+        result = cluster.run(main, faults=plan, check_replicas=ns.check_replicas)
     except KeyboardInterrupt:
         print("harness: interrupted; every worker was stopped", file=sys.stderr)
         return 130

@@ -110,9 +110,12 @@ def mwms_cluster(request: pytest.FixtureRequest):
     """An N-worker MultiWorkerMirroredStrategy cluster for this test.
 
     ``mwms_cluster.run(fn, args=(), kwargs=None, *, timeout=None, faults=(),
-    grace=None, sync_check=False, env=None)`` runs ``fn`` in N fresh worker
-    processes that form one cluster and returns a ``RunResult`` (see
-    :meth:`harness.controller.Cluster.run`); ``mwms_cluster.num_workers`` is N.
+    grace=None, sync_check=False, env=None, ledger=True, step_fn=None,
+    restarts=None, restart_on="crash,fail", check_replicas=False)`` runs
+    ``fn`` in N fresh worker processes that form one cluster and returns a
+    ``RunResult`` (see :meth:`harness.controller.Cluster.run`);
+    ``run_script`` runs a script the same way; ``mwms_cluster.num_workers``
+    is N.
     """
     from .controller import Cluster
     settings = request.config.stash[SETTINGS_KEY].with_overrides(

@@ -35,9 +35,10 @@ LEDGER_OFF = "ledger_off"              # data: why the ledger could not be recor
 DRAIN = "drain"
 
 # -- parent -> worker ----------------------------------------------------------
-# The one message down the channel: a finished worker may exit now.  Finished
-# workers wait for it so that a worker which returned early stays alive (as a
-# real process would stay in its cluster) until the whole run is decided.
+# The one message down the channel: a worker that returned may exit now.  It
+# waits for it so that a worker which returned early stays in its cluster
+# until the whole run is decided.  (A worker that raised exits at once, as a
+# process whose main raised does.)
 RELEASE = "release"
 
 # faulthandler in every worker dumps all its threads' Python stacks to its

@@ -13,7 +13,7 @@ import pytest
 from harness import faults as F
 from harness import SettingError
 from harness.cli import UsageError, parse_fault, split_command
-from harness.settings import OPTIONS, parse_choice, parse_seconds, parse_workers
+from harness.settings import OPTIONS, parse_choice, parse_restarts, parse_seconds, parse_workers
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leftover_workers")]
 
@@ -83,6 +83,15 @@ def test_outcome_other_than_expected_exits_1(tmp_path):
     assert "crashed in" in proc.stdout and "expected completed: NOT OK" in proc.stdout
 
 
+@pytest.mark.timeout(120)
+def test_restarts_recover_a_crash_and_the_replicas_are_checked(tmp_path):
+    proc = harness_cli(tmp_path, "--grace", "1", "--restarts", "1", "--check-replicas",
+                       "--fault", "Crash(worker=1, step=2)", "steps.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "COMPLETED after 1 restart: attempt 0 CRASHED, attempt 1 COMPLETED" in proc.stdout
+    assert "replicas:" in proc.stdout
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("args, option, expected", [
     (["-n", "0"], "--workers", lambda: parse_workers("0", "--workers")),
@@ -92,8 +101,10 @@ def test_outcome_other_than_expected_exits_1(tmp_path):
     (["--devices", "tpu"], "--devices", lambda: parse_choice("tpu", "--devices", ("cpu", "gpu"))),
     (["--start-method", "fork"], "--start-method",
      lambda: parse_choice("fork", "--start-method", ("forkserver", "spawn"))),
+    (["--restarts", "-1"], "--restarts", lambda: parse_restarts("-1", "--restarts")),
     (["--expect", "success"], "--expect", None),
-], ids=["workers-0", "workers-word", "timeout", "grace", "devices", "start-method", "expect"])
+], ids=["workers-0", "workers-word", "timeout", "grace", "devices", "start-method", "restarts",
+        "expect"])
 def test_bad_option_value_exits_2_naming_the_option(tmp_path, args, option, expected):
     proc = harness_cli(tmp_path, *args, "steps.py", timeout=30)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -140,7 +151,8 @@ def test_help_lists_the_plugin_options(tmp_path):
 @pytest.mark.parametrize("fault", [
     F.SkipStep(worker=1, step=2), F.ExtraCollective(0, 3), F.Crash(1, 5, how="kill"),
     F.RaiseError(0, 1, "it's \"quoted\""), F.Pause(1, 2), F.Pause(1, 2, seconds=0.5),
-    F.Delay(0, 1, 2), F.BadTFConfig(1, "swapped"),
+    F.Delay(0, 1, 2), F.BadTFConfig(1, "swapped"), F.Preempt(1, 3), F.Preempt(0, 2, grace=1.5),
+    F.Crash(1, 2, attempt=1),
 ])
 def test_a_fault_parses_back_from_how_it_prints(fault):
     assert parse_fault(repr(fault)) == fault

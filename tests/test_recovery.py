@@ -7,6 +7,7 @@ import pytest
 
 import harness
 from harness.faults import Crash, Pause, Preempt, RaiseError
+from harness.ports import default_state_dir
 from harness.workloads import seed_training_loop
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leftover_workers")]
@@ -49,6 +50,10 @@ def test_a_crash_restarts_the_whole_cluster_at_the_same_addresses(mwms_cluster):
     assert result.diagnosis.startswith("COMPLETED after 1 restart: attempt 0 CRASHED, "
                                        "attempt 1 COMPLETED")
     assert _run_dirs() <= before      # the run's directory went with it
+    # and its ports with it: held across the attempts, released after
+    state_dir = os.environ.get("MWMS_STATE_DIR") or default_state_dir()
+    ports = [int(a.rsplit(":", 1)[1]) for a in first[0].tf_config["cluster"]["worker"]]
+    assert not [p for p in ports if os.path.exists(os.path.join(state_dir, str(p)))]
 
 
 def test_a_hang_is_restarted_only_when_asked(mwms_cluster):
