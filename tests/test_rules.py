@@ -71,11 +71,14 @@ def test_every_worker_exiting_alike_at_once_names_no_one():
     v = diagnose(obs)
     assert (v.outcome, v.culprits, v.ambiguous, v.rule) == (
         "crashed", (0, 1, 2), True, "coordinated_exit")
-    assert "exited with status 42 at step 9, together" in v.text
-    # Not alike: different statuses, a signal, far apart, a survivor, other steps.
+    assert "exited with status 42 at step 9" in v.text and "worker 0 exited first" in v.text
+    # The notified worker may exit last, long after: the order proves nothing.
+    late = run(*obs.workers[:2], died(2, 3, 42, 9.0, steps=range(10)))
+    assert blame(R.coordinated_exit, late).ambiguous
+    # Not alike: different statuses, a signal, other steps, a survivor, an error.
     for other in (died(2, 3, 1, 5.01, steps=range(10)), died(2, 3, -9, 5.01, steps=range(10)),
-                  died(2, 3, 42, 9.0, steps=range(10)), died(2, 3, 42, 5.01, steps=range(6)),
-                  blocked(2, 3)):
+                  died(2, 3, 42, 5.01, steps=range(6)), blocked(2, 3),
+                  raised(2, 3, "ValueError", "boom", 5.0, steps=range(10))):
         assert blame(R.coordinated_exit, run(obs.workers[0], obs.workers[1], other)) is None
 
 
