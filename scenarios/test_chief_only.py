@@ -132,16 +132,19 @@ def test_checkpoint_on_chief_only_mirrored_state(mwms_cluster, tmp_path):
     TensorFlow: reading a mirrored variable is local, so on this version the
     save runs no collective and all workers complete: the mistake is silent
     until someone adds a metric or a counter to the checkpoint (see
-    ``test_checkpoint_on_chief_only``).
+    ``test_checkpoint_on_chief_only``).  The replica check passes too: the
+    replicas really stay equal, since the mistake is in saving, not in
+    training.
 
     Source: the MWMS custom-training-loop tutorial.
 
     Fix: save on every worker anyway.
     """
     result = mwms_cluster.run(train_and_checkpoint, args=(str(tmp_path),),
-                              kwargs={"sync_on_read": False}, timeout=20)
+                              kwargs={"sync_on_read": False}, timeout=20, check_replicas=True)
     result.assert_completed()
     assert "ckpt-1.index" in os.listdir(tmp_path)
+    assert result.replicas.divergence is None and result.replicas.variables[0] > 0
 
 
 def fit_and_save(directory, who="chief"):

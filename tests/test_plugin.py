@@ -20,6 +20,8 @@ pytestmark = pytest.mark.timeout(180)
     (["--mwms-grace=-1"], "--mwms-grace: -1 is out of range"),
     (["--mwms-devices=tpu"], "--mwms-devices: 'tpu' is not one of cpu, gpu"),
     (["--mwms-start-method=fork"], "--mwms-start-method: 'fork' is not one of forkserver, spawn"),
+    (["--mwms-restarts=-1"], "--mwms-restarts: '-1' is not a number of restarts"),
+    (["--mwms-restarts=twice"], "--mwms-restarts: 'twice' is not a number of restarts"),
 ])
 def test_bad_option_is_a_usage_error(pytester, args, needle):
     pytester.makepyfile("def test_x(): pass")
@@ -58,16 +60,18 @@ def test_marker_with_unknown_key_is_a_usage_error(pytester):
 
 
 def test_ini_option_and_marker_override(pytester):
-    pytester.makeini("[pytest]\nmwms_workers = 3\nmwms_timeout = 7\n")
+    pytester.makeini("[pytest]\nmwms_workers = 3\nmwms_timeout = 7\nmwms_restarts = 2\n")
     pytester.makepyfile("""
         import pytest
         def test_ini(mwms_cluster):
             assert mwms_cluster.num_workers == 3
             assert mwms_cluster.settings.timeout == 7
-        @pytest.mark.mwms(workers=1, timeout=2.5)
+            assert mwms_cluster.settings.restarts == 2
+        @pytest.mark.mwms(workers=1, timeout=2.5, restarts=0)
         def test_marker(mwms_cluster):
             assert mwms_cluster.num_workers == 1
             assert mwms_cluster.settings.timeout == 2.5
+            assert mwms_cluster.settings.restarts == 0
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
