@@ -30,10 +30,24 @@ from harness.workloads import (CLASSES, FEATURES, GLOBAL_BATCH_SIZE, build_model
                                make_data, make_train_step, make_training)
 
 __all__ = ["CLASSES", "FEATURES", "GLOBAL_BATCH_SIZE", "SEED_BUGS", "build_model",
-           "distributed_dataset", "is_chief", "load_mnist_by_download", "make_data",
+           "checkpointed_training", "distributed_dataset", "is_chief", "load_mnist_by_download", "make_data",
            "make_train_step", "make_training", "seed_training_loop"]
 
 SEED_BUGS = ("num_inputpipelines", "replica_context_is_chief", "mnist_download")
+
+
+def checkpointed_training(strategy):
+    """:func:`make_training` for a job that checkpoints: ``(model, optimizer,
+    step, done, checkpoint)``, where ``done`` counts the steps trained (an
+    int64 variable in scope), the optimizer is built (its slots exist before
+    a restore) and ``checkpoint`` holds all three."""
+    import tensorflow as tf
+    model, optimizer, step = make_training(strategy)
+    with strategy.scope():
+        done = tf.Variable(0, dtype=tf.int64, trainable=False)
+        optimizer.build(model.trainable_variables)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, done=done)
+    return model, optimizer, step, done, checkpoint
 
 
 def distributed_dataset(strategy, x, y, global_batch_size: int = GLOBAL_BATCH_SIZE,

@@ -169,11 +169,7 @@ def train_resumable(directory, steps=STEPS, save_every=2):
     from scenarios import mnist_like
     ctx = harness.context()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    model, optimizer, step = mnist_like.make_training(strategy)
-    with strategy.scope():
-        done = tf.Variable(0, dtype=tf.int64, trainable=False)
-        optimizer.build(model.trainable_variables)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, done=done)
+    _, _, step, done, checkpoint = mnist_like.checkpointed_training(strategy)
     write_dir = directory if mnist_like.is_chief(strategy) else os.path.join(
         directory, f".worker-{ctx.index}-tmp")
     manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=1)

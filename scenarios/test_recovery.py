@@ -27,11 +27,7 @@ def train_with_preemption_handler(directory, steps=STEPS, resume=True):
     from scenarios import mnist_like
     ctx = harness.context()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    model, optimizer, step = mnist_like.make_training(strategy)
-    with strategy.scope():
-        done = tf.Variable(0, dtype=tf.int64, trainable=False)
-        optimizer.build(model.trainable_variables)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, done=done)
+    _, _, step, done, checkpoint = mnist_like.checkpointed_training(strategy)
     handler = tf.distribute.experimental.PreemptionCheckpointHandler(
         strategy.cluster_resolver, checkpoint, directory)
     x, y = mnist_like.make_data()

@@ -13,8 +13,11 @@ from harness.workloads import seed_training_loop
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leftover_workers")]
 
 
-def attempt_loop(n_steps=6, sleep=0.0):
-    """Six all-reduce steps; returns the attempt it ran in."""
+def attempt_loop(n_steps=6, sleep=0.0, sigterm_at=None):
+    """Six all-reduce steps; returns the attempt it ran in.  At step
+    ``sigterm_at``, worker 1 gets SIGTERM from another process (``kill``):
+    the preemption's twin."""
+    import subprocess
     import time
     ctx = harness.context()
     import tensorflow as tf
@@ -24,7 +27,9 @@ def attempt_loop(n_steps=6, sleep=0.0):
     def step():
         return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
 
-    for _ in ctx.steps(n_steps):
+    for k in ctx.steps(n_steps):
+        if k == sigterm_at and ctx.index == 1:
+            subprocess.run(["kill", "-TERM", str(os.getpid())], check=True)
         step()
         time.sleep(sleep)
     return ctx.attempt
@@ -87,30 +92,12 @@ def test_the_marker_sets_the_default(mwms_cluster):
     assert _outcomes(result) == ["crashed", "completed"]
 
 
-def external_sigterm_loop(at_step=2, n_steps=6):
-    """The preemption twin: another process sends this worker SIGTERM."""
-    import subprocess
-    ctx = harness.context()
-    import tensorflow as tf
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-
-    @tf.function
-    def step():
-        return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-
-    for k in ctx.steps(n_steps):
-        if k == at_step and ctx.index == 1:
-            subprocess.run(["kill", "-TERM", str(os.getpid())], check=True)
-        step()
-    return k
-
-
 def test_mwms_swallows_sigterm_whoever_sends_it(mwms_cluster):
     """TensorFlow's preemption notifier catches SIGTERM once a strategy
     exists: without a PreemptionCheckpointHandler the notice changes
     nothing.  The fault and its twin (a kill from another process) leave
     the same record."""
-    twin = mwms_cluster.run(external_sigterm_loop, timeout=20)
+    twin = mwms_cluster.run(attempt_loop, kwargs={"sigterm_at": 2}, timeout=20)
     fault = mwms_cluster.run(attempt_loop, timeout=20, faults=[Preempt(1, 2, grace=30)])
     for result in (twin, fault):
         result.assert_completed()
