@@ -16,12 +16,15 @@ import os
 
 import pytest
 
+from . import reporting
 from .errors import StateDirError
+from .reporting import REPORT_MODES
 from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, SettingError,
                        gpu_assignment, parse_choice, parse_marker, parse_modules, parse_restarts,
                        parse_seconds, parse_workers, visible_gpus)
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
+RUNS_KEY = pytest.StashKey[list]()     # every run's summary this session, for the summary
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,18 +54,25 @@ def settings_from_config(config: pytest.Config) -> RunSettings:
     method = parse_choice(method, "--mwms-start-method", START_METHODS)
     if devices == "gpu":
         gpu_assignment(workers, visible_gpus())
-    state_dir = config.getoption(OPTION["state-dir"].ini)
-    if state_dir:
-        state_dir = os.path.abspath(state_dir)
-    elif config.getini(OPTION["state-dir"].ini):   # relative to the ini file's folder
-        state_dir = os.path.join(str(config.rootpath), config.getini(OPTION["state-dir"].ini))
-    else:
-        state_dir = None
     preload = parse_modules(_value(config, "preload"))
     restarts = parse_restarts(_value(config, "restarts"))
+    report = parse_choice(_value(config, "report"), "--mwms-report", REPORT_MODES)
     return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
-                       start_method=method, state_dir=state_dir, preload=preload,
-                       restarts=restarts)
+                       start_method=method, state_dir=_directory(config, "state-dir"),
+                       preload=preload, restarts=restarts,
+                       report_dir=_directory(config, "report-dir"), report=report)
+
+
+def _directory(config: pytest.Config, name: str):
+    """A directory option: absolute from the command line, relative to the
+    ini file's folder from the ini file; None when unset."""
+    key = OPTION[name].ini
+    given = config.getoption(key)
+    if given:
+        return os.path.abspath(given)
+    if config.getini(key):
+        return os.path.join(str(config.rootpath), config.getini(key))
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -73,6 +83,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[SETTINGS_KEY] = settings_from_config(config)
     except SettingError as e:
         raise pytest.UsageError(str(e)) from None
+    config.stash[RUNS_KEY] = []
+    config.pluginmanager.register(SessionRuns(config), "mwms-session-runs")
 
 
 def _marker_overrides(item: pytest.Item) -> dict:
@@ -122,3 +134,56 @@ def mwms_cluster(request: pytest.FixtureRequest):
         **_marker_overrides(request.node))
     cluster = Cluster(settings)
     yield cluster
+
+
+def _runs(item: pytest.Item) -> list:
+    cluster = getattr(item, "funcargs", {}).get("mwms_cluster")
+    return list(cluster.runs) if cluster is not None else []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A test that ran clusters: its last verdict as JUnit properties, a
+    timeline per run in ``--mwms-report-dir``, each run that did not
+    complete as report sections, and every run on the report for the
+    session summary (which xdist carries to the controller)."""
+    runs = _runs(item) if call.when == "call" else []
+    if runs:
+        item.user_properties.extend(reporting.junit_properties(runs))
+    report = yield
+    if runs:
+        settings = item.config.stash[SETTINGS_KEY]
+        timelines = {}
+        if settings.report_dir:
+            for number, run in enumerate(runs, 1):
+                if reporting.wants_timeline(run, settings.report):
+                    timelines[number] = run.timeline(
+                        reporting.timeline_stem(settings.report_dir, item.nodeid, number))
+        report.sections.extend(reporting.report_sections(runs, timelines, report.failed))
+        report.mwms_runs = [reporting.run_summary(r, item.nodeid) for r in runs]
+    return report
+
+
+class SessionRuns:
+    """Collects every run's summary from the test reports: on the
+    controller under xdist, the reports come from the workers."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        runs = getattr(report, "mwms_runs", None)
+        if runs:
+            self.config.stash[RUNS_KEY].extend(runs)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):   # an xdist worker: the controller summarizes
+        return
+    settings = config.stash.get(SETTINGS_KEY, None)
+    lines = reporting.summary_lines(config.stash.get(RUNS_KEY, []),
+                                    settings.report_dir if settings else None)
+    if lines:
+        terminalreporter.write_sep("=", "pytest-mwms")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -107,9 +107,18 @@ class RunResult:
                          f"{LOG_TAIL_LINES} log lines ---\n{w.log_tail() or '(empty log)'}")
         return "\n".join(parts)
 
+    def timeline(self, path: str) -> Tuple[str, str]:
+        """Write this run's timeline (every attempt) as ``PATH.trace.json``, a
+        Chrome trace for Perfetto or ``chrome://tracing``, and ``PATH.svg``,
+        a picture that needs no viewer; return the two paths.  See
+        :mod:`harness.timeline`."""
+        from . import timeline
+        return timeline.write(self, str(path))
+
     # -- assertions ------------------------------------------------------
     def _check(self, outcome: str, culprits: Optional[Iterable[int]] = None,
                step: Optional[int] = None, error: Optional[str] = None) -> "RunResult":
+        __tracebackhide__ = True   # pytest shows the test's line, not this one
         problems = []
         if self.outcome != outcome:
             problems.append(f"expected outcome {outcome!r}, got {self.outcome!r}")
@@ -121,38 +130,50 @@ class RunResult:
         if error is not None and not _error_matches(self, error):
             problems.append(f"expected error {error!r}, diagnosis says {self.error!r}")
         if problems:
-            raise AssertionError("; ".join(problems) + "\n" + self.report())
+            self._fail("; ".join(problems))
         return self
 
+    def _fail(self, problem: str) -> None:
+        """Raise the AssertionError of a failed ``assert_*``: the diagnosis
+        first, then what was expected.  The workers' log tails and stacks are
+        not in it: under pytest they are report sections of their own (see
+        :mod:`harness.plugin`); elsewhere :meth:`report` has them."""
+        __tracebackhide__ = True
+        raise AssertionError(f"{self.diagnosis}\n{problem}")
+
     def assert_completed(self) -> "RunResult":
+        __tracebackhide__ = True
         return self._check("completed")
 
     def assert_hang(self, culprits: Optional[Iterable[int]] = None,
                     step: Optional[int] = None) -> "RunResult":
+        __tracebackhide__ = True
         return self._check("hang", culprits, step)
 
     def assert_failed(self, culprits: Optional[Iterable[int]] = None,
                       error: Optional[str] = None) -> "RunResult":
+        __tracebackhide__ = True
         return self._check("failed", culprits, error=error)
 
     def assert_crashed(self, culprits: Optional[Iterable[int]] = None) -> "RunResult":
+        __tracebackhide__ = True
         return self._check("crashed", culprits)
 
     def assert_culprit(self, worker: int) -> "RunResult":
         """The diagnosis names ``worker``, alone and without doubt."""
+        __tracebackhide__ = True
         if self.ambiguous or tuple(self.culprits) != (worker,):
-            raise AssertionError(f"expected culprit {worker} alone; diagnosis blames "
-                                 f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}"
-                                 f"\n{self.report()}")
+            self._fail(f"expected culprit {worker} alone; diagnosis blames "
+                       f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}")
         return self
 
     def assert_cannot_tell(self, candidates: Iterable[int]) -> "RunResult":
         """The diagnosis says it cannot tell, and names exactly ``candidates``."""
+        __tracebackhide__ = True
         candidates = tuple(sorted(candidates))
         if not self.ambiguous or tuple(self.culprits) != candidates:
-            raise AssertionError(f"expected 'cannot tell' among {candidates}; diagnosis blames "
-                                 f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}"
-                                 f"\n{self.report()}")
+            self._fail(f"expected 'cannot tell' among {candidates}; diagnosis blames "
+                       f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}")
         return self
 
 

@@ -169,6 +169,14 @@ OPTIONS = (
            "ports and `TF_CONFIG`, fresh processes), as a cluster manager would",
            "Each restart pays a cluster start-up again; a hang is restarted only when "
            "`run(restart_on=...)` asks."),
+    Option("report-dir", "DIR", None, "none",
+           "write a timeline of each run (a Chrome trace for Perfetto and an SVG picture) "
+           "into DIR; the failure report names the files",
+           "Costs a few milliseconds a run written; `--mwms-report` chooses which runs."),
+    Option("report", "failed|all", "failed", "failed",
+           "with `--mwms-report-dir`: a timeline for the runs that did not complete, or for "
+           "all",
+           "`all` also draws the runs that completed, to compare a good run with a bad one."),
     Option("state-dir", "DIR", None, "$MWMS_STATE_DIR, else the temp directory's "
            "`pytest-mwms-ports`",
            "where the harness coordinates the ports it reserves with other pytest processes "
@@ -206,7 +214,8 @@ def options_markdown() -> str:
 class RunSettings:
     """Everything that shapes a run besides ``fn`` and the faults: one field
     per option of :data:`OPTIONS` (``start_method`` for ``start-method``,
-    ``state_dir`` for ``state-dir``), where each is documented."""
+    ``state_dir`` for ``state-dir``, ``report_dir`` for ``report-dir``),
+    where each is documented."""
 
     workers: int = 2
     timeout: float = 30.0
@@ -216,6 +225,8 @@ class RunSettings:
     state_dir: Optional[str] = None
     preload: tuple = ()
     restarts: int = 0
+    report_dir: Optional[str] = None
+    report: str = "failed"
 
     def with_overrides(self, **overrides: Any) -> "RunSettings":
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})

@@ -163,3 +163,68 @@ def test_preload_names_are_checked(pytester):
     result = pytester.runpytest_subprocess("--mwms-preload=good, not-a-module")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--mwms-preload: 'not-a-module' is not a module name" in result.stderr.str()
+
+
+REPORTED = textwrap.dedent("""
+    from harness.faults import SkipStep
+    from harness.workloads import variable_loop
+
+    def test_hangs_unexpectedly(mwms_cluster):
+        mwms_cluster.run(variable_loop, args=(8,), timeout=2,
+                         faults=[SkipStep(1, 4)]).assert_completed()
+
+    def test_expected_hang(mwms_cluster):
+        mwms_cluster.run(variable_loop, args=(8,), timeout=2,
+                         faults=[SkipStep(1, 4)]).assert_hang(culprits=[1])
+
+    def test_completes(mwms_cluster):
+        mwms_cluster.run(variable_loop, args=(8,)).assert_completed()
+
+    def test_without_a_cluster():
+        pass
+""")
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_reports_junit_properties_timelines_and_the_session_summary(pytester, xdist):
+    """A failing test's traceback is the test's line and the diagnosis;
+    logs are sections; timelines are written for the runs that did not
+    complete; every test that ran a cluster carries its properties in
+    JUnit; the session summary counts the runs, with and without xdist."""
+    import re
+    import xml.etree.ElementTree as ET
+    pytester.makepyfile(test_reported=REPORTED)
+    junit = pytester.path / "junit.xml"
+    report_dir = pytester.path / "timelines"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tb=short", "-rA",
+                                           f"--junitxml={junit}",
+                                           f"--mwms-report-dir={report_dir}", *xdist)
+    result.assert_outcomes(passed=3, failed=1)
+    out = result.stdout.str()
+    failure = out.split("_ test_hangs_unexpectedly _", 1)[1]
+    assert re.search(r"test_reported\.py:\d+: in test_hangs_unexpectedly", failure)
+    assert not re.search(r"harness/\w+\.py:\d+: in ", failure)    # no harness frames
+    first_error = next(line for line in failure.splitlines() if line.startswith("E "))
+    assert first_error.startswith("E   AssertionError: HANG: no progress for 2.0s; culprit: "
+                                  "worker 1")
+    assert "mwms run: worker 0 log tail (exit code -9)" in failure
+    assert "mwms run: worker 0 stack" in failure
+    assert "expected outcome 'completed', got 'hang'" in failure
+    assert "3 cluster runs: 1 completed, 0 failed, 0 crashed, 2 hang" in out
+    assert "of the 2 that did not complete: 2 named exactly one culprit" in out
+    assert f"timelines in {report_dir}" in out
+    assert sorted(p.name for p in report_dir.iterdir()) == [
+        "test_reported.py_test_expected_hang-run1.svg",
+        "test_reported.py_test_expected_hang-run1.trace.json",
+        "test_reported.py_test_hangs_unexpectedly-run1.svg",
+        "test_reported.py_test_hangs_unexpectedly-run1.trace.json"]
+    cases = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+             for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases["test_without_a_cluster"] == {}
+    assert cases["test_completes"]["mwms_outcome"] == "completed"
+    for name in ("test_hangs_unexpectedly", "test_expected_hang"):
+        props = cases[name]
+        assert (props["mwms_outcome"], props["mwms_culprits"], props["mwms_step"],
+                props["mwms_ambiguous"], props["mwms_workers"]) == ("hang", "1", "4", "false",
+                                                                      "2")
+        assert float(props["mwms_duration"]) > 2.0
