@@ -27,11 +27,13 @@ import ast
 import dataclasses
 import os
 import sys
+import time
 from typing import List, Optional, Sequence, Tuple
 
 from . import faults as faults_module
 from .errors import HarnessError
 from .record import OUTCOMES
+from .reporting import REPORT_MODES, timeline_stem, wants_timeline
 from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, gpu_assignment,
                        parse_choice, parse_modules, parse_restarts, parse_seconds,
                        parse_workers, visible_gpus)
@@ -166,11 +168,60 @@ def settings_from_args(ns: argparse.Namespace) -> RunSettings:
     if devices == "gpu":
         gpu_assignment(workers, visible_gpus())
     state_dir = value("state-dir")
+    report_dir = value("report-dir")
     return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
                        start_method=method,
                        state_dir=os.path.abspath(state_dir) if state_dir else None,
                        preload=parse_modules(value("preload"), "--preload"),
-                       restarts=parse_restarts(value("restarts"), "--restarts"))
+                       restarts=parse_restarts(value("restarts"), "--restarts"),
+                       report_dir=os.path.abspath(report_dir) if report_dir else None,
+                       report=parse_choice(value("report"), "--report", REPORT_MODES))
+
+
+# A status line on a terminal is redrawn at every report; elsewhere (a log,
+# a CI job) a plain line is printed at most this often.
+PLAIN_EVERY = 5.0
+
+
+def format_progress(p) -> str:
+    """One line from a :class:`~harness.controller.Progress`:
+    ``attempt 0 | 12.3s | w0 step 41, w1 step 41, w2 returned | idle 0.2s of 30s``."""
+    workers = ", ".join(
+        f"w{i} " + (state if state != "running" else
+                    "started" if step is None else f"step {step}")
+        for i, (step, state) in enumerate(zip(p.steps, p.states)))
+    return (f"harness: attempt {p.attempt} | {p.elapsed:.1f}s | {workers} | "
+            f"idle {p.idle:.1f}s of {p.timeout:g}s")
+
+
+class StatusLine:
+    """``run(progress=...)`` for the command line: on a terminal, one line
+    redrawn in place (so a run that may hang shows it is alive); otherwise
+    a plain line every :data:`PLAIN_EVERY` seconds."""
+
+    def __init__(self, stream=None, clock=time.monotonic):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.clock = clock
+        self.shown = 0        # the width drawn on the terminal
+        self.last_plain = None
+
+    def __call__(self, progress) -> None:
+        text = format_progress(progress)
+        if self.tty:
+            self.stream.write("\r" + text.ljust(self.shown))
+            self.shown = len(text)
+        elif self.last_plain is None or self.clock() - self.last_plain >= PLAIN_EVERY:
+            self.stream.write(text + "\n")
+            self.last_plain = self.clock()
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Wipe the terminal's line before the verdict is printed."""
+        if self.tty and self.shown:
+            self.stream.write("\r" + " " * self.shown + "\r")
+            self.stream.flush()
+            self.shown = 0
 
 
 def run_command(argv: Sequence[str]) -> int:
@@ -200,15 +251,23 @@ def run_command(argv: Sequence[str]) -> int:
     what = f"-m {module}" if module else script
     print(f"harness: running {what} on {settings.workers} workers (timeout {settings.timeout:g} s, "
           f"{settings.start_method}, {settings.devices})", flush=True)
+    status = StatusLine()
     try:
-        result = cluster.run(main, faults=plan, check_replicas=ns.check_replicas)
+        result = cluster.run(main, faults=plan, check_replicas=ns.check_replicas,
+                             progress=status)
     except KeyboardInterrupt:
+        status.close()
         print("harness: interrupted; every worker was stopped", file=sys.stderr)
         return 130
     except (HarnessError, ValueError) as e:   # found only once the run starts
+        status.close()
         print(f"harness: error: {e}", file=sys.stderr)
         return 2
+    status.close()
     print(result.diagnosis if result.outcome == "completed" else result.report())
+    if settings.report_dir and wants_timeline(result, settings.report):
+        for path in result.timeline(timeline_stem(settings.report_dir, what, 1)):
+            print(f"harness: timeline: {path}")
     ok = result.outcome == expect
     print(f"harness: {what} on {settings.workers} workers: {result.outcome} in "
           f"{result.duration:.1f} s; expected {expect}: {'ok' if ok else 'NOT OK'}", flush=True)

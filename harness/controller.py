@@ -18,7 +18,7 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 
 from multiprocess import connection
@@ -136,10 +136,36 @@ class _TrackedWorker:
             calls=self.ledger.call_records(), ledger_note="; ".join(self.ledger.notes))
 
 
-class WatchLoop:
-    """The watch loop of one run; see the module docstring."""
+# How often a run with a progress callback reports to it.
+PROGRESS_EVERY = 0.5
 
-    def __init__(self, workers: List[_TrackedWorker], settings: RunSettings, start: float):
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What the watch loop sees now, for a live status line
+    (``run(progress=...)``): ``elapsed`` seconds since the attempt started,
+    ``idle`` seconds since the last progress (a hang is declared when it
+    reaches ``timeout``), and per worker its last reported step (None: none
+    yet) and its state: ``running``, ``returned``, ``raised`` or ``exited``."""
+
+    attempt: int
+    elapsed: float
+    idle: float
+    timeout: float
+    steps: Tuple[Optional[int], ...]
+    states: Tuple[str, ...]
+
+
+class WatchLoop:
+    """The watch loop of one run; see the module docstring.  With
+    ``on_progress``, it also wakes every :data:`PROGRESS_EVERY` seconds to
+    hand it a :class:`Progress`."""
+
+    def __init__(self, workers: List[_TrackedWorker], settings: RunSettings, start: float,
+                 on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0):
+        self.on_progress = on_progress
+        self.attempt = attempt
+        self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
         self.workers = workers
         self.timeout = settings.timeout
         self.run_grace = settings.grace
@@ -226,12 +252,27 @@ class WatchLoop:
             elif now - when < 1.0:  # it has not stopped itself yet; look again soon
                 self.signals.append((now + 0.02, index, sig))
 
+    def _report_progress(self, now: float) -> None:
+        self._read_all_records()
+        steps, states = [], []
+        for tw in self.workers:
+            stepped = tw.ledger.step_events
+            steps.append(stepped[-1].step if stepped else None)
+            states.append("raised" if tw.seen.error is not None else "returned"
+                          if tw.seen.returned else "exited" if tw.seen.exit_code is not None
+                          else "running")
+        self.next_report = now + PROGRESS_EVERY
+        self.on_progress(Progress(self.attempt, now - self.start, now - self.last_progress,
+                                  self.timeout, tuple(steps), tuple(states)))
+
     def loop(self) -> str:
         while True:
             pending = [w for w in self.workers if w.pending]
             if not pending:
                 return ALL_FINISHED
             now = time.monotonic()
+            if now >= self.next_report:
+                self._report_progress(now)
             hang_at = self.last_progress + self.timeout
             grace_at = (self.first_failure + self.grace if self.first_failure is not None
                         else math.inf)
@@ -252,7 +293,8 @@ class WatchLoop:
                     waitables[w.handle.conn] = ("conn", w)
                 if w.pending:
                     waitables[w.handle.sentinel] = ("sentinel", w)
-            ready = connection.wait(list(waitables), timeout=min(hang_at, grace_at, signal_at) - now)
+            wake = min(hang_at, grace_at, signal_at, self.next_report)
+            ready = connection.wait(list(waitables), timeout=max(0.0, wake - now))
             now = time.monotonic()
             for obj in ready:
                 what, tw = waitables[obj]
@@ -291,7 +333,8 @@ class Cluster:
             grace: Optional[float] = None, sync_check: bool = False,
             env: Optional[dict] = None, ledger=True,
             step_fn: Optional[str] = None, restarts: Optional[int] = None,
-            restart_on=DEFAULT_RESTART_ON, check_replicas=False) -> RunResult:
+            restart_on=DEFAULT_RESTART_ON, check_replicas=False,
+            progress: Optional[Callable[[Progress], None]] = None) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         ``timeout`` overrides the hang timeout (seconds without progress);
@@ -333,7 +376,14 @@ class Cluster:
         strategy's mirrored variables on every worker when ``fn`` returns;
         a run whose workers disagree fails with ``ReplicaDivergence`` naming
         the first variable that differs (see :mod:`harness.replicas`).
+
+        ``progress``, a callable, gets a :class:`Progress` every half second
+        while the run lasts (``harness run``'s status line): each worker's
+        step and state, and the seconds since the last progress.  It runs in
+        the watch loop, so it must be quick.
         """
+        if progress is not None and not callable(progress):
+            raise ValueError(f"run(progress=...): a callable, got {progress!r}")
         settings = self.settings.with_overrides(
             timeout=None if timeout is None else parse_seconds(timeout, "run(timeout=...)"),
             grace=None if grace is None else parse_seconds(grace, "run(grace=...)", allow_zero=True),
@@ -364,7 +414,8 @@ class Cluster:
             # per traced function per worker) goes with it.
             tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
             envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
-            job = _Job(payload, settings, envs, bool(sync_check), level, step_fn, tolerance)
+            job = _Job(payload, settings, envs, bool(sync_check), level, step_fn, tolerance,
+                       progress)
             try:
                 for attempt in range(settings.restarts + 1):
                     # Every attempt on the ports reserved once: a restarted
@@ -438,7 +489,7 @@ class Cluster:
                                                            ledger=level),
                                       LedgerView(start), readers[h.index])
                        for h in handles]
-            ended_by = WatchLoop(tracked, settings, start).loop()
+            ended_by = WatchLoop(tracked, settings, start, job.progress, attempt).loop()
             # The run's clock (events, hang detection) and the user's (the
             # whole call, a cold forkserver's wait included).
             duration = time.monotonic() - start
@@ -489,6 +540,7 @@ class _Job:
     ledger: Optional[str]
     step_fn: Optional[str]
     tolerance: Optional[float]   # the replica check's; None when it is off
+    progress: Optional[Callable[[Progress], None]] = None
 
 
 def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):

@@ -4,6 +4,8 @@ Real runs go through a subprocess, as a user's shell would start them (each
 starts its own forkserver: about 3 s of TensorFlow import); parsing is
 tested in-process.
 """
+import dataclasses
+import io
 import subprocess
 import sys
 import textwrap
@@ -12,7 +14,9 @@ import pytest
 
 from harness import faults as F
 from harness import SettingError
-from harness.cli import UsageError, parse_fault, split_command
+from harness.cli import (PLAIN_EVERY, StatusLine, UsageError, format_progress, parse_fault,
+                         split_command)
+from harness.controller import Progress
 from harness.settings import OPTIONS, parse_choice, parse_restarts, parse_seconds, parse_workers
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leftover_workers")]
@@ -67,11 +71,18 @@ def test_completing_script_exits_0_and_prints_the_diagnosis(tmp_path):
 @pytest.mark.timeout(120)
 def test_fault_that_hangs_with_expect_hang_exits_0(tmp_path):
     proc = harness_cli(tmp_path, "--timeout", "3", "--fault", "SkipStep(worker=1, step=2)",
-                       "--expect", "hang", "steps.py", "--steps", "6")
+                       "--expect", "hang", "--report-dir", "timelines", "steps.py",
+                       "--steps", "6")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "HANG: no progress for 3.0s; culprit: worker 1" in proc.stdout
     assert "--- worker 0 (exit code -9)" in proc.stdout   # the blocked worker's log tail
     assert "hang in" in proc.stdout and "expected hang: ok" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == [
+        "steps.py-run1.svg", "steps.py-run1.trace.json"]
+    assert f"harness: timeline: {tmp_path / 'timelines' / 'steps.py-run1.svg'}" in proc.stdout
+    # not a terminal: the live status comes as plain lines, the first at once
+    status = [ln for ln in proc.stderr.splitlines() if ln.startswith("harness: attempt 0 |")]
+    assert status and "w1 " in status[0] and "idle" in status[0] and "\r" not in proc.stderr
 
 
 @pytest.mark.timeout(120)
@@ -190,3 +201,45 @@ def test_anything_but_a_literal_fault_call_is_refused(text):
 ])
 def test_split_command_finds_where_the_script_starts(argv, expected):
     assert split_command(argv) == expected
+
+
+PROGRESS = Progress(attempt=0, elapsed=12.34, idle=0.25, timeout=30.0, steps=(41, None, 7),
+                    states=("running", "running", "returned"))
+
+
+def test_the_status_line_says_each_workers_step_and_the_idle_time():
+    assert format_progress(PROGRESS) == ("harness: attempt 0 | 12.3s | w0 step 41, w1 started, "
+                                         "w2 returned | idle 0.2s of 30s")
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self):
+        return self._tty
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place_and_wiped():
+    stream = _Stream(tty=True)
+    status = StatusLine(stream)
+    status(PROGRESS)
+    status(dataclasses.replace(PROGRESS, steps=(42, 1, 7)))
+    status.close()
+    out = stream.getvalue()
+    assert "\n" not in out and out.count("\r") == 4 and out.endswith("\r")
+    assert "w0 step 42" in out
+
+
+def test_elsewhere_plain_lines_at_most_every_few_seconds():
+    now = [100.0]
+    stream = _Stream(tty=False)
+    status = StatusLine(stream, clock=lambda: now[0])
+    for _ in range(5):
+        status(PROGRESS)
+        now[0] += 1.0
+    now[0] += PLAIN_EVERY
+    status(PROGRESS)
+    status.close()
+    assert stream.getvalue().splitlines() == [format_progress(PROGRESS)] * 2
