@@ -30,7 +30,8 @@ from .errors import SerializationError
 from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
 from .ports import reserve_ports
-from .replicas import compare as compare_replicas, parse_check_replicas
+from .replicas import (compare as compare_replicas, compare_reference, parse_check_replicas,
+                       parse_reference)
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
 from .result import RunResult, WorkerResult
 from .scripts import check_import_time_env
@@ -133,7 +134,8 @@ class _TrackedWorker:
         events = sorted(self.events + self.ledger.step_events, key=lambda e: e.time)
         return dataclasses.replace(
             self.seen, events=tuple(events), stack=stack, functions=self.ledger.functions(),
-            calls=self.ledger.call_records(), ledger_note="; ".join(self.ledger.notes))
+            calls=self.ledger.call_records(), ledger_note="; ".join(self.ledger.notes),
+            variables=self.replica_prints if isinstance(self.replica_prints, tuple) else ())
 
 
 # How often a run with a progress callback reports to it.
@@ -333,7 +335,7 @@ class Cluster:
             grace: Optional[float] = None, sync_check: bool = False,
             env: Optional[dict] = None, ledger=True,
             step_fn: Optional[str] = None, restarts: Optional[int] = None,
-            restart_on=DEFAULT_RESTART_ON, check_replicas=False,
+            restart_on=DEFAULT_RESTART_ON, check_replicas=False, reference=False,
             progress: Optional[Callable[[Progress], None]] = None) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
@@ -377,6 +379,16 @@ class Cluster:
         a run whose workers disagree fails with ``ReplicaDivergence`` naming
         the first variable that differs (see :mod:`harness.replicas`).
 
+        ``reference=True`` (or a tolerance, used as ``atol`` and ``rtol``;
+        ``True`` is 1e-3, as Keras's own correctness tests use) runs ``fn``
+        once more, when the run completed, on a single worker that stands in
+        for the whole cluster, and compares its variables (and its return
+        value) with worker 0's: a run that differs fails with
+        ``ReferenceMismatch``.  ``fn`` must train on the same global batch
+        there: it takes it from ``context().global_batch_size(per_worker)``
+        (per-worker batch times N, in the reference too), not from the
+        number of workers in ``TF_CONFIG``.  See :mod:`harness.replicas`.
+
         ``progress``, a callable, gets a :class:`Progress` every half second
         while the run lasts (``harness run``'s status line): each worker's
         step and state, and the seconds since the last progress.  It runs in
@@ -394,6 +406,7 @@ class Cluster:
             raise ValueError(f"run(step_fn=...): the name of a tf.function, got {step_fn!r}")
         restart_after = parse_restart_on(restart_on)
         tolerance = parse_check_replicas(check_replicas)
+        ref_tolerance = parse_reference(reference)
         plan = faults_module.validate(faults, n, settings.restarts)
         payload = serialize_call(fn, args, kwargs)
         envs = worker_environments(n, settings.devices)
@@ -415,7 +428,7 @@ class Cluster:
             tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
             envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
             job = _Job(payload, settings, envs, bool(sync_check), level, step_fn, tolerance,
-                       progress)
+                       progress, fingerprint=tolerance is not None or ref_tolerance is not None)
             try:
                 for attempt in range(settings.restarts + 1):
                     # Every attempt on the ports reserved once: a restarted
@@ -431,6 +444,9 @@ class Cluster:
                     attempts.append(result)
                     if result.verdict.outcome not in restart_after:
                         break
+                if ref_tolerance is not None and attempts[-1].outcome == "completed":
+                    attempts[-1] = self._against_reference(job, attempts[-1], files, tmpdir,
+                                                           ports[0], ref_tolerance)
             finally:
                 shutil.rmtree(tmpdir, ignore_errors=True)
         result = combine_attempts(attempts, plan, time.monotonic() - launched)
@@ -441,7 +457,8 @@ class Cluster:
                    env: Optional[dict] = None, faults: Sequence = (),
                    timeout: Optional[float] = None, grace: Optional[float] = None,
                    ledger=True, restarts: Optional[int] = None,
-                   restart_on=DEFAULT_RESTART_ON, check_replicas=False) -> RunResult:
+                   restart_on=DEFAULT_RESTART_ON, check_replicas=False,
+                   reference=False) -> RunResult:
         """Run a script on every worker as ``python path argv...`` would, or
         ``python -m module argv...`` with ``module=``; see :mod:`harness.scripts`.
 
@@ -455,7 +472,32 @@ class Cluster:
                            start_method=getattr(self.launcher, "start_method", None))
         return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
                         ledger=ledger, restarts=restarts, restart_on=restart_on,
-                        check_replicas=check_replicas)
+                        check_replicas=check_replicas, reference=reference)
+
+    def _against_reference(self, job: "_Job", result: RunResult, files: str, tmpdir: str,
+                           port: int, tolerance: float) -> RunResult:
+        """Run ``fn`` on one worker standing in for the cluster, on the
+        run's first port (its processes are gone), and judge ``result``
+        again with the comparison in its record."""
+        n = job.settings.workers
+        ref_files = os.path.join(tmpdir, "reference")
+        os.mkdir(ref_files, 0o700)
+        ref_job = dataclasses.replace(job, settings=job.settings.with_overrides(workers=1),
+                                      envs=job.envs[:1], sync_check=False, fingerprint=True,
+                                      reference_workers=n)
+        ref = self._run(ref_job, 0, tfconfig.cluster_configs([port]), (), ref_files)
+        check = compare_reference(
+            result.observation.workers[0], result.workers[0].return_value,
+            lambda k: _load_value(os.path.join(files, "worker-0.npz"), k),
+            ref.outcome, ref.diagnosis, ref.observation.workers[0] if ref.workers else None,
+            ref.workers[0].return_value if ref.workers else None,
+            lambda k: _load_value(os.path.join(ref_files, "worker-0.npz"), k), tolerance)
+        obs = dataclasses.replace(result.observation, reference=check)
+        verdict = diagnose(obs)
+        # What the first verdict's text was followed by (faults that did not act) stays.
+        text = verdict.text + result.diagnosis[len(result.verdict.text):]
+        return dataclasses.replace(result, outcome=verdict.outcome, culprits=verdict.culprits,
+                                   diagnosis=text, observation=obs, verdict=verdict)
 
     def _run(self, job: "_Job", attempt: int, configs, plan, files: str) -> RunResult:
         """One attempt: start the workers, watch them, stop them, decide."""
@@ -468,7 +510,8 @@ class Cluster:
             faults=faults_module.for_worker(plan, i), sync_check=job.sync_check,
             progress_path=os.path.join(files, f"worker-{i}.progress"), ledger=level,
             step_function=job.step_fn, attempt=attempt,
-            replicas_path="" if job.tolerance is None else os.path.join(files, f"worker-{i}.npz"))
+            replicas_path=os.path.join(files, f"worker-{i}.npz") if job.fingerprint else "",
+            reference_workers=job.reference_workers)
             for i in range(n)]
         readers = []
         for spec in specs:
@@ -541,6 +584,8 @@ class _Job:
     step_fn: Optional[str]
     tolerance: Optional[float]   # the replica check's; None when it is off
     progress: Optional[Callable[[Progress], None]] = None
+    fingerprint: bool = False    # the workers fingerprint their variables
+    reference_workers: int = 0   # the single-worker reference's N (0: not one)
 
 
 def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):
@@ -609,6 +654,12 @@ def parse_ledger(value) -> Optional[str]:
         return value
     raise ValueError(f"run(ledger=...): {value!r} is not one of True, False, "
                      f"{', '.join(map(repr, LEDGER_LEVELS))}")
+
+
+def _load_value(path: str, number: int):
+    import numpy as np
+    with np.load(path) as values:
+        return values[f"v{number}"]
 
 
 def _load_return(tw: _TrackedWorker) -> Any:

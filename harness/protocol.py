@@ -131,3 +131,4 @@ class WorkerSpec:
     step_function: Optional[str] = None
     attempt: int = 0
     replicas_path: str = ""   # where to write the replica file; "" when the check is off
+    reference_workers: int = 0   # in a single-worker reference: the N it stands in for

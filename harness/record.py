@@ -120,6 +120,8 @@ class WorkerObservation:
     strategy (what it was given, if it never did).  ``functions`` and
     ``calls`` are its collective ledger; ``ledger`` the level it was kept at
     (None: not kept), ``ledger_note`` why not, or what was lost.
+    ``variables`` are the fingerprints of its strategy's variables when
+    ``fn`` returned, when the run checked replicas or a reference.
     """
 
     index: int
@@ -137,6 +139,7 @@ class WorkerObservation:
     calls: Tuple[Call, ...] = ()
     ledger: Optional[str] = None
     ledger_note: str = ""
+    variables: Tuple[protocol.VariablePrint, ...] = ()   # its fingerprints, when taken
 
     @property
     def steps(self) -> Tuple[int, ...]:
@@ -224,10 +227,31 @@ class ReplicaCheck:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReferenceCheck:
+    """What the single-worker reference check found (``run(reference=...)``):
+    the reference run's outcome, how many variables were compared, the
+    tolerance, and, when the run differs from the reference, what differs
+    (``what``: a variable, or fn's return value), by how much, and a
+    sentence for a person (``detail``)."""
+
+    reference_outcome: str
+    variables: int
+    tolerance: float
+    what: Optional[str] = None
+    max_difference: Optional[float] = None
+    detail: str = ""
+
+    @property
+    def differs(self) -> bool:
+        return self.reference_outcome != "completed" or self.what is not None
+
+
+@dataclasses.dataclass(frozen=True)
 class RunObservation:
     """What the parent saw of one run (one attempt of a run with restarts).
     ``replicas`` is the replica check's finding (``run(check_replicas=...)``),
-    None when the check was off or the workers did not all return."""
+    None when the check was off or the workers did not all return;
+    ``reference`` the single-worker reference check's (``run(reference=...)``)."""
 
     num_workers: int
     timeout: float
@@ -236,6 +260,7 @@ class RunObservation:
     duration: float
     workers: Tuple[WorkerObservation, ...]
     replicas: Optional[ReplicaCheck] = None
+    reference: Optional[ReferenceCheck] = None
 
     @property
     def last_progress_time(self) -> float:
@@ -269,6 +294,8 @@ class RunObservation:
             w["calls"] = tuple(Call(**{**c, "launched": tuple(c.get("launched", ())),
                                        "done": tuple(c.get("done", ()))})
                                for c in w.get("calls", ()))
+            w["variables"] = tuple(protocol.VariablePrint(**{**v, "shape": tuple(v["shape"])})
+                                   for v in w.get("variables", ()))
             workers.append(WorkerObservation(**w))
         replicas = d.get("replicas")
         if replicas is not None:
@@ -278,4 +305,8 @@ class RunObservation:
                 "notes": tuple(replicas.get("notes", ())),
                 "divergence": None if div is None else ReplicaDivergence(**{
                     **div, "sides": tuple(tuple(s) for s in div["sides"])})})
-        return cls(**{**d, "workers": tuple(workers), "replicas": replicas})
+        reference = d.get("reference")
+        if reference is not None:
+            reference = ReferenceCheck(**reference)
+        return cls(**{**d, "workers": tuple(workers), "replicas": replicas,
+                      "reference": reference})

@@ -24,10 +24,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import SettingError
 from .protocol import VariablePrint
-from .record import ReplicaCheck, ReplicaDivergence
+from .record import ReferenceCheck, ReplicaCheck, ReplicaDivergence
 
 # allclose's atol and rtol both, for check_replicas=True.
 DEFAULT_TOLERANCE = 1e-6
+# ... and for reference=True: Keras's ctl_correctness_test compares
+# multi-worker training with one device within 1e-3 (sums in another order).
+DEFAULT_REFERENCE_TOLERANCE = 1e-3
 
 
 def parse_check_replicas(value) -> Optional[float]:
@@ -42,6 +45,66 @@ def parse_check_replicas(value) -> Optional[float]:
         return float(value)
     raise SettingError(f"run(check_replicas=...): {value!r} is not True, False or a "
                        f"tolerance (a number 0 or more, used as atol and rtol)")
+
+
+def parse_reference(value) -> Optional[float]:
+    """``run(reference=...)``: False/None for off, True for 1e-3, a number 0
+    or more for that tolerance (``atol`` and ``rtol``)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DEFAULT_REFERENCE_TOLERANCE
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value) and value >= 0:
+        return float(value)
+    raise SettingError(f"run(reference=...): {value!r} is not True, False or a tolerance "
+                       f"(a number 0 or more, used as atol and rtol)")
+
+
+def compare_reference(worker, returned, load, ref_outcome: str, ref_text: str, ref_worker,
+                      ref_returned, ref_load, tolerance: float) -> ReferenceCheck:
+    """Worker 0 of a completed run (``worker``, its observation; ``returned``,
+    its return value; ``load(number)``, a variable's value) against the
+    single-worker reference (the same, ``ref_*``).  Variables first, in the
+    order of creation; then the return values, when both are numbers or
+    arrays of numbers of one shape."""
+    if ref_outcome != "completed" or ref_worker is None:
+        first = (ref_text.splitlines() or [""])[0]
+        return ReferenceCheck(ref_outcome, 0, tolerance,
+                              detail=f"the single-worker reference run itself ended "
+                                     f"{ref_outcome}: {first}")
+    mine, theirs = worker.variables, ref_worker.variables
+    check = compare({0: mine, 1: theirs}, lambda w, k: (load if w == 0 else ref_load)(k),
+                    tolerance)
+    found = check.divergence
+    if found is not None:
+        how = ("is not the same variable" if found.max_difference is None
+               else f"differs by up to {found.max_difference:.3g}")
+        return ReferenceCheck("completed", len(mine), tolerance, found.variable,
+                              found.max_difference,
+                              f"{found.variable} {how} from the single-worker reference "
+                              f"(tolerance {tolerance:g})"
+                              + ("" if found.max_difference is not None else
+                                 f": {found.detail}"))
+    difference = _returned_difference(returned, ref_returned, tolerance)
+    if difference is not None:
+        return ReferenceCheck("completed", len(mine), tolerance, "fn's return value", difference,
+                              f"fn's return value differs by up to {difference:.3g} from the "
+                              f"single-worker reference's (tolerance {tolerance:g})")
+    return ReferenceCheck("completed", len(mine), tolerance)
+
+
+def _returned_difference(a, b, tolerance: float) -> Optional[float]:
+    """The largest difference between two return values made of numbers,
+    when it is beyond the tolerance; None when they agree or are not numbers."""
+    import numpy as np
+    try:
+        x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if x.shape != y.shape or _close(x, y, tolerance):
+        return None
+    return _difference(x, y)
 
 
 def _names(ws: Sequence[int]) -> str:

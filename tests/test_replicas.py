@@ -9,8 +9,10 @@ import pytest
 from harness.diagnosis import diagnose
 from harness.errors import SettingError
 from harness.protocol import VariablePrint
-from harness.record import ReplicaCheck, ReplicaDivergence, RunObservation
-from harness.replicas import DEFAULT_TOLERANCE, compare, parse_check_replicas
+from harness.record import (ReferenceCheck, ReplicaCheck, ReplicaDivergence, RunObservation,
+                            WorkerObservation)
+from harness.replicas import (DEFAULT_REFERENCE_TOLERANCE, DEFAULT_TOLERANCE, compare,
+                              compare_reference, parse_check_replicas, parse_reference)
 from observations import returned, run
 
 pytestmark = pytest.mark.timeout(30)
@@ -145,3 +147,64 @@ def test_the_record_round_trips_with_its_replica_check():
     obs = _diverged(3, ((0, 1), (2,)))
     again = RunObservation.from_dict(obs.to_dict())
     assert again == obs and diagnose(again) == diagnose(obs)
+
+
+# ---------------------------------------------------------------- the reference
+
+
+def _worker(values, names=None):
+    return WorkerObservation(0, returned=True, variables=_prints(values, names))
+
+
+def _against(mine, theirs, returned=1.0, ref_returned=1.0, tolerance=1e-3,
+             ref_outcome="completed", names=None):
+    return compare_reference(_worker(mine, names), returned, lambda k: mine[k],
+                             ref_outcome, "HANG: stuck", _worker(theirs, names), ref_returned,
+                             lambda k: theirs[k], tolerance)
+
+
+def test_a_run_that_matches_its_reference():
+    check = _against([W, B], [W + 1e-5, B])
+    assert not check.differs and check.variables == 2
+
+
+def test_a_variable_off_the_reference_is_named_with_its_difference():
+    check = _against([W, B], [W * 2, B], names=["dense/kernel:0", "dense/bias:0"])
+    assert check.differs and "dense/kernel:0" in check.what
+    assert check.max_difference == pytest.approx(5.0)
+    assert "from the single-worker reference" in check.detail
+
+
+def test_a_return_value_off_the_reference():
+    check = _against([W], [W], returned=[1.0, 2.0], ref_returned=[1.0, 2.5])
+    assert check.what == "fn's return value" and check.max_difference == pytest.approx(0.5)
+    assert not _against([W], [W], returned="text", ref_returned="other").differs
+
+
+def test_a_reference_that_did_not_complete_fails_the_check():
+    check = _against([W], [W], ref_outcome="hang")
+    assert check.differs and "reference run itself ended hang: HANG: stuck" in check.detail
+
+
+def test_parse_reference():
+    assert parse_reference(True) == DEFAULT_REFERENCE_TOLERANCE
+    assert parse_reference(False) is None and parse_reference(0) == 0.0
+    with pytest.raises(SettingError, match="reference"):
+        parse_reference("yes")
+
+
+def test_the_verdict_of_a_run_off_its_reference():
+    obs = run(returned(0, 2), returned(1, 2))
+    check = ReferenceCheck("completed", 4, 1e-3, "'kernel:0' (variable #0)", 0.5,
+                           "'kernel:0' (variable #0) differs by up to 0.5 from the "
+                           "single-worker reference (tolerance 0.001)")
+    v = diagnose(RunObservation(**{**obs.__dict__, "reference": check}))
+    assert (v.outcome, v.culprits, v.ambiguous, v.error, v.rule) == (
+        "failed", (0, 1), True, "ReferenceMismatch", "reference")
+    assert v.text.startswith("FAILED: the run differs from its single-worker reference: "
+                             "'kernel:0'")
+    same = ReferenceCheck("completed", 4, 1e-3)
+    v = diagnose(RunObservation(**{**obs.__dict__, "reference": same}))
+    assert v.outcome == "completed" and "reference: matches the single-worker reference" in v.text
+    again = RunObservation.from_dict(RunObservation(**{**obs.__dict__, "reference": check}).to_dict())
+    assert again.reference == check

@@ -45,7 +45,7 @@ def test_table_names_are_unique_and_every_situation_ends_with_an_answer():
     for situation in SITUATIONS:
         last = [r for r in RULES if situation in r.when][-1]
         assert last.name in ("nothing_to_blame", "crash", "root_error", "no_evidence",
-                             "replicas"), situation
+                             "reference"), situation
 
 
 def test_the_verdict_names_the_rule_and_a_completed_run_blames_nobody():

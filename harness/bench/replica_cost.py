@@ -1,13 +1,16 @@
-"""``python -m harness.bench.replica_cost``: what ``run(check_replicas=True)`` costs.
+"""``python -m harness.bench.replica_cost``: what ``run(check_replicas=True)``
+and ``run(reference=True)`` cost.
 
 Runs the seed article's loop (:func:`harness.workloads.seed_training_loop`,
-3 epochs of 10 steps: a 784-128-10 model and Adam's slots, 12 mirrored
-variables) on N workers (2), with and without the replica check,
-alternating run by run so that drift on a shared machine hits both alike.
-The check's cost is paid once, when ``fn`` returns (fingerprints, the
-value files, the parent's comparison), so it is measured on the whole run:
-``Cluster.run``'s wall time, paired round by round.  It prints the figures
-as a small table.
+3 epochs of 10 steps: a 784-128-10 model and Adam's slots, 14 mirrored
+variables) on N workers (2): plain, with the replica check, with the
+single-worker reference, alternating run by run so that drift on a shared
+machine hits all alike.  Both checks are paid once, when ``fn`` returns
+(fingerprints, the value files, the parent's comparison; the reference
+also runs ``fn`` again on one worker), so they are measured on the whole
+run: ``Cluster.run``'s wall time, paired round by round with the plain
+run.  (The seed loop does not seed its weights, so its reference differs:
+the cost is the same either way.)  It prints the figures as a small table.
 """
 from __future__ import annotations
 
@@ -23,29 +26,35 @@ def measure(rounds: int, workers: int) -> dict:
     from ..workloads import seed_training_loop
     cluster = Cluster(RunSettings(workers=workers, timeout=60))
     cluster.run(seed_training_loop).assert_completed()      # the forkserver's cold start
-    walls = {"off": [], "on": []}
+    walls: dict = {name: [] for name in VARIANTS}
     variables = None
     for _ in range(rounds):
-        for variant in ("off", "on"):
+        for name, kwargs in VARIANTS.items():
             t = time.monotonic()
-            result = cluster.run(seed_training_loop, check_replicas=variant == "on")
-            walls[variant].append(time.monotonic() - t)
-            result.assert_completed()
-            if variant == "on":
+            result = cluster.run(seed_training_loop, **kwargs)
+            walls[name].append(time.monotonic() - t)
+            if name == "check_replicas":
+                result.assert_completed()
                 variables = result.replicas.variables
-    paired = [on - off for off, on in zip(walls["off"], walls["on"])]
-    return {"off": stats(walls["off"]), "on": stats(walls["on"]), "paired": stats(paired),
-            "variables": variables, "rounds": rounds, "workers": workers}
+    fig = {name: stats(w) for name, w in walls.items()}
+    for name in VARIANTS:
+        if name != "off":
+            fig["paired " + name] = stats([b - a for a, b in zip(walls["off"], walls[name])])
+    return {**fig, "variables": variables, "rounds": rounds, "workers": workers}
+
+
+# name -> Cluster.run keyword arguments; "off" is the reference the others are paired with.
+VARIANTS = {"off": {}, "check_replicas": {"check_replicas": True}, "reference": {"reference": True}}
 
 
 def render(fig: dict) -> str:
     ms = lambda x: f"{1000 * x:.0f}"   # noqa: E731
-    rows = ["| check_replicas | wall per run, ms (median; min-max) |", "|---|---|"]
-    for name in ("off", "on"):
-        st = fig[name]
-        rows.append(f"| {name} | {ms(st['median'])}; {ms(st['min'])}-{ms(st['max'])} |")
-    p = fig["paired"]
-    rows.append(f"| on - off, paired | {ms(p['median'])}; {ms(p['min'])}-{ms(p['max'])} |")
+    rows = ["| variant | wall per run, ms (median; min-max) | minus off, paired (median; min-max) |",
+            "|---|---|---|"]
+    for name in VARIANTS:
+        st, p = fig[name], fig.get("paired " + name)
+        rows.append(f"| {name} | {ms(st['median'])}; {ms(st['min'])}-{ms(st['max'])} | "
+                    + (f"{ms(p['median'])}; {ms(p['min'])}-{ms(p['max'])} |" if p else "– |"))
     return "\n".join(rows) + (f"\n\n{fig['workers']} workers, {fig['rounds']} rounds, "
                               f"{fig['variables'][0]} variables fingerprinted per worker")
 

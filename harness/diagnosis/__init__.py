@@ -15,7 +15,8 @@ Outcome, by strict precedence: ``crashed`` if any worker died (ended without
 returning or raising, not by the harness's hand); else ``failed`` if any
 raised; else ``hang`` if the run ended by the hang detector or a worker never
 returned; else ``failed`` if the replica check found the workers' models
-differ (error ``ReplicaDivergence``); else ``completed``.  ``fault`` events are never used for blame;
+differ (error ``ReplicaDivergence``) or the run differs from its
+single-worker reference (``ReferenceMismatch``); else ``completed``.  ``fault`` events are never used for blame;
 the text lists them as "injected".  ``Verdict.step`` is the step where the
 others wait for the culprit when they wait for it, else the culprit's last
 step.
@@ -63,5 +64,7 @@ def diagnose(obs: RunObservation) -> Verdict:
         error = short_type(errs[0].error.type_name)
     elif rule == "replicas":
         error = "ReplicaDivergence"
+    elif rule == "reference":
+        error = "ReferenceMismatch"
     return Verdict(f.outcome, culprits, render(f, blame, culprits), blame.step, error,
                    blame.ambiguous, rule)

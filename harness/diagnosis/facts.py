@@ -87,8 +87,10 @@ def outcome_of(obs: RunObservation) -> str:
 
 
 def diverged(obs: RunObservation) -> bool:
-    """The replica check found workers that disagree."""
-    return obs.replicas is not None and obs.replicas.divergence is not None
+    """The replica check found workers that disagree, or the reference
+    check found the run differs from its single-worker reference."""
+    return ((obs.replicas is not None and obs.replicas.divergence is not None)
+            or (obs.reference is not None and obs.reference.differs))
 
 
 # (finished?, steps, phase): workers with equal signatures stand at the same

@@ -115,6 +115,9 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
                   for i, v in sorted(issues.items())]
     if obs.replicas is not None:
         lines += replica_lines(obs.replicas)
+    if obs.reference is not None and not obs.reference.differs:
+        lines.append(f"reference: matches the single-worker reference ({obs.reference.variables} "
+                     f"variables and the return value, tolerance {obs.reference.tolerance:g})")
     faults = [(w.index, e) for w in ws for e in w.events if e.kind == protocol.FAULT]
     for i, e in faults[:MAX_FAULTS_LISTED]:
         at = f" at step {e.step}" if e.step is not None else ""

@@ -130,6 +130,21 @@ def replicas(f: Facts) -> Optional[Blame]:
                           f"{found.detail}")
 
 
+def reference(f: Facts) -> Optional[Blame]:
+    """Every worker returned and they agree, but not with the single-worker
+    reference (``run(reference=True)``): the job as a whole computes
+    something else than one worker would, as a loss scaled per replica or
+    data read unsharded make it.  No worker stands out: every one is named
+    and it cannot tell."""
+    check = f.obs.reference
+    if check is None or not check.differs:
+        return None
+    every = [w.index for w in f.workers]
+    return Blame(every, "every worker holds the same result, which is not the single-worker "
+                        "reference's: the job's code, not one worker, differs", ambiguous=True,
+                 headline=f"the run differs from its single-worker reference: {check.detail}")
+
+
 def coordinated_exit(f: Facts) -> Optional[Blame]:
     """Every worker exited with the same status, not by a signal, at the
     same step, and none raised: the job ended itself on every worker
@@ -516,6 +531,7 @@ _STUCK = frozenset({HANG_, FAILED_ECHOES})
 RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),
     Rule("replicas", frozenset({DIVERGED}), replicas),
+    Rule("reference", frozenset({DIVERGED}), reference),
     Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
     Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
     Rule("crash", frozenset({CRASHED}), crash),

@@ -44,7 +44,9 @@ class WorkerContext:
     ``index`` is this worker's task index, ``num_workers`` the cluster size,
     ``is_chief`` true for worker 0 (a cluster of workers only has no separate
     chief task), ``attempt`` which attempt of a run with restarts this is
-    (0, then 1 after the first restart, and so on), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
+    (0, then 1 after the first restart, and so on), ``reference`` True in
+    the single-worker reference run of ``run(reference=True)`` (where
+    ``cluster_workers`` is still the N it stands in for), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
     fault removed it) and ``strategy`` the MultiWorkerMirroredStrategy ``fn``
     created, once it has.
 
@@ -69,9 +71,12 @@ class WorkerContext:
                  send: Callable[..., None], faults: Tuple[Fault, ...] = (),
                  sync_check: bool = False, record: Optional[progress.Writer] = None,
                  step_function: Optional[str] = None, attempt: int = 0,
-                 check_replicas: bool = False):
+                 check_replicas: bool = False, reference_workers: int = 0):
         self.index = index
         self.attempt = attempt
+        # A single-worker reference run stands in for a cluster of this many.
+        self.reference = reference_workers > 0
+        self.cluster_workers = reference_workers or num_workers
         self.num_workers = num_workers
         self.tf_config = tf_config
         self.sync_check = sync_check
@@ -95,6 +100,14 @@ class WorkerContext:
     @property
     def is_chief(self) -> bool:
         return self.index == 0
+
+    def global_batch_size(self, per_worker_batch: int) -> int:
+        """``per_worker_batch`` times the workers of the run under test: the
+        global batch, the same in the run (N workers) and in its
+        single-worker reference (``run(reference=True)``), where the number
+        of workers in ``TF_CONFIG`` is 1.  Use it where a tutorial writes
+        ``per_worker_batch * num_workers``."""
+        return int(per_worker_batch) * self.cluster_workers
 
     def __repr__(self) -> str:
         return f"WorkerContext(index={self.index}, num_workers={self.num_workers})"

@@ -125,7 +125,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
                                        channel.send, spec.faults, spec.sync_check, record,
                                        spec.step_function, spec.attempt,
-                                       bool(spec.replicas_path))
+                                       bool(spec.replicas_path), spec.reference_workers)
     context_module.activate(ctx)
     code = 1
     try:

@@ -1,0 +1,231 @@
+"""Silent wrong results: jobs that complete on every worker, replicas in
+agreement, and still train the wrong model.  Two checks catch them: the
+single-worker reference (``run(reference=True)``: the same global batch on
+one worker, compared within 1e-3, as Keras's own ``ctl_correctness_test``
+does) and a fingerprint of the examples each worker saw.
+
+The job is one custom loop (SGD, so a gradient N times too large shows:
+Adam would normalise it away) with each mistake on a switch.  It takes
+its global batch from ``harness.context().global_batch_size(...)``, so its
+single-worker reference trains on the same batches.
+"""
+import os
+
+import pytest
+
+from harness.faults import Crash
+from scenarios.meta import scenario
+
+STEPS = 8
+PER_WORKER_BATCH = 16
+CHECKPOINT_EVERY = 2
+AT = 5   # the crash of the restore scenarios: after the checkpoint of step 4
+
+
+def train_custom(bug=None, directory=None, steps=STEPS):
+    """The seed's model under SGD on a fixed, unshuffled stream of examples
+    (each with an id).  ``bug``: ``"loss_per_replica"`` (the step averages
+    its loss over the replica's batch), ``"unsharded"``
+    (``AutoShardPolicy.OFF``), ``"replay"`` (with ``directory``: restored
+    from a checkpoint, the input starts from its first batch again).  With
+    ``directory`` it checkpoints every 2 steps and resumes from the latest.
+    Returns this worker's first step, the ids of the examples it trained
+    on, and the last loss."""
+    import numpy as np
+    import tensorflow as tf
+
+    import harness
+    from harness.workloads import make_loss_object
+    from scenarios import mnist_like
+    ctx = harness.context()
+    # The reference must start from the same weights: seed the initializers.
+    tf.keras.utils.set_random_seed(1)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    global_batch = ctx.global_batch_size(PER_WORKER_BATCH)
+    with strategy.scope():
+        model = mnist_like.build_model()
+        optimizer = tf.keras.optimizers.SGD(learning_rate=0.5)
+        loss_object = make_loss_object()
+        done = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    @tf.function
+    def step(inputs):
+        def replica(images, labels, _ids):
+            with tf.GradientTape() as tape:
+                per_example = loss_object(labels, model(images, training=True))
+                if bug == "loss_per_replica":
+                    loss = tf.reduce_mean(per_example)      # the replica's batch, not the global
+                else:
+                    loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+        losses = strategy.run(replica, args=inputs)
+        return strategy.reduce("SUM", losses, axis=None)
+
+    first = 0
+    manager = None
+    if directory is not None:
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, done=done)
+        write_dir = directory if ctx.is_chief else os.path.join(directory, f".w{ctx.index}")
+        manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=1)
+        latest = tf.train.latest_checkpoint(directory)
+        if latest:
+            checkpoint.restore(latest)
+            first = int(done.numpy())
+    x, y = mnist_like.make_data(n=global_batch * (steps + 2))
+    ids = np.arange(len(x), dtype=np.int64)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, ids)).batch(global_batch)
+    if first and bug != "replay":
+        dataset = dataset.skip(first)            # resume where the checkpoint was taken
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF if bug == "unsharded"
+        else tf.data.experimental.AutoShardPolicy.AUTO)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset.with_options(options)))
+    seen, loss = [], None
+    for _ in ctx.steps(steps - first):
+        batch = next(iterator)
+        seen += [int(i) for t in strategy.experimental_local_results(batch[2])
+                 for i in t.numpy()]
+        loss = float(step(batch))
+        done.assign_add(1)
+        if manager is not None and int(done.numpy()) % CHECKPOINT_EVERY == 0:
+            manager.save()
+            if not ctx.is_chief:
+                tf.io.gfile.rmtree(write_dir)
+    return {"first": first, "seen": seen, "loss": loss}
+
+
+def _seen(result):
+    return [set(v["seen"]) for v in result.return_values]
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="ReferenceMismatch",
+          source="TensorFlow custom training guide (tf.nn.compute_average_loss)",
+          fixed_by="test_loss_averaged_over_the_global_batch")
+def test_loss_averaged_per_replica(mwms_cluster):
+    """The train step averages its loss over the replica's own batch
+    (``tf.reduce_mean``) instead of the global batch.
+
+    TensorFlow: the strategy sums the replicas' gradients, so each step's
+    gradient is N times the mean gradient: the job completes on every
+    worker, the replicas agree bit for bit, and the model is wrong (with
+    SGD; Adam hides the scale).  Only the single-worker reference shows it:
+    its weights differ from the run's.
+
+    Source: TensorFlow's custom training guide ("scale the loss by the
+    global batch size", ``tf.nn.compute_average_loss``).
+
+    Fix: ``tf.nn.compute_average_loss(per_example_loss,
+    global_batch_size=...)``.
+    """
+    if mwms_cluster.num_workers == 1:
+        pytest.skip("one worker: the replica's batch is the global batch")
+    result = mwms_cluster.run(train_custom, kwargs={"bug": "loss_per_replica"}, timeout=30,
+                              check_replicas=True, reference=True)
+    result.assert_failed(error="ReferenceMismatch").assert_cannot_tell(
+        range(mwms_cluster.num_workers))
+    assert result.replicas.divergence is None           # the replicas agree
+    assert result.observation.reference.max_difference > 1e-3
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="TensorFlow custom training guide "
+          "(tf.nn.compute_average_loss)")
+def test_loss_averaged_over_the_global_batch(mwms_cluster):
+    """Fixed: the loss is averaged over the global batch.
+
+    TensorFlow: the run matches its single-worker reference within 1e-3
+    (every variable and the last loss), and each worker saw its own share of
+    every global batch.
+
+    Source: TensorFlow's custom training guide.
+
+    Fix: this.
+    """
+    result = mwms_cluster.run(train_custom, timeout=30, check_replicas=True, reference=True)
+    result.assert_completed()
+    assert result.observation.reference.variables > 0
+    seen = _seen(result)
+    assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1:])
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="ReferenceMismatch", source="tensorflow#42146, "
+          "tensorflow#56513", fixed_by="test_loss_averaged_over_the_global_batch")
+def test_data_not_sharded(mwms_cluster):
+    """Every worker reads the whole dataset (``AutoShardPolicy.OFF``).
+
+    TensorFlow: each worker's batch at step k is the same slice of the
+    stream, so the cluster trains on 1/N of the global batch, N times over:
+    the job completes, the replicas agree, and the model differs from the
+    single-worker reference.  The examples each worker saw are the same.
+    (Under ``AUTO`` a source autoshard cannot split by file, such as
+    ``from_tensor_slices``, falls back to ``DATA`` sharding, which is
+    correct: that is the fixed variant.)
+
+    Source: tensorflow#42146, tensorflow#56513.
+
+    Fix: leave the auto-shard policy at ``AUTO`` (or ``DATA``), or shard by
+    ``input_context`` in ``distribute_datasets_from_function``.
+    """
+    if mwms_cluster.num_workers == 1:
+        pytest.skip("one worker: there is nothing to shard")
+    result = mwms_cluster.run(train_custom, kwargs={"bug": "unsharded"}, timeout=30,
+                              check_replicas=True, reference=True)
+    result.assert_failed(error="ReferenceMismatch")
+    seen = _seen(result)
+    assert all(s == seen[0] for s in seen)              # every worker saw the same examples
+
+
+def _restarted(mwms_cluster, tmp_path, bug):
+    last = mwms_cluster.num_workers - 1
+    result = mwms_cluster.run(train_custom, kwargs={"bug": bug, "directory": str(tmp_path)},
+                              timeout=30, grace=2, restarts=1, faults=[Crash(last, AT)])
+    result.assert_completed()
+    result.attempts[0].assert_crashed().assert_culprit(last)
+    return result.attempts[1]
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="tensorflow#24408",
+          fixed_by="test_restore_skips_the_data_already_trained")
+def test_restore_replays_the_data(mwms_cluster, tmp_path):
+    """After a restart from a checkpoint, the input pipeline starts from its
+    first batch again.
+
+    TensorFlow: the checkpoint restores model, optimizer and step counter,
+    not the position in the data; the job completes, and the batches of
+    steps 0-3 are trained twice while the last ones are never seen.  The
+    fingerprint of the examples each worker saw after the restart shows it.
+
+    Source: tensorflow#24408.
+
+    Fix: skip the batches already trained (``dataset.skip(restored_step)``),
+    or checkpoint the iterator.
+    """
+    resumed = _restarted(mwms_cluster, tmp_path, "replay")
+    global_batch = PER_WORKER_BATCH * mwms_cluster.num_workers
+    assert all(v["first"] == 4 for v in resumed.return_values)
+    seen = set().union(*_seen(resumed))
+    assert seen == set(range(0, (STEPS - 4) * global_batch))       # batches 0-3 again
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="tensorflow#24408")
+def test_restore_skips_the_data_already_trained(mwms_cluster, tmp_path):
+    """Fixed: on restore the input skips the batches the checkpoint covers.
+
+    TensorFlow: after the restart the workers train batches 4-7, each
+    example of them once.
+
+    Source: tensorflow#24408.
+
+    Fix: this.
+    """
+    resumed = _restarted(mwms_cluster, tmp_path, None)
+    global_batch = PER_WORKER_BATCH * mwms_cluster.num_workers
+    assert all(v["first"] == 4 for v in resumed.return_values)
+    assert set().union(*_seen(resumed)) == set(range(4 * global_batch, STEPS * global_batch))
