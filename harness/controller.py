@@ -138,6 +138,10 @@ class _TrackedWorker:
             variables=self.replica_prints if isinstance(self.replica_prints, tuple) else ())
 
 
+# run(on_return=...): a worker whose fn returned stays until the run is
+# decided, or exits as a script does.
+ON_RETURN = ("stay", "exit")
+
 # How often a run with a progress callback reports to it.
 PROGRESS_EVERY = 0.5
 
@@ -336,6 +340,7 @@ class Cluster:
             env: Optional[dict] = None, ledger=True,
             step_fn: Optional[str] = None, restarts: Optional[int] = None,
             restart_on=DEFAULT_RESTART_ON, check_replicas=False, reference=False,
+            on_return: str = "stay",
             progress: Optional[Callable[[Progress], None]] = None) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
@@ -389,6 +394,13 @@ class Cluster:
         (per-worker batch times N, in the reference too), not from the
         number of workers in ``TF_CONFIG``.  See :mod:`harness.replicas`.
 
+        ``on_return``: what a worker does once ``fn`` returned.  ``"stay"``
+        (the default) keeps it in the cluster until the run is decided, so a
+        peer still in a collective waits for it (a hang the diagnosis
+        explains); ``"exit"`` ends its process at once, as a training script
+        ends: its peers then see it leave, as in a real cluster (TensorFlow
+        fails a collective that needs it with ``UnavailableError``).
+
         ``progress``, a callable, gets a :class:`Progress` every half second
         while the run lasts (``harness run``'s status line): each worker's
         step and state, and the seconds since the last progress.  It runs in
@@ -396,6 +408,9 @@ class Cluster:
         """
         if progress is not None and not callable(progress):
             raise ValueError(f"run(progress=...): a callable, got {progress!r}")
+        if on_return not in ON_RETURN:
+            raise ValueError(f"run(on_return=...): one of {', '.join(map(repr, ON_RETURN))}, "
+                             f"got {on_return!r}")
         settings = self.settings.with_overrides(
             timeout=None if timeout is None else parse_seconds(timeout, "run(timeout=...)"),
             grace=None if grace is None else parse_seconds(grace, "run(grace=...)", allow_zero=True),
@@ -428,7 +443,8 @@ class Cluster:
             tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
             envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
             job = _Job(payload, settings, envs, bool(sync_check), level, step_fn, tolerance,
-                       progress, fingerprint=tolerance is not None or ref_tolerance is not None)
+                       progress, fingerprint=tolerance is not None or ref_tolerance is not None,
+                       exit_on_return=on_return == "exit")
             try:
                 for attempt in range(settings.restarts + 1):
                     # Every attempt on the ports reserved once: a restarted
@@ -458,7 +474,7 @@ class Cluster:
                    timeout: Optional[float] = None, grace: Optional[float] = None,
                    ledger=True, restarts: Optional[int] = None,
                    restart_on=DEFAULT_RESTART_ON, check_replicas=False,
-                   reference=False) -> RunResult:
+                   reference=False, on_return: str = "stay") -> RunResult:
         """Run a script on every worker as ``python path argv...`` would, or
         ``python -m module argv...`` with ``module=``; see :mod:`harness.scripts`.
 
@@ -472,7 +488,8 @@ class Cluster:
                            start_method=getattr(self.launcher, "start_method", None))
         return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
                         ledger=ledger, restarts=restarts, restart_on=restart_on,
-                        check_replicas=check_replicas, reference=reference)
+                        check_replicas=check_replicas, reference=reference,
+                        on_return=on_return)
 
     def _against_reference(self, job: "_Job", result: RunResult, files: str, tmpdir: str,
                            port: int, tolerance: float) -> RunResult:
@@ -511,7 +528,7 @@ class Cluster:
             progress_path=os.path.join(files, f"worker-{i}.progress"), ledger=level,
             step_function=job.step_fn, attempt=attempt,
             replicas_path=os.path.join(files, f"worker-{i}.npz") if job.fingerprint else "",
-            reference_workers=job.reference_workers)
+            reference_workers=job.reference_workers, exit_on_return=job.exit_on_return)
             for i in range(n)]
         readers = []
         for spec in specs:
@@ -586,6 +603,7 @@ class _Job:
     progress: Optional[Callable[[Progress], None]] = None
     fingerprint: bool = False    # the workers fingerprint their variables
     reference_workers: int = 0   # the single-worker reference's N (0: not one)
+    exit_on_return: bool = False
 
 
 def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):

@@ -132,3 +132,4 @@ class WorkerSpec:
     attempt: int = 0
     replicas_path: str = ""   # where to write the replica file; "" when the check is off
     reference_workers: int = 0   # in a single-worker reference: the N it stands in for
+    exit_on_return: bool = False   # exit once fn returned, as a script ends (on_return="exit")

@@ -122,3 +122,15 @@ def test_faults_that_never_acted_in_an_earlier_attempt_are_kept():
     never = (("SkipStep(worker=0, step=50)", "worker 0 never reached step 50"),)
     r = combine_attempts([_result(CRASHED, 0, never), _result(COMPLETED, 1)], [], 3.0)
     assert r.faults_never_acted == never
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"on_return": "leave"}, "on_return"), ({"progress": 3}, "progress"),
+    ({"restart_on": "crashed"}, "restart_on"), ({"restarts": -1}, "restarts"),
+    ({"check_replicas": "yes"}, "check_replicas"), ({"reference": -1}, "reference"),
+])
+def test_bad_run_arguments_fail_before_any_process_starts(kwargs, message):
+    from harness.controller import Cluster
+    from harness.settings import RunSettings
+    with pytest.raises((ValueError, SettingError), match=message):
+        Cluster(RunSettings()).run(lambda: None, **kwargs)

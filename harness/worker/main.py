@@ -12,7 +12,8 @@ over the channel of :mod:`harness.protocol`:
    ``harness.context()`` available;
 5. fingerprints the strategy's variables when the run checks replicas, then
    reports RETURNED and waits for the parent's RELEASE (or its SIGKILL), so a
-   worker that returned stays in the cluster until the run is decided; or
+   worker that returned stays in the cluster until the run is decided
+   (unless the run asked it to exit, as a script that ends does); or
    reports RAISED and exits with status 1, as a process whose main raised.
 """
 from __future__ import annotations
@@ -145,6 +146,10 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             send_replicas(ctx, spec.replicas_path, channel.send)
         channel.send(protocol.RETURNED, data=payload)
         code = 0
+        if spec.exit_on_return:
+            # As a script ends: its peers see it leave (on_return="exit").
+            flush_output()
+            os._exit(0)
     except (SystemExit, KeyboardInterrupt):
         flush_output()
         raise  # exiting without returning or raising: the parent calls it a crash
