@@ -229,3 +229,91 @@ def test_restore_skips_the_data_already_trained(mwms_cluster, tmp_path):
     global_batch = PER_WORKER_BATCH * mwms_cluster.num_workers
     assert all(v["first"] == 4 for v in resumed.return_values)
     assert set().union(*_seen(resumed)) == set(range(4 * global_batch, STEPS * global_batch))
+
+
+def train_batch_norm(synchronized=False, steps=10):
+    """Keras 3 in a custom loop: a ``BatchNormalization`` layer, each
+    worker on data of its own (its mean 5 apart from the next worker's).
+    Returns this worker's copy of the layer's moving mean."""
+    import numpy as np
+    import tensorflow as tf
+
+    import harness
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(10 + ctx.index)
+    x = (rng.random((256, 4)) + 5 * ctx.index).astype("float32")
+    y = rng.integers(0, 2, 256)
+    own = tf.data.Options()
+    own.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32).with_options(own)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    global_batch = ctx.global_batch_size(32)
+    with strategy.scope():
+        norm = tf.keras.layers.BatchNormalization(momentum=0.5, synchronized=synchronized)
+        model = tf.keras.Sequential([tf.keras.Input((4,)), norm, tf.keras.layers.Dense(2)])
+        optimizer = tf.keras.optimizers.SGD(0.1)
+        loss_object = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                    reduction="none")
+
+    @tf.function
+    def step(inputs):
+        def replica(images, labels):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_object(labels, model(images, training=True)),
+                                                  global_batch_size=global_batch)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica, args=inputs), axis=None)
+
+    for _ in ctx.steps(steps):
+        step(next(iterator))
+    return [round(float(v), 4) for v in np.asarray(norm.moving_mean.numpy())]
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="ReplicaDivergence", source="tensorflow#41980",
+          fixed_by="test_batch_norm_synchronized")
+def test_batch_norm_statistics_per_worker(mwms_cluster):
+    """Keras 3 ``BatchNormalization()`` (not synchronized) in a custom loop,
+    each worker on data of its own.
+
+    TensorFlow: each worker normalises with its own batch's statistics and
+    keeps its own moving mean and variance (Keras 3 makes them mirrored
+    variables, updated locally): the job completes and the workers' moving
+    means differ by the data's offset, so the model each worker would save
+    differs.  The replica check names the moving mean.  (tf_keras keeps
+    them sync-on-read, averaged when read: its ``fit`` hides the same
+    difference.)
+
+    Source: tensorflow#41980 (SyncBatchNormalization statistics across
+    workers).
+
+    Fix: ``BatchNormalization(synchronized=True)``: statistics all-reduced
+    across the replicas every step.
+    """
+    if mwms_cluster.num_workers == 1:
+        pytest.skip("one worker: nothing to differ from")
+    result = mwms_cluster.run(train_batch_norm, timeout=30, check_replicas=True)
+    result.assert_failed(error="ReplicaDivergence")
+    assert "moving_mean" in result.replicas.divergence.variable
+    assert result.replicas.divergence.max_difference > 1.0
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="tensorflow#41980")
+def test_batch_norm_synchronized(mwms_cluster):
+    """Fixed: ``BatchNormalization(synchronized=True)``.
+
+    TensorFlow: the batch statistics are all-reduced every step, so the
+    moving statistics are the same on every worker (those of all the data).
+
+    Source: tensorflow#41980.
+
+    Fix: this.
+    """
+    result = mwms_cluster.run(train_batch_norm, kwargs={"synchronized": True}, timeout=30,
+                              check_replicas=True)
+    result.assert_completed()
+    assert all(v == result.return_values[0] for v in result.return_values)
