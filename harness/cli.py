@@ -34,9 +34,9 @@ from . import faults as faults_module
 from .errors import HarnessError
 from .record import OUTCOMES
 from .reporting import REPORT_MODES, timeline_stem, wants_timeline
-from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, gpu_assignment,
-                       parse_choice, parse_modules, parse_restarts, parse_seconds,
-                       parse_workers, visible_gpus)
+from .settings import (DEVICES, NETWORKS, OPTION, OPTIONS, START_METHODS, RunSettings,
+                       gpu_assignment, parse_choice, parse_modules, parse_restarts,
+                       parse_seconds, parse_workers, visible_gpus)
 PROG = "python -m harness"
 FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
 # Options of `run` that take a value: the scan that finds where the script
@@ -175,7 +175,8 @@ def settings_from_args(ns: argparse.Namespace) -> RunSettings:
                        preload=parse_modules(value("preload"), "--preload"),
                        restarts=parse_restarts(value("restarts"), "--restarts"),
                        report_dir=os.path.abspath(report_dir) if report_dir else None,
-                       report=parse_choice(value("report"), "--report", REPORT_MODES))
+                       report=parse_choice(value("report"), "--report", REPORT_MODES),
+                       network=parse_choice(value("network"), "--network", NETWORKS))
 
 
 # A status line on a terminal is redrawn at every report; elsewhere (a log,

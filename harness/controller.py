@@ -11,6 +11,7 @@ returns.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -26,9 +27,10 @@ from multiprocess import connection
 from . import faults as faults_module
 from . import linux, progress, protocol, serialize, tfconfig
 from .diagnosis import diagnose
-from .errors import SerializationError
+from .errors import SerializationError, SettingError
 from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
+from .netns import Namespace, resolve as resolve_network
 from .ports import reserve_ports
 from .replicas import (compare as compare_replicas, compare_reference, parse_check_replicas,
                        parse_reference)
@@ -401,6 +403,10 @@ class Cluster:
         ends: its peers then see it leave, as in a real cluster (TensorFlow
         fails a collective that needs it with ``UnavailableError``).
 
+        Each run's workers share a network namespace of their own when the
+        ``network`` setting (``--mwms-network``, the marker's ``network=``)
+        allows it: see :mod:`harness.netns`.
+
         ``progress``, a callable, gets a :class:`Progress` every half second
         while the run lasts (``harness run``'s status line): each worker's
         step and state, and the seconds since the last progress.  It runs in
@@ -432,9 +438,14 @@ class Cluster:
                                  "(the harness sets it; use faults=[BadTFConfig(...)] to break it)")
             check_import_time_env(env, getattr(self.launcher, "start_method", None),
                                   "run(env=...)")
+        isolate, why = resolve_network(settings.network)
+        if settings.network == "isolated" and not isolate:
+            raise SettingError(f"network='isolated': this machine cannot give a cluster a "
+                               f"network namespace of its own ({why})")
         launched = time.monotonic()
         attempts: List[RunResult] = []
-        with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation:
+        with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation, \
+                (Namespace() if isolate else contextlib.nullcontext()) as namespace:
             ports, spare = reservation.ports[:n], reservation.ports[n]
             # 0700, holds the logs; removed after the run.  It is also the
             # workers' TMPDIR (unless env= sets one), so what TensorFlow and fn
@@ -444,7 +455,8 @@ class Cluster:
             envs = [{**e, "TMPDIR": tmpdir, **(env or {})} for e in envs]
             job = _Job(payload, settings, envs, bool(sync_check), level, step_fn, tolerance,
                        progress, fingerprint=tolerance is not None or ref_tolerance is not None,
-                       exit_on_return=on_return == "exit")
+                       exit_on_return=on_return == "exit",
+                       netns=namespace.paths if namespace is not None else None)
             try:
                 for attempt in range(settings.restarts + 1):
                     # Every attempt on the ports reserved once: a restarted
@@ -528,7 +540,8 @@ class Cluster:
             progress_path=os.path.join(files, f"worker-{i}.progress"), ledger=level,
             step_function=job.step_fn, attempt=attempt,
             replicas_path=os.path.join(files, f"worker-{i}.npz") if job.fingerprint else "",
-            reference_workers=job.reference_workers, exit_on_return=job.exit_on_return)
+            reference_workers=job.reference_workers, exit_on_return=job.exit_on_return,
+            netns=job.netns)
             for i in range(n)]
         readers = []
         for spec in specs:
@@ -604,6 +617,7 @@ class _Job:
     fingerprint: bool = False    # the workers fingerprint their variables
     reference_workers: int = 0   # the single-worker reference's N (0: not one)
     exit_on_return: bool = False
+    netns: Optional[tuple] = None   # the run's network namespace (harness.netns), or the host's
 
 
 def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):

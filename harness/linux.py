@@ -51,6 +51,27 @@ def become_subreaper() -> None:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+
+
+def enter_namespaces(user_ns: str, net_ns: str) -> None:
+    """Join the user namespace at path ``user_ns``, then the network
+    namespace at ``net_ns`` (``/proc/PID/ns/user`` and ``.../net`` of the
+    process that holds them): ``setns(2)`` through libc, as Python 3.11 has
+    no ``os.setns``.  Joining a user namespace needs a single-threaded
+    process, so a worker does it first thing.  Raises ``OSError``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for path, kind in ((user_ns, CLONE_NEWUSER), (net_ns, CLONE_NEWNET)):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if libc.setns(fd, kind) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns({path}): {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs; a zombie counts as gone."""
     try:

@@ -7,7 +7,7 @@ all of this with no conftest import.
 The options, their ini keys, defaults and trade-offs are declared once, in
 :data:`harness.settings.OPTIONS`; ``pytest --help`` and README.md's table
 are made from there.  The marker ``@pytest.mark.mwms(workers=N, timeout=S,
-grace=S, restarts=K)`` overrides them for one test.  Every bad value is a usage error
+grace=S, restarts=K, network=MODE)`` overrides them for one test.  Every bad value is a usage error
 naming the option, raised before any test runs.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from . import reporting
 from .errors import StateDirError
 from .reporting import REPORT_MODES
-from .settings import (DEVICES, OPTION, OPTIONS, START_METHODS, RunSettings, SettingError,
-                       gpu_assignment, parse_choice, parse_marker, parse_modules, parse_restarts,
-                       parse_seconds, parse_workers, visible_gpus)
+from .settings import (DEVICES, NETWORKS, OPTION, OPTIONS, START_METHODS, RunSettings,
+                       SettingError, gpu_assignment, parse_choice, parse_marker, parse_modules,
+                       parse_restarts, parse_seconds, parse_workers, visible_gpus)
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 RUNS_KEY = pytest.StashKey[list]()     # every run's summary this session, for the summary
@@ -57,10 +57,18 @@ def settings_from_config(config: pytest.Config) -> RunSettings:
     preload = parse_modules(_value(config, "preload"))
     restarts = parse_restarts(_value(config, "restarts"))
     report = parse_choice(_value(config, "report"), "--mwms-report", REPORT_MODES)
+    network = parse_choice(_value(config, "network"), "--mwms-network", NETWORKS)
+    if network == "isolated":
+        from .netns import available
+        ok, why = available()
+        if not ok:
+            raise SettingError(f"--mwms-network=isolated: this machine cannot give a cluster "
+                               f"a network namespace of its own ({why}); use auto or host")
     return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
                        start_method=method, state_dir=_directory(config, "state-dir"),
                        preload=preload, restarts=restarts,
-                       report_dir=_directory(config, "report-dir"), report=report)
+                       report_dir=_directory(config, "report-dir"), report=report,
+                       network=network)
 
 
 def _directory(config: pytest.Config, name: str):
@@ -77,14 +85,26 @@ def _directory(config: pytest.Config, name: str):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "mwms(workers=N, timeout=SECONDS, grace=SECONDS, restarts=K): override the "
-        "pytest-mwms options for this test's mwms_cluster")
+        "markers", "mwms(workers=N, timeout=SECONDS, grace=SECONDS, restarts=K, network=MODE): "
+        "override the pytest-mwms options for this test's mwms_cluster")
     try:
         config.stash[SETTINGS_KEY] = settings_from_config(config)
     except SettingError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[RUNS_KEY] = []
     config.pluginmanager.register(SessionRuns(config), "mwms-session-runs")
+
+
+def pytest_report_header(config: pytest.Config):
+    """One line: where this session's clusters run, and why when not isolated."""
+    settings = config.stash.get(SETTINGS_KEY, None)
+    if settings is None:
+        return None
+    from .netns import resolve
+    isolated, why = resolve(settings.network)
+    if isolated:
+        return "pytest-mwms: network isolated (a network namespace per cluster)"
+    return f"pytest-mwms: network host loopback ({why})"
 
 
 def _marker_overrides(item: pytest.Item) -> dict:

@@ -133,3 +133,4 @@ class WorkerSpec:
     replicas_path: str = ""   # where to write the replica file; "" when the check is off
     reference_workers: int = 0   # in a single-worker reference: the N it stands in for
     exit_on_return: bool = False   # exit once fn returned, as a script ends (on_return="exit")
+    netns: Optional[tuple] = None  # (user ns path, net ns path) to join first; None: the host's

@@ -169,6 +169,12 @@ OPTIONS = (
            "ports and `TF_CONFIG`, fresh processes), as a cluster manager would",
            "Each restart pays a cluster start-up again; a hang is restarted only when "
            "`run(restart_on=...)` asks."),
+    Option("network", "auto|isolated|host", "auto", "auto",
+           "`isolated` runs each cluster in a network namespace of its own, unreachable "
+           "from the host; `auto` does where the machine allows it (the session header "
+           "says which); `host` runs on the host's loopback",
+           "On the host, every worker is an unauthenticated TensorFlow server on all "
+           "interfaces while a run lasts; isolation costs a few milliseconds a run."),
     Option("report-dir", "DIR", None, "none",
            "write a timeline of each run (a Chrome trace for Perfetto and an SVG picture) "
            "into DIR; the failure report names the files",
@@ -225,6 +231,7 @@ class RunSettings:
     state_dir: Optional[str] = None
     preload: tuple = ()
     restarts: int = 0
+    network: str = "auto"
     report_dir: Optional[str] = None
     report: str = "failed"
 
@@ -232,7 +239,8 @@ class RunSettings:
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-MARKER_KEYS = ("workers", "timeout", "grace", "restarts")
+MARKER_KEYS = ("workers", "timeout", "grace", "restarts", "network")
+NETWORKS = ("auto", "isolated", "host")
 
 
 def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) -> dict:
@@ -253,6 +261,9 @@ def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) ->
         out["grace"] = parse_seconds(kwargs["grace"], "@pytest.mark.mwms(grace=...)", allow_zero=True)
     if "restarts" in kwargs:
         out["restarts"] = parse_restarts(kwargs["restarts"], "@pytest.mark.mwms(restarts=...)")
+    if "network" in kwargs:
+        out["network"] = parse_choice(kwargs["network"], "@pytest.mark.mwms(network=...)",
+                                      NETWORKS)
     return out
 
 

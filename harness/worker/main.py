@@ -3,8 +3,9 @@
 ``worker_main`` sets the process up, runs ``fn`` and reports to the parent
 over the channel of :mod:`harness.protocol`:
 
-1. ties its life to its parent's (``PR_SET_PDEATHSIG``) and starts its group
-   reaper (:mod:`.process`);
+1. joins its cluster's network namespace when the run is isolated
+   (:mod:`harness.netns`), then ties its life to its parent's
+   (``PR_SET_PDEATHSIG``) and starts its group reaper (:mod:`.process`);
 2. sends stdout and stderr to its log file;
 3. arms ``faulthandler``: :data:`~harness.protocol.DUMP_SIGNAL` dumps every
    thread's Python stack to the stack file, and fatal signals dump to the log;
@@ -28,6 +29,7 @@ import time
 import traceback
 
 from .. import linux, progress, protocol, serialize
+from ..errors import HarnessError
 from ..protocol import Message, WorkerError, WorkerSpec
 from . import context as context_module
 from .process import flush_output, redirect_output, start_group_reaper
@@ -100,6 +102,15 @@ def send_replicas(ctx, path: str, send) -> None:
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
+    # The cluster's own network first: joining a user namespace needs a
+    # single-threaded process, and it changes credentials, which would
+    # clear the parent-death signal set below.
+    netns_error = None
+    if spec.netns:
+        try:
+            linux.enter_namespaces(*spec.netns)
+        except OSError as e:
+            netns_error = e
     linux.die_with_parent(EXIT_ORPHANED)
     start_group_reaper()
     redirect_output(spec.log_path)
@@ -130,6 +141,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     context_module.activate(ctx)
     code = 1
     try:
+        if netns_error is not None:
+            raise HarnessError(f"could not join the cluster's network namespace: {netns_error}")
         install_strategy_hook(ctx)
         if spec.ledger and record is not None:
             start_ledger(ctx, record, spec.ledger, channel.send)
