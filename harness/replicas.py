@@ -33,32 +33,28 @@ DEFAULT_TOLERANCE = 1e-6
 DEFAULT_REFERENCE_TOLERANCE = 1e-3
 
 
-def parse_check_replicas(value) -> Optional[float]:
-    """``run(check_replicas=...)``: False/None for off, True for the default
-    tolerance, a number 0 or more for that tolerance (0: bit for bit)."""
+def parse_tolerance(value, option: str, default: float) -> Optional[float]:
+    """A check's switch: False/None for off, True for ``default``, a number
+    0 or more for that tolerance (``atol`` and ``rtol``; 0: bit for bit)."""
     if value is None or value is False:
         return None
     if value is True:
-        return DEFAULT_TOLERANCE
+        return default
     if isinstance(value, (int, float)) and not isinstance(value, bool) \
             and math.isfinite(value) and value >= 0:
         return float(value)
-    raise SettingError(f"run(check_replicas=...): {value!r} is not True, False or a "
-                       f"tolerance (a number 0 or more, used as atol and rtol)")
+    raise SettingError(f"{option}: {value!r} is not True, False or a tolerance "
+                       f"(a number 0 or more, used as atol and rtol)")
+
+
+def parse_check_replicas(value) -> Optional[float]:
+    """``run(check_replicas=...)``: True is :data:`DEFAULT_TOLERANCE`."""
+    return parse_tolerance(value, "run(check_replicas=...)", DEFAULT_TOLERANCE)
 
 
 def parse_reference(value) -> Optional[float]:
-    """``run(reference=...)``: False/None for off, True for 1e-3, a number 0
-    or more for that tolerance (``atol`` and ``rtol``)."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return DEFAULT_REFERENCE_TOLERANCE
-    if isinstance(value, (int, float)) and not isinstance(value, bool) \
-            and math.isfinite(value) and value >= 0:
-        return float(value)
-    raise SettingError(f"run(reference=...): {value!r} is not True, False or a tolerance "
-                       f"(a number 0 or more, used as atol and rtol)")
+    """``run(reference=...)``: True is :data:`DEFAULT_REFERENCE_TOLERANCE`."""
+    return parse_tolerance(value, "run(reference=...)", DEFAULT_REFERENCE_TOLERANCE)
 
 
 def compare_reference(worker, returned, load, ref_outcome: str, ref_text: str, ref_worker,

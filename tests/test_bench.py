@@ -514,3 +514,13 @@ def test_smoke_step_cost(tmp_path):
     assert s["steps"]["diff_ms_per_step"]["n"] == 2 and "diff_ms_per_step" not in s["range"]
     assert sc.TABLE_HEADER in proc.stdout
     assert md.read_text() == data["markdown"]
+
+
+def test_alternate_pairs_each_variant_with_the_reference_round_by_round():
+    from harness.bench import alternate, render_walls
+    order = []
+    fig = alternate({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, 3, "a")
+    assert order == ["a", "b"] * 3
+    assert fig["a"]["n"] == 3 and fig["paired b"]["n"] == 3 and "paired a" not in fig
+    table = render_walls(fig, ("a", "b"), "variant").splitlines()
+    assert table[0].startswith("| variant | wall per run, ms") and len(table) == 4

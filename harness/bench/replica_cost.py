@@ -14,10 +14,7 @@ the cost is the same either way.)  It prints the figures as a small table.
 """
 from __future__ import annotations
 
-import argparse
-import time
-
-from . import machine_info, machine_line, stats
+from . import alternate, render_walls, wall_benchmark_main
 
 
 def measure(rounds: int, workers: int) -> dict:
@@ -26,46 +23,26 @@ def measure(rounds: int, workers: int) -> dict:
     from ..workloads import seed_training_loop
     cluster = Cluster(RunSettings(workers=workers, timeout=60))
     cluster.run(seed_training_loop).assert_completed()      # the forkserver's cold start
-    walls: dict = {name: [] for name in VARIANTS}
-    variables = None
-    for _ in range(rounds):
-        for name, kwargs in VARIANTS.items():
-            t = time.monotonic()
-            result = cluster.run(seed_training_loop, **kwargs)
-            walls[name].append(time.monotonic() - t)
-            if name == "check_replicas":
-                result.assert_completed()
-                variables = result.replicas.variables
-    fig = {name: stats(w) for name, w in walls.items()}
-    for name in VARIANTS:
-        if name != "off":
-            fig["paired " + name] = stats([b - a for a, b in zip(walls["off"], walls[name])])
-    return {**fig, "variables": variables, "rounds": rounds, "workers": workers}
+    variants = {name: (lambda kw=kw: cluster.run(seed_training_loop, **kw))
+                for name, kw in VARIANTS.items()}
+    fig = alternate(variants, rounds, "off")
+    checked = cluster.run(seed_training_loop, check_replicas=True).assert_completed()
+    return {**fig, "variables": checked.replicas.variables, "rounds": rounds,
+            "workers": workers}
 
 
-# name -> Cluster.run keyword arguments; "off" is the reference the others are paired with.
+# name -> Cluster.run keyword arguments; "off" is the one the others are paired with.
 VARIANTS = {"off": {}, "check_replicas": {"check_replicas": True}, "reference": {"reference": True}}
 
 
 def render(fig: dict) -> str:
-    ms = lambda x: f"{1000 * x:.0f}"   # noqa: E731
-    rows = ["| variant | wall per run, ms (median; min-max) | minus off, paired (median; min-max) |",
-            "|---|---|---|"]
-    for name in VARIANTS:
-        st, p = fig[name], fig.get("paired " + name)
-        rows.append(f"| {name} | {ms(st['median'])}; {ms(st['min'])}-{ms(st['max'])} | "
-                    + (f"{ms(p['median'])}; {ms(p['min'])}-{ms(p['max'])} |" if p else "– |"))
-    return "\n".join(rows) + (f"\n\n{fig['workers']} workers, {fig['rounds']} rounds, "
-                              f"{fig['variables'][0]} variables fingerprinted per worker")
+    return (render_walls(fig, tuple(VARIANTS), "variant")
+            + f"\n\n{fig['workers']} workers, {fig['rounds']} rounds, "
+              f"{fig['variables'][0]} variables fingerprinted per worker")
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args(argv)
-    print(machine_line(machine_info()), flush=True)
-    print(render(measure(args.rounds, args.workers)))
+    wall_benchmark_main(__doc__, measure, render, argv)
 
 
 if __name__ == "__main__":
