@@ -30,7 +30,7 @@ from .diagnosis import diagnose
 from .errors import SerializationError, SettingError
 from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
-from .netns import Namespace, resolve as resolve_network
+from .netns import Namespace, Switch, resolve as resolve_network
 from .ports import reserve_ports
 from .replicas import (compare as compare_replicas, compare_reference, parse_check_replicas,
                        parse_reference)
@@ -170,8 +170,10 @@ class WatchLoop:
     hand it a :class:`Progress`."""
 
     def __init__(self, workers: List[_TrackedWorker], settings: RunSettings, start: float,
-                 on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0):
+                 on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0,
+                 switch=None):
         self.on_progress = on_progress
+        self.switch = switch   # the run's harness.netns.Switch, for network faults
         self.attempt = attempt
         self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
         self.workers = workers
@@ -181,7 +183,8 @@ class WatchLoop:
         self.start = start
         self.last_progress = start
         self.first_failure: Optional[float] = None   # when a worker first raised or died
-        # Signals faults asked the parent to send: (monotonic time, worker index, signal).
+        # What faults asked the parent to do: (monotonic time, worker index, a
+        # signal to send, or a network command for its link).
         self.signals: List[tuple] = []
 
     def _failure_at(self, now: float) -> None:
@@ -210,6 +213,8 @@ class WatchLoop:
             tw.events.append(Event(t, msg.kind, msg.step, repr(fault)))
             for delay, sig in fault.parent_signals(self.run_grace):
                 self.signals.append((now + delay, tw.index, sig))
+            for delay, command in fault.network_commands():
+                self.signals.append((now + delay, tw.index, command))
         else:
             if msg.kind == protocol.STRATEGY_CREATING and msg.data is not None:
                 # The TF_CONFIG the worker really had: fn may have set it.
@@ -249,6 +254,10 @@ class WatchLoop:
         self.signals = [r for r in self.signals if r[0] > now]
         for when, index, sig in due:
             tw = self.workers[index]
+            if isinstance(sig, str):     # a network command, for the worker's link
+                if self.switch is not None:
+                    self.switch.command(sig, index)
+                continue
             if tw.seen.exit_code is not None:
                 continue
             if sig == signal.SIGKILL:
@@ -442,10 +451,15 @@ class Cluster:
         if settings.network == "isolated" and not isolate:
             raise SettingError(f"network='isolated': this machine cannot give a cluster a "
                                f"network namespace of its own ({why})")
+        switched = faults_module.needs_network(plan)
+        if switched and not isolate:
+            raise SettingError(f"network faults need a network namespace per worker, and this "
+                               f"run has none ({why})")
         launched = time.monotonic()
         attempts: List[RunResult] = []
         with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation, \
-                (Namespace() if isolate else contextlib.nullcontext()) as namespace:
+                (Switch(n) if switched else Namespace() if isolate
+                 else contextlib.nullcontext()) as namespace:
             ports, spare = reservation.ports[:n], reservation.ports[n]
             # 0700, holds the logs; removed after the run.  It is also the
             # workers' TMPDIR (unless env= sets one), so what TensorFlow and fn
@@ -456,7 +470,7 @@ class Cluster:
             job = _Job(payload, settings, envs, bool(sync_check), level, step_fn, tolerance,
                        progress, fingerprint=tolerance is not None or ref_tolerance is not None,
                        exit_on_return=on_return == "exit",
-                       netns=namespace.paths if namespace is not None else None)
+                       netns=_worker_namespaces(namespace, n), switch=namespace if switched else None)
             try:
                 for attempt in range(settings.restarts + 1):
                     # Every attempt on the ports reserved once: a restarted
@@ -464,8 +478,10 @@ class Cluster:
                     # the last attempt in TIME_WAIT is not probed (the probe
                     # binds without SO_REUSEADDR; TensorFlow's server binds with it).
                     attempt_plan = faults_module.in_attempt(plan, attempt)
-                    configs = faults_module.configs_under(
-                        attempt_plan, tfconfig.cluster_configs(ports), spare)
+                    configs = faults_module.configs_under(attempt_plan, tfconfig.cluster_configs(
+                        ports, hosts=namespace.hosts if switched else None), spare)
+                    if switched:
+                        namespace.reset()    # a new attempt: every link up, unthrottled
                     files = os.path.join(tmpdir, f"attempt-{attempt}")
                     os.mkdir(files, 0o700)
                     result = self._run(job, attempt, configs, attempt_plan, files)
@@ -513,7 +529,8 @@ class Cluster:
         os.mkdir(ref_files, 0o700)
         ref_job = dataclasses.replace(job, settings=job.settings.with_overrides(workers=1),
                                       envs=job.envs[:1], sync_check=False, fingerprint=True,
-                                      reference_workers=n)
+                                      reference_workers=n,
+                                      netns=job.netns[:1] if job.netns else None)
         ref = self._run(ref_job, 0, tfconfig.cluster_configs([port]), (), ref_files)
         check = compare_reference(
             result.observation.workers[0], result.workers[0].return_value,
@@ -541,7 +558,7 @@ class Cluster:
             step_function=job.step_fn, attempt=attempt,
             replicas_path=os.path.join(files, f"worker-{i}.npz") if job.fingerprint else "",
             reference_workers=job.reference_workers, exit_on_return=job.exit_on_return,
-            netns=job.netns)
+            netns=job.netns[i] if job.netns else None)
             for i in range(n)]
         readers = []
         for spec in specs:
@@ -562,7 +579,8 @@ class Cluster:
                                                            ledger=level),
                                       LedgerView(start), readers[h.index])
                        for h in handles]
-            ended_by = WatchLoop(tracked, settings, start, job.progress, attempt).loop()
+            ended_by = WatchLoop(tracked, settings, start, job.progress, attempt,
+                                 job.switch).loop()
             # The run's clock (events, hang detection) and the user's (the
             # whole call, a cold forkserver's wait included).
             duration = time.monotonic() - start
@@ -617,7 +635,8 @@ class _Job:
     fingerprint: bool = False    # the workers fingerprint their variables
     reference_workers: int = 0   # the single-worker reference's N (0: not one)
     exit_on_return: bool = False
-    netns: Optional[tuple] = None   # the run's network namespace (harness.netns), or the host's
+    netns: Optional[tuple] = None   # per worker, the namespaces it joins (harness.netns)
+    switch: Any = None              # the run's Switch, when faults act on the network
 
 
 def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):
@@ -686,6 +705,16 @@ def parse_ledger(value) -> Optional[str]:
         return value
     raise ValueError(f"run(ledger=...): {value!r} is not one of True, False, "
                      f"{', '.join(map(repr, LEDGER_LEVELS))}")
+
+
+def _worker_namespaces(namespace, n: int) -> Optional[tuple]:
+    """Per worker, the (user, network) namespaces it joins: one shared by
+    all (:class:`Namespace`), one each (:class:`Switch`), or None (the host's)."""
+    if namespace is None:
+        return None
+    if isinstance(namespace, Switch):
+        return tuple(namespace.paths(i) for i in range(n))
+    return (namespace.paths,) * n
 
 
 def _load_value(path: str, number: int):

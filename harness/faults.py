@@ -14,8 +14,10 @@ Adding a fault kind is two edits: its class here (fields, and ``check`` for
 what its fields must hold), and a row in the worker's action table
 (:data:`harness.worker.actions.ACTIONS`) saying what it does there.  What a
 fault does in the parent is declared on the class: ``edit_configs`` (a
-``TF_CONFIG`` fault) and ``parent_signals`` (a pause the parent ends, a
-preempted worker the parent kills when its grace is over).
+``TF_CONFIG`` fault), ``parent_signals`` (a pause the parent ends, a
+preempted worker the parent kills when its grace is over) and
+``network_commands`` (a link the parent cuts or throttles, see
+:mod:`harness.netns`).
 
 Every fault acts in one attempt of a run (``attempt=``, keyword only, 0 by
 default); see ``run(restarts=...)``.
@@ -80,6 +82,13 @@ class Fault:
     def parent_signals(self, run_grace: float) -> Tuple[Tuple[float, int], ...]:
         """What the parent sends the worker once this fault acted: ``(seconds
         after, signal)`` pairs.  ``run_grace`` is the run's grace setting."""
+        return ()
+
+    def network_commands(self) -> Tuple[Tuple[float, str], ...]:
+        """What the parent does to the worker's network link once this fault
+        acted: ``(seconds after, command)`` pairs for
+        :meth:`harness.netns.Switch.command`.  A fault with any puts the
+        run's workers in network namespaces of their own."""
         return ()
 
 
@@ -176,6 +185,38 @@ class Delay(StepFault):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
+class Partition(StepFault):
+    """At ``step`` the worker's network link goes down: it is cut off from
+    every peer (its process runs on); healed after ``seconds``, or never
+    when None.  Needs network namespaces (``--mwms-network``)."""
+    seconds: Optional[float] = None
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "seconds", self.seconds, allow_none=True)
+
+    def network_commands(self) -> Tuple[Tuple[float, str], ...]:
+        return ((0.0, "down"),) + (() if self.seconds is None else ((self.seconds, "up"),))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Bandwidth(StepFault):
+    """From ``step`` on, the worker's link carries at most ``kbps`` kilobits
+    a second each way (a token bucket on each end of its link).  Needs
+    network namespaces (``--mwms-network``)."""
+    kbps: float
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "kbps", self.kbps)
+        if self.kbps < 8:
+            raise FaultError(f"{self!r}: kbps must be 8 or more (a token bucket needs a rate)")
+
+    def network_commands(self) -> Tuple[Tuple[float, str], ...]:
+        return ((0.0, f"rate {self.kbps:g}"),)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class BadTFConfig(Fault):
     """The worker's ``TF_CONFIG`` is wrong from the start (see
     :func:`harness.tfconfig.apply_bad_config` for each ``kind``)."""
@@ -192,7 +233,8 @@ class BadTFConfig(Fault):
         return tfconfig.apply_bad_config(configs, self.worker, self.kind, spare_port)
 
 
-FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, BadTFConfig)
+FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, Partition,
+               Bandwidth, BadTFConfig)
 
 
 def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fault, ...]:
@@ -219,6 +261,12 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fau
                                  + (f" in attempt {f.attempt}" if restarts else ""))
             seen_config.add((f.worker, f.attempt))
     return plan
+
+
+def needs_network(plan: Iterable[Fault]) -> bool:
+    """Whether a fault of ``plan`` acts on the network (workers then need
+    network namespaces of their own)."""
+    return any(f.network_commands() for f in plan)
 
 
 def in_attempt(plan: Iterable[Fault], attempt: int) -> Tuple[Fault, ...]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 # The anchor: bring lo up, say so, then hold the namespaces until stdin closes.
 ANCHOR = "ip link set lo up && echo ready && exec cat >/dev/null"
@@ -74,6 +74,99 @@ class Namespace:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# The switched topology: the anchor's namespace holds a bridge; each worker
+# gets a network namespace of its own (held by a "holder" process the
+# anchor starts, which dies with the anchor), joined to the bridge by a
+# veth pair, at 10.77.0.(i+1).  The anchor then reads commands on stdin:
+# "down I" / "up I" (worker I's link) and "rate I KBPS" (a token bucket
+# both ways), and ends its holders when stdin closes.
+SUBNET = "10.77.0"
+SWITCH = r"""
+ip link set lo up && ip link add br0 type bridge && ip link set br0 up || exit 1
+pids=""
+trap 'kill $pids 2>/dev/null' EXIT
+mine=$(readlink /proc/$$/ns/net)
+i=0
+while [ $i -lt $N ]; do
+  setpriv --pdeathsig KILL unshare -n sh -c 'ip link set lo up; exec sleep 2147483647' &
+  pid=$!
+  pids="$pids $pid"
+  eval "pid_$i=$pid"
+  while [ "$(readlink /proc/$pid/ns/net)" = "$mine" ]; do sleep 0.005; done
+  ip link add v$i type veth peer name eth0 netns $pid || exit 1
+  ip link set v$i master br0 up || exit 1
+  nsenter -t $pid -n sh -c "ip addr add SUBNET.$((i + 1))/24 dev eth0 && ip link set eth0 up" \
+    || exit 1
+  echo "holder $i $pid"
+  i=$((i + 1))
+done
+echo ready
+while read -r cmd i arg; do
+  eval "pid=\$pid_$i"
+  case "$cmd" in
+    down) ip link set v$i down ;;
+    up) ip link set v$i up ;;
+    rate) tc qdisc replace dev v$i root tbf rate "${arg}kbit" burst 16kb latency 50ms
+          nsenter -t $pid -n tc qdisc replace dev eth0 root tbf rate "${arg}kbit" burst 16kb \
+            latency 50ms ;;
+    clear) ip link set v$i up; tc qdisc del dev v$i root 2>/dev/null
+           nsenter -t $pid -n tc qdisc del dev eth0 root 2>/dev/null ;;
+  esac
+done
+""".replace("SUBNET", SUBNET)
+
+
+class Switch:
+    """Workers in network namespaces of their own on one bridge, for
+    network faults: a worker's link can be cut (``down``/``up``) or slowed
+    (``rate``).  ``paths(i)`` is where worker ``i`` joins; ``hosts`` its
+    address in ``TF_CONFIG``."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.anchor = subprocess.Popen(["unshare", "-Urn", "sh", "-c", SWITCH],
+                                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                            "N": str(workers)},
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, close_fds=True)
+        self.holders: Dict[int, int] = {}
+        while True:
+            line = self.anchor.stdout.readline().decode(errors="replace").split()
+            if line[:1] == ["holder"]:
+                self.holders[int(line[1])] = int(line[2])
+                continue
+            if line == ["ready"]:
+                break
+            why = (self.anchor.stderr.read1(4096) or b"").decode(errors="replace").strip()
+            self.close()
+            raise OSError(why.splitlines()[-1] if why else "the switched namespace did not start")
+
+    @property
+    def hosts(self) -> List[str]:
+        return [f"{SUBNET}.{i + 1}" for i in range(self.workers)]
+
+    def paths(self, index: int) -> Tuple[str, str]:
+        return (f"/proc/{self.anchor.pid}/ns/user", f"/proc/{self.holders[index]}/ns/net")
+
+    def command(self, command: str, index: int) -> None:
+        """``down``, ``up``, ``rate KBPS`` or ``clear`` on worker ``index``'s link."""
+        try:
+            self.anchor.stdin.write(f"{command.split()[0]} {index} "
+                                    f"{' '.join(command.split()[1:])}\n".encode())
+            self.anchor.stdin.flush()
+        except OSError:
+            pass   # the anchor is gone: the run is ending
+
+    def reset(self) -> None:
+        """Every link up and unthrottled (a new attempt of a run)."""
+        for i in range(self.workers):
+            self.command("clear", i)
+
+    close = Namespace.close
+    __enter__ = Namespace.__enter__
+    __exit__ = Namespace.__exit__
 
 
 def available() -> Tuple[bool, str]:

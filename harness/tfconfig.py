@@ -7,30 +7,36 @@ with a cluster of workers only, MWMS treats ``worker`` index 0 as chief.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Optional, Sequence
 
 HOST = "127.0.0.1"
 # The ways apply_bad_config can break one worker's TF_CONFIG.
 BAD_CONFIG_KINDS = ("missing", "wrong_size", "duplicate_index", "swapped", "wrong_port")
 
 
-def cluster_addresses(ports: Sequence[int], host: str = HOST) -> list[str]:
-    return [f"{host}:{p}" for p in ports]
+def cluster_addresses(ports: Sequence[int], host: str = HOST,
+                      hosts: Optional[Sequence[str]] = None) -> list[str]:
+    """``host:port`` per worker; ``hosts`` gives each worker its own address
+    (workers in network namespaces of their own, see :mod:`harness.netns`)."""
+    hosts = hosts if hosts is not None else [host] * len(ports)
+    return [f"{h}:{p}" for h, p in zip(hosts, ports)]
 
 
-def tf_config(ports: Sequence[int], index: int, host: str = HOST) -> dict:
+def tf_config(ports: Sequence[int], index: int, host: str = HOST,
+              hosts: Optional[Sequence[str]] = None) -> dict:
     """The ``TF_CONFIG`` dict for worker ``index`` of a cluster on ``ports``."""
     if not 0 <= index < len(ports):
         raise ValueError(f"worker index {index} out of range for {len(ports)} workers")
     return {
-        "cluster": {"worker": cluster_addresses(ports, host)},
+        "cluster": {"worker": cluster_addresses(ports, host, hosts)},
         "task": {"type": "worker", "index": index},
     }
 
 
-def cluster_configs(ports: Sequence[int], host: str = HOST) -> list[dict]:
+def cluster_configs(ports: Sequence[int], host: str = HOST,
+                    hosts: Optional[Sequence[str]] = None) -> list[dict]:
     """One ``TF_CONFIG`` dict per worker, in index order."""
-    return [tf_config(ports, i, host) for i in range(len(ports))]
+    return [tf_config(ports, i, host, hosts) for i in range(len(ports))]
 
 
 def dumps(config: dict | None) -> str | None:

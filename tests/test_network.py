@@ -121,3 +121,80 @@ def test_the_session_header_says_where_clusters_run(pytester):
     bad = pytester.runpytest_subprocess("--mwms-network=private")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     assert "--mwms-network: 'private' is not one of auto, isolated, host" in bad.stderr.str()
+
+
+# ---------------------------------------------------------------- network faults
+
+from harness.faults import Bandwidth, FaultError, Partition, needs_network  # noqa: E402
+
+
+def timed_steps(size=1, n=10):
+    """``n`` all-reduces of ``size`` float32s, each timed in the worker."""
+    import time
+    ctx = harness.context()
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x = tf.ones([size])
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(lambda: x), axis=None)
+
+    times = []
+    for _ in ctx.steps(n):
+        t = time.monotonic()
+        step()
+        times.append(time.monotonic() - t)
+    return times
+
+
+def test_network_faults_are_checked_and_say_what_they_do():
+    assert Partition(1, 4).network_commands() == ((0.0, "down"),)
+    assert Partition(1, 4, seconds=3).network_commands() == ((0.0, "down"), (3, "up"))
+    assert Bandwidth(0, 2, kbps=500).network_commands() == ((0.0, "rate 500"),)
+    assert needs_network([Partition(1, 4)]) and not needs_network([])
+    from harness import faults
+    for bad, message in ((Partition(1, 4, seconds=-1), "seconds"),
+                         (Bandwidth(1, 4, kbps=1), "kbps must be 8 or more")):
+        with pytest.raises(FaultError, match=message):
+            faults.validate([bad], 2)
+
+
+@pytest.mark.mwms(network="host")
+def test_network_faults_need_namespaces(mwms_cluster):
+    """On the host's loopback there is no link to cut: refused, with the
+    reason, before any process starts (the same where namespaces cannot be
+    made at all)."""
+    with pytest.raises(SettingError, match=r"network faults need a network namespace per "
+                                           r"worker, and this run has none \(--mwms-network=host\)"):
+        mwms_cluster.run(timed_steps, faults=[Partition(1, 2)])
+    assert mwms_cluster.runs == []
+
+
+@needs_isolation
+def test_a_healed_partition_delays_a_step_and_the_run_completes(mwms_cluster):
+    result = mwms_cluster.run(timed_steps, timeout=20, faults=[Partition(1, 4, seconds=2)])
+    result.assert_completed()
+    for times in result.return_values:
+        slow = [t for t in times if t > 1.0]
+        assert len(slow) == 1 and 1.5 <= slow[0] <= 6.0, times
+    assert not _holders_alive()
+
+
+@needs_isolation
+def test_a_bandwidth_limit_slows_steps_by_what_the_link_carries(mwms_cluster):
+    size, kbps = 250_000, 20_000          # 1 MB a step through 20 Mbit/s: about 0.4 s
+    expected = size * 4 * 8 / (kbps * 1000)
+    result = mwms_cluster.run(timed_steps, kwargs={"size": size, "n": 8}, timeout=30,
+                              faults=[Bandwidth(1, 4, kbps=kbps)])
+    result.assert_completed()
+    for times in result.return_values:
+        before, after = sorted(times[1:4])[1], sorted(times[5:])[1]
+        assert before < expected / 4, times
+        assert expected / 2 <= after <= expected * 4, (expected, times)
+
+
+def _holders_alive():
+    from harness import linux
+    return [c.pid for c in psutil.Process().children(recursive=True)
+            if c.name() == "sleep" and linux.alive(c.pid)]

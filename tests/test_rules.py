@@ -82,6 +82,21 @@ def test_every_worker_exiting_alike_at_once_names_no_one():
         assert blame(R.coordinated_exit, run(obs.workers[0], obs.workers[1], other)) is None
 
 
+def test_a_death_as_the_collectives_time_out_names_no_one():
+    # Worker 2 was cut off; worker 0 segfaulted aborting its timed-out
+    # all-reduce, at the moment worker 1's timed out too.
+    timeout = "Collective has timed out during execution"
+    obs = run(died(0, 3, -11, 5.0, steps=range(6)),
+              raised(1, 3, "DeadlineExceededError", timeout, 5.0, steps=range(6)),
+              raised(2, 3, "DeadlineExceededError", "heartbeat timeout", 5.1, steps=range(6)))
+    v = diagnose(obs)
+    assert (v.outcome, v.culprits, v.ambiguous, v.rule) == (
+        "crashed", (0, 1, 2), True, "timed_out_abort")
+    # A crash of its own (exit code 1, or long before the timeouts) is blamed as ever.
+    for other in (died(0, 3, 1, 5.0, steps=range(6)), died(0, 3, -11, 1.0, steps=range(6))):
+        assert blame(R.timed_out_abort, run(other, *obs.workers[1:])) is None
+
+
 def test_a_worker_stopped_before_the_deaths_outranks_them():
     # The others' collective timed out waiting for the stopped worker; one
     # survivor died of SIGSEGV aborting it.  Still crashed; the stopped one

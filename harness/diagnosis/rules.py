@@ -7,7 +7,9 @@ The order of the table is the order of trust:
 
 * a death is a cause whatever else happened (``crash``), unless a worker
   found stopped had stopped before anyone died (``stopped_before_deaths``),
-  or every worker exited alike, which names no one (``coordinated_exit``);
+  or every worker exited alike, which names no one (``coordinated_exit``),
+  or the dead died of TensorFlow aborting a timed-out collective, which
+  names no one either (``timed_out_abort``);
 * a ``TF_CONFIG`` that disagrees explains a failure or a hang (``config``);
 * in a failure, a collective whose shapes differ names the odd shape
   (``shape_mismatch`` from the errors, ``collective_shapes`` from the
@@ -169,6 +171,36 @@ def coordinated_exit(f: Facts) -> Optional[Blame]:
                  f"first, which proves nothing)", ws[0].last_step,
                  ambiguous=True, headline=f"all {len(ws)} workers exited with status {code} "
                  f"{where}; cannot tell which worker caused it")
+
+
+# A worker killed by one of these while its peers' collectives timed out
+# died of TensorFlow aborting the collective, not of a fault of its own.
+ABORT_SIGNALS = (-11, -6)    # SIGSEGV, SIGABRT
+
+
+def timed_out_abort(f: Facts) -> Optional[Blame]:
+    """Deaths by SIGSEGV or SIGABRT at the moment peers' collectives timed
+    out (``DeadlineExceededError`` "Collective has timed out", within
+    ``SIMULTANEOUS`` s): TensorFlow can crash a worker aborting a timed-out
+    collective, so the dead are not the cause, and the worker the
+    collective waited for (cut off, stopped) is not among the evidence.  It
+    cannot tell, and names every worker."""
+    died = [w for w in f.workers if w.died]
+    timeouts = [w.finish_time for w in f.workers if w.error is not None
+                and w.finish_time is not None
+                and "collective has timed out" in w.error.message.lower()]
+    if not died or not timeouts or not all(
+            w.exit_code in ABORT_SIGNALS and w.exit_time is not None
+            and abs(w.exit_time - min(timeouts)) <= SIMULTANEOUS for w in died):
+        return None
+    return Blame([w.index for w in f.workers],
+                 f"{names([w.index for w in died])} died ({exit_text(died[0].exit_code)}) as "
+                 f"the collectives timed out: TensorFlow can crash a worker aborting a "
+                 f"timed-out collective, and the worker they waited for is not known",
+                 died[0].last_step, ambiguous=True,
+                 headline=f"{names([w.index for w in died])} died "
+                          f"({exit_text(died[0].exit_code)}) as the others' collectives "
+                          f"timed out; cannot tell which worker they waited for")
 
 
 def crash(f: Facts) -> Optional[Blame]:
@@ -534,6 +566,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("reference", frozenset({DIVERGED}), reference),
     Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
     Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
+    Rule("timed_out_abort", frozenset({CRASHED}), timed_out_abort),
     Rule("crash", frozenset({CRASHED}), crash),
     Rule("config", _TROUBLE, config),
     Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),

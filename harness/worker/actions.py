@@ -14,8 +14,8 @@ import time
 from typing import Callable, Dict
 
 from ..errors import InjectedFault
-from ..faults import (Crash, Delay, ExtraCollective, Pause, Preempt, RaiseError, SkipStep,
-                      StepFault)
+from ..faults import (Bandwidth, Crash, Delay, ExtraCollective, Partition, Pause, Preempt,
+                      RaiseError, SkipStep, StepFault)
 from .process import flush_output
 
 
@@ -50,6 +50,11 @@ def preempt(fault: Preempt, ctx) -> None:
     returns.  The parent kills it if it outlives the fault's grace."""
     flush_output()
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def on_the_network(fault: StepFault, ctx) -> None:
+    """Nothing in the worker: the parent acts on its network link (it saw
+    the FAULT message first), and the step runs on into it."""
 
 
 def raise_error(fault: RaiseError, ctx) -> None:
@@ -91,6 +96,8 @@ ACTIONS: Dict[type, Action] = {
     Pause: Action(pause),
     Delay: Action(delay),
     Preempt: Action(preempt),
+    Partition: Action(on_the_network),
+    Bandwidth: Action(on_the_network),
 }
 
 
