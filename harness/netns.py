@@ -47,6 +47,8 @@ class Namespace:
             self.close()
             raise
         if line.strip() != b"ready":
+            self.anchor.kill()
+            self.anchor.wait()
             why = (self.anchor.stderr.read() or b"").decode(errors="replace").strip()
             self.close()
             raise OSError(why.splitlines()[-1] if why else "unshare -Urn did not start")
@@ -139,7 +141,11 @@ class Switch:
                 continue
             if line == ["ready"]:
                 break
-            why = (self.anchor.stderr.read1(4096) or b"").decode(errors="replace").strip()
+            # Not ready: end the anchor first (a live one could hold stderr
+            # open for ever), then read why it said.
+            self.anchor.kill()
+            self.anchor.wait()
+            why = (self.anchor.stderr.read() or b"").decode(errors="replace").strip()
             self.close()
             raise OSError(why.splitlines()[-1] if why else "the switched namespace did not start")
 
