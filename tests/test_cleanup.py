@@ -37,7 +37,7 @@ def stuck():
 
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_hung(mwms_cluster):
-    mwms_cluster.run(stuck, timeout=HARNESS_TIMEOUT)
+    mwms_cluster.run(stuck, timeout=HARNESS_TIMEOUT, faults=FAULTS)
 """
 
 
@@ -48,11 +48,13 @@ def _name(pid):
         return None
 
 
-def _start_inner(pytester, tmp_path, test_timeout=300, harness_timeout=200, workers=2):
+def _start_inner(pytester, tmp_path, test_timeout=300, harness_timeout=200, workers=2,
+                 faults="()"):
     piddir = tmp_path / "pids"
     piddir.mkdir()
     pytester.makepyfile(test_inner=HUNG.replace("TEST_TIMEOUT", str(test_timeout))
-                        .replace("HARNESS_TIMEOUT", str(harness_timeout)))
+                        .replace("HARNESS_TIMEOUT", str(harness_timeout))
+                        .replace("FAULTS", faults))
     env = dict(os.environ, MWMS_PIDDIR=str(piddir))
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
@@ -84,6 +86,30 @@ def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path):
     t0 = time.monotonic()
     left = wait_gone(pids, seconds=10)
     assert not left, f"still alive {time.monotonic() - t0:.1f}s after SIGKILL: {left}"
+
+
+@pytest.mark.skipif(not netns.available()[0], reason=f"no network namespaces here: "
+                    f"{netns.available()[1]}")
+def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path):
+    """A run with a network fault (a namespace per worker on a bridge):
+    the anchor and the holder of every worker's namespace go too."""
+    proc, pids = _start_inner(pytester, tmp_path,
+                              faults="[__import__('harness.faults').faults.Partition(1, 99)]")
+    try:
+        holders = [p for p in pids if _cmdline(p)[:2] == ["sleep", "2147483647"]]
+        assert len(holders) == 2, [(p, _cmdline(p)) for p in pids]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    left = wait_gone(pids, seconds=10)
+    assert not left, f"still alive after SIGKILL: {[(p, _cmdline(p)) for p in left]}"
+
+
+def _cmdline(pid):
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
 
 
 def test_ctrl_c_stops_the_run_and_its_workers(pytester, tmp_path):
