@@ -30,7 +30,7 @@ from .diagnosis import diagnose
 from .errors import SerializationError, SettingError
 from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
-from .netns import Namespace, Switch, resolve as resolve_network
+from .netns import Namespace, Switch, resolve as resolve_network, switch_available
 from .ports import reserve_ports
 from .replicas import (compare as compare_replicas, compare_reference, parse_check_replicas,
                        parse_reference)
@@ -452,9 +452,11 @@ class Cluster:
             raise SettingError(f"network='isolated': this machine cannot give a cluster a "
                                f"network namespace of its own ({why})")
         switched = faults_module.needs_network(plan)
-        if switched and not isolate:
-            raise SettingError(f"network faults need a network namespace per worker, and this "
-                               f"run has none ({why})")
+        if switched:
+            able, why = switch_available() if isolate else (False, why)
+            if not able:
+                raise SettingError(f"network faults need a network namespace per worker, and "
+                                   f"this run has none ({why})")
         launched = time.monotonic()
         attempts: List[RunResult] = []
         with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation, \

@@ -191,6 +191,29 @@ def available() -> Tuple[bool, str]:
     return _probed
 
 
+_switch_probed: Optional[Tuple[bool, str]] = None
+
+
+def switch_available() -> Tuple[bool, str]:
+    """Whether network faults can be done here (a namespace per worker on a
+    bridge, :class:`Switch`), and why not; tried once per process."""
+    global _switch_probed
+    if _switch_probed is None:
+        ok, why = available()
+        missing = [tool for tool in ("setpriv", "nsenter", "tc") if not shutil.which(tool)]
+        if not ok:
+            _switch_probed = (False, why)
+        elif missing:
+            _switch_probed = (False, f"{', '.join(missing)} not installed")
+        else:
+            try:
+                Switch(1).close()
+                _switch_probed = (True, "")
+            except OSError as e:
+                _switch_probed = (False, f"a bridged namespace could not be made: {e}")
+    return _switch_probed
+
+
 def resolve(network: str) -> Tuple[bool, str]:
     """``(isolate?, why not)`` for a ``--mwms-network`` value."""
     if network == "host":

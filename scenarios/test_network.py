@@ -11,8 +11,8 @@ from harness.faults import Bandwidth, Partition
 from scenarios.meta import NO_FIX, scenario
 from scenarios.test_peer_faults import AT, COLLECTIVE_TIMEOUT, train_loop
 
-pytestmark = pytest.mark.skipif(not netns.available()[0], reason=(
-    f"network faults need network namespaces: {netns.available()[1]}"))
+pytestmark = pytest.mark.skipif(not netns.switch_available()[0], reason=(
+    f"network faults need a network namespace per worker: {netns.switch_available()[1]}"))
 
 
 def _last(mwms_cluster):

@@ -88,8 +88,8 @@ def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path):
     assert not left, f"still alive {time.monotonic() - t0:.1f}s after SIGKILL: {left}"
 
 
-@pytest.mark.skipif(not netns.available()[0], reason=f"no network namespaces here: "
-                    f"{netns.available()[1]}")
+@pytest.mark.skipif(not netns.switch_available()[0], reason=f"no namespace per worker here: "
+                    f"{netns.switch_available()[1]}")
 def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path):
     """A run with a network fault (a namespace per worker on a bridge):
     the anchor and the holder of every worker's namespace go too."""

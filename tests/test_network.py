@@ -17,6 +17,9 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_wor
 ISOLATION = netns.available()
 needs_isolation = pytest.mark.skipif(not ISOLATION[0], reason=f"no network namespace "
                                      f"here: {ISOLATION[1]}")
+SWITCH = netns.switch_available()
+needs_switch = pytest.mark.skipif(not SWITCH[0], reason=f"no namespace per worker here: "
+                                  f"{SWITCH[1]}")
 
 
 def hold_the_port(path):
@@ -171,7 +174,7 @@ def test_network_faults_need_namespaces(mwms_cluster):
     assert mwms_cluster.runs == []
 
 
-@needs_isolation
+@needs_switch
 def test_a_healed_partition_delays_a_step_and_the_run_completes(mwms_cluster):
     result = mwms_cluster.run(timed_steps, timeout=20, faults=[Partition(1, 4, seconds=2)])
     result.assert_completed()
@@ -181,7 +184,7 @@ def test_a_healed_partition_delays_a_step_and_the_run_completes(mwms_cluster):
     assert not _holders_alive()
 
 
-@needs_isolation
+@needs_switch
 def test_a_bandwidth_limit_slows_steps_by_what_the_link_carries(mwms_cluster):
     size, kbps = 250_000, 20_000          # 1 MB a step through 20 Mbit/s: about 0.4 s
     expected = size * 4 * 8 / (kbps * 1000)
@@ -198,3 +201,17 @@ def _holders_alive():
     from harness import linux
     return [c.pid for c in psutil.Process().children(recursive=True)
             if c.name() == "sleep" and linux.alive(c.pid)]
+
+
+def test_network_faults_say_why_they_cannot_be_done(monkeypatch):
+    """A machine without ``tc`` (or ``setpriv``, ``nsenter``) gets the
+    reason, and the run is refused before any process starts."""
+    monkeypatch.setattr(netns, "_switch_probed", None)
+    real = netns.shutil.which
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else real(tool))
+    ok, why = netns.switch_available()
+    assert not ok and ("tc not installed" in why or why == ISOLATION[1])
+    from harness.controller import Cluster
+    from harness.settings import RunSettings
+    with pytest.raises(SettingError, match="network faults need a network namespace per worker"):
+        Cluster(RunSettings()).run(timed_steps, faults=[Partition(1, 2)])
