@@ -179,8 +179,10 @@ def test_a_healed_partition_delays_a_step_and_the_run_completes(mwms_cluster):
     result = mwms_cluster.run(timed_steps, timeout=20, faults=[Partition(1, 4, seconds=2)])
     result.assert_completed()
     for times in result.return_values:
-        slow = [t for t in times if t > 1.0]
-        assert len(slow) == 1 and 1.5 <= slow[0] <= 6.0, times
+        # The step at the cut waits it out (a later one may still pay for
+        # TCP's retransmission back-off, as seen once under CI load).
+        slowest = max(times)
+        assert 1.5 <= slowest <= 8.0 and times.index(slowest) in (4, 5), times
     assert not _holders_alive()
 
 
