@@ -34,24 +34,45 @@ START_WAIT = 5.0
 _probed: Optional[Tuple[bool, str]] = None
 
 
+def start_anchor(script: str, env: Optional[dict] = None) -> subprocess.Popen:
+    """``script`` (sh) in a new user and network namespace, its stdin, stdout
+    and stderr pipes to this process."""
+    return subprocess.Popen(["unshare", "-Urn", "sh", "-c", script], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, close_fds=True)
+
+
+def end_anchor(anchor: subprocess.Popen) -> None:
+    """Close its stdin (it exits, and what it holds with it); kill it if it lingers."""
+    if anchor.poll() is None:
+        try:
+            anchor.stdin.close()
+            anchor.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            anchor.kill()
+            anchor.wait()
+    for stream in (anchor.stdin, anchor.stdout, anchor.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+
+
+def anchor_failed(anchor: subprocess.Popen, default: str) -> OSError:
+    """An anchor that did not say "ready": ended first (a live one could hold
+    stderr open for ever), then the last line of what it said, as an error."""
+    anchor.kill()
+    anchor.wait()
+    why = (anchor.stderr.read() or b"").decode(errors="replace").strip()
+    end_anchor(anchor)
+    return OSError(why.splitlines()[-1] if why else default)
+
+
 class Namespace:
     """A user + network namespace held by an anchor process; a context manager."""
 
     def __init__(self) -> None:
-        self.anchor = subprocess.Popen(["unshare", "-Urn", "sh", "-c", ANCHOR],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, close_fds=True)
-        try:
-            line = self.anchor.stdout.readline()
-        except Exception:
-            self.close()
-            raise
-        if line.strip() != b"ready":
-            self.anchor.kill()
-            self.anchor.wait()
-            why = (self.anchor.stderr.read() or b"").decode(errors="replace").strip()
-            self.close()
-            raise OSError(why.splitlines()[-1] if why else "unshare -Urn did not start")
+        self.anchor = start_anchor(ANCHOR)
+        if self.anchor.stdout.readline().strip() != b"ready":
+            raise anchor_failed(self.anchor, "unshare -Urn did not start")
 
     @property
     def paths(self) -> Tuple[str, str]:
@@ -60,16 +81,7 @@ class Namespace:
 
     def close(self) -> None:
         """End the anchor: the namespace goes with the last process in it."""
-        if self.anchor.poll() is None:
-            try:
-                self.anchor.stdin.close()
-                self.anchor.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                self.anchor.kill()
-                self.anchor.wait()
-        for stream in (self.anchor.stdin, self.anchor.stdout, self.anchor.stderr):
-            if stream is not None and not stream.closed:
-                stream.close()
+        end_anchor(self.anchor)
 
     def __enter__(self) -> "Namespace":
         return self
@@ -128,11 +140,8 @@ class Switch:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.anchor = subprocess.Popen(["unshare", "-Urn", "sh", "-c", SWITCH],
-                                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                                            "N": str(workers)},
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, close_fds=True)
+        self.anchor = start_anchor(SWITCH, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                            "N": str(workers)})
         self.holders: Dict[int, int] = {}
         while True:
             line = self.anchor.stdout.readline().decode(errors="replace").split()
@@ -141,13 +150,7 @@ class Switch:
                 continue
             if line == ["ready"]:
                 break
-            # Not ready: end the anchor first (a live one could hold stderr
-            # open for ever), then read why it said.
-            self.anchor.kill()
-            self.anchor.wait()
-            why = (self.anchor.stderr.read() or b"").decode(errors="replace").strip()
-            self.close()
-            raise OSError(why.splitlines()[-1] if why else "the switched namespace did not start")
+            raise anchor_failed(self.anchor, "the switched namespace did not start")
 
     @property
     def hosts(self) -> List[str]:
@@ -170,7 +173,9 @@ class Switch:
         for i in range(self.workers):
             self.command("clear", i)
 
-    close = Namespace.close
+    def close(self) -> None:
+        end_anchor(self.anchor)
+
     __enter__ = Namespace.__enter__
     __exit__ = Namespace.__exit__
 
