@@ -30,7 +30,7 @@ from .diagnosis import diagnose
 from .errors import SerializationError, SettingError
 from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
-from .netns import Namespace, Switch, resolve as resolve_network, switch_available
+from .netns import Namespace, Switch, needs_proxy, resolve as resolve_network, switch_available
 from .ports import reserve_ports
 from .replicas import (compare as compare_replicas, compare_reference, parse_check_replicas,
                        parse_reference)
@@ -174,6 +174,7 @@ class WatchLoop:
                  switch=None):
         self.on_progress = on_progress
         self.switch = switch   # the run's harness.netns.Switch, for network faults
+        self.logical = switch.logical if switch is not None else (lambda config: config)
         self.attempt = attempt
         self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
         self.workers = workers
@@ -218,7 +219,7 @@ class WatchLoop:
         else:
             if msg.kind == protocol.STRATEGY_CREATING and msg.data is not None:
                 # The TF_CONFIG the worker really had: fn may have set it.
-                tw.note(tf_config=msg.data.get("tf_config"))
+                tw.note(tf_config=self.logical(msg.data.get("tf_config")))
             data = None if msg.kind == protocol.STRATEGY_CREATING else msg.data
             tw.events.append(Event(t, msg.kind, msg.step, data))
         self.last_progress = now
@@ -452,6 +453,7 @@ class Cluster:
             raise SettingError(f"network='isolated': this machine cannot give a cluster a "
                                f"network namespace of its own ({why})")
         switched = faults_module.needs_network(plan)
+        proxied = needs_proxy(command for fault in plan for _, command in fault.network_commands())
         if switched:
             able, why = switch_available() if isolate else (False, why)
             if not able:
@@ -460,7 +462,8 @@ class Cluster:
         launched = time.monotonic()
         attempts: List[RunResult] = []
         with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation, \
-                (Switch(n) if switched else Namespace() if isolate
+                (Switch(n, reservation.ports[:n] if proxied else None) if switched
+                 else Namespace() if isolate
                  else contextlib.nullcontext()) as namespace:
             ports, spare = reservation.ports[:n], reservation.ports[n]
             # 0700, holds the logs; removed after the run.  It is also the
@@ -483,6 +486,7 @@ class Cluster:
                     configs = faults_module.configs_under(attempt_plan, tfconfig.cluster_configs(
                         ports, hosts=namespace.hosts if switched else None), spare)
                     if switched:
+                        configs = namespace.route(configs)
                         namespace.reset()    # a new attempt: every link up, unthrottled
                     files = os.path.join(tmpdir, f"attempt-{attempt}")
                     os.mkdir(files, 0o700)
@@ -577,7 +581,8 @@ class Cluster:
             # hang of theirs.
             start = time.monotonic()
             tracked = [_TrackedWorker(h, WorkerObservation(index=h.index,
-                                                           tf_config=configs[h.index],
+                                                           tf_config=job.logical(
+                                                               configs[h.index]),
                                                            ledger=level),
                                       LedgerView(start), readers[h.index])
                        for h in handles]
@@ -639,6 +644,11 @@ class _Job:
     exit_on_return: bool = False
     netns: Optional[tuple] = None   # per worker, the namespaces it joins (harness.netns)
     switch: Any = None              # the run's Switch, when faults act on the network
+
+    def logical(self, config):
+        """A worker's ``TF_CONFIG`` with the proxy's addresses mapped back:
+        the harness's plumbing must never read as a wrong port."""
+        return self.switch.logical(config) if self.switch is not None else config
 
 
 def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):

@@ -217,6 +217,45 @@ class Bandwidth(StepFault):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
+class Latency(StepFault):
+    """From ``step`` on, every byte to and from the worker arrives ``ms``
+    milliseconds late (± a uniform ``jitter_ms``), each way: a far or
+    congested node.  Done by a TCP proxy between the workers
+    (:mod:`harness.netproxy`); needs network namespaces (``--mwms-network``)."""
+    ms: float
+    jitter_ms: float = 0.0
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "ms", self.ms)
+        _check_number(self, "jitter_ms", self.jitter_ms)
+        if self.jitter_ms > self.ms:
+            raise FaultError(f"{self!r}: jitter_ms must not exceed ms (a delay is never negative)")
+
+    def network_commands(self) -> Tuple[Tuple[float, str], ...]:
+        return ((0.0, f"delay {self.ms:g} {self.jitter_ms:g}"),)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class ResetPeers(StepFault):
+    """``after`` seconds past the worker's ``step`` boundary, every open
+    connection to and from it is reset (both ends get RST, as when a NAT or
+    a load balancer drops its state); new connections are accepted.  A
+    reset fails only the RPCs in flight (gRPC reconnects for the next), so
+    ``after`` places it inside the step, where its peers wait.  Done by a
+    TCP proxy between the workers (:mod:`harness.netproxy`); needs network
+    namespaces (``--mwms-network``)."""
+    after: float = 0.0
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "after", self.after)
+
+    def network_commands(self) -> Tuple[Tuple[float, str], ...]:
+        return ((self.after, "reset"),)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class BadTFConfig(Fault):
     """The worker's ``TF_CONFIG`` is wrong from the start (see
     :func:`harness.tfconfig.apply_bad_config` for each ``kind``)."""
@@ -234,7 +273,7 @@ class BadTFConfig(Fault):
 
 
 FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, Partition,
-               Bandwidth, BadTFConfig)
+               Bandwidth, Latency, ResetPeers, BadTFConfig)
 
 
 def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fault, ...]:

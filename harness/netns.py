@@ -23,9 +23,12 @@ and says why once; ``isolated`` is then a usage error.
 """
 from __future__ import annotations
 
+import copy
+import json
 import shutil
 import subprocess
-from typing import Dict, List, Optional, Tuple
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
 
 # The anchor: bring lo up, say so, then hold the namespaces until stdin closes.
 ANCHOR = "ip link set lo up && echo ready && exec cat >/dev/null"
@@ -95,10 +98,13 @@ class Namespace:
 # anchor starts, which dies with the anchor), joined to the bridge by a
 # veth pair, at 10.77.0.(i+1).  The anchor then reads commands on stdin:
 # "down I" / "up I" (worker I's link) and "rate I KBPS" (a token bucket
-# both ways), and ends its holders when stdin closes.
+# both ways), and ends its holders when stdin closes.  The bridge itself is
+# at SUBNET.254: where the proxy (harness.netproxy) listens when a run has one.
 SUBNET = "10.77.0"
+BRIDGE_HOST = SUBNET + ".254"
 SWITCH = r"""
 ip link set lo up && ip link add br0 type bridge && ip link set br0 up || exit 1
+ip addr add SUBNET.254/24 dev br0 || exit 1
 pids=""
 trap 'kill $pids 2>/dev/null' EXIT
 mine=$(readlink /proc/$$/ns/net)
@@ -132,14 +138,38 @@ done
 """.replace("SUBNET", SUBNET)
 
 
+# Commands the proxy carries out (the rest act on a link); "clear" goes to both.
+PROXY_VERBS = ("delay", "reset")
+# Proxy port of the pair (src, dst): PROXY_BASE + src * MAX_WORKERS + dst.  The
+# proxy listens in the bridge's namespace, where no other process binds.
+PROXY_BASE = 20000
+MAX_WORKERS = 200
+
+
+def needs_proxy(commands) -> bool:
+    """Whether any of these network commands is the proxy's."""
+    return any(command.split()[0] in PROXY_VERBS for command in commands)
+
+
 class Switch:
     """Workers in network namespaces of their own on one bridge, for
     network faults: a worker's link can be cut (``down``/``up``) or slowed
     (``rate``).  ``paths(i)`` is where worker ``i`` joins; ``hosts`` its
-    address in ``TF_CONFIG``."""
+    address in ``TF_CONFIG``.
 
-    def __init__(self, workers: int) -> None:
+    With ``proxied_ports`` (the workers' ports), a TCP proxy
+    (:mod:`harness.netproxy`) also stands between every two workers, for
+    ``delay`` and ``reset``: :meth:`route` gives each worker its view of
+    the cluster (its peers at their proxy ports), :meth:`logical` maps a
+    view back, so the diagnosis reads the cluster a worker was meant to
+    see, never the harness's plumbing."""
+
+    def __init__(self, workers: int, proxied_ports: Optional[Sequence[int]] = None) -> None:
+        if workers > MAX_WORKERS:
+            raise ValueError(f"network faults take at most {MAX_WORKERS} workers")
         self.workers = workers
+        self.proxy: Optional[subprocess.Popen] = None
+        self.proxied: Dict[str, str] = {}    # proxy address -> the worker address behind it
         self.anchor = start_anchor(SWITCH, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                                             "N": str(workers)})
         self.holders: Dict[int, int] = {}
@@ -151,22 +181,80 @@ class Switch:
             if line == ["ready"]:
                 break
             raise anchor_failed(self.anchor, "the switched namespace did not start")
+        if proxied_ports is not None:
+            try:
+                self._start_proxy(list(proxied_ports))
+            except BaseException:
+                self.close()
+                raise
+
+    def _start_proxy(self, ports: List[int]) -> None:
+        self.addresses = [f"{host}:{port}" for host, port in zip(self.hosts, ports)]
+        routes = [[BRIDGE_HOST, self._proxy_port(src, dst), self.hosts[dst], ports[dst], src, dst]
+                  for src in range(self.workers) for dst in range(self.workers) if src != dst]
+        self.proxied = {f"{BRIDGE_HOST}:{self._proxy_port(src, dst)}": self.addresses[dst]
+                        for src, dst in ((r[4], r[5]) for r in routes)}
+        self.proxy = subprocess.Popen(
+            [sys.executable, "-m", "harness.netproxy", f"/proc/{self.anchor.pid}/ns/user",
+             f"/proc/{self.anchor.pid}/ns/net"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, close_fds=True)
+        self.proxy.stdin.write((json.dumps(routes) + "\n").encode())
+        self.proxy.stdin.flush()
+        if self.proxy.stdout.readline().strip() != b"ready":
+            raise anchor_failed(self.proxy, "the proxy did not start")
+
+    @staticmethod
+    def _proxy_port(src: int, dst: int) -> int:
+        return PROXY_BASE + src * MAX_WORKERS + dst
 
     @property
     def hosts(self) -> List[str]:
         return [f"{SUBNET}.{i + 1}" for i in range(self.workers)]
 
+    def route(self, configs: List[Optional[dict]]) -> List[Optional[dict]]:
+        """Each worker's ``TF_CONFIG`` with its peers' addresses replaced by
+        their proxy ports (unchanged without a proxy).  A worker's own
+        address stays: it is where it listens."""
+        if self.proxy is None:
+            return configs
+        out: List[Optional[dict]] = []
+        for src, config in enumerate(configs):
+            workers = (config or {}).get("cluster", {}).get("worker")
+            if isinstance(workers, list):
+                config = copy.deepcopy(config)
+                config["cluster"]["worker"] = [
+                    f"{BRIDGE_HOST}:{self._proxy_port(src, self.addresses.index(a))}"
+                    if a in self.addresses and a != self.addresses[src] else a for a in workers]
+            out.append(config)
+        return out
+
+    def logical(self, config: Optional[dict]) -> Optional[dict]:
+        """A worker's ``TF_CONFIG`` as it would be without the proxy."""
+        if not self.proxied or not isinstance(config, dict) \
+                or not isinstance(config.get("cluster", {}).get("worker"), list):
+            return config
+        config = copy.deepcopy(config)
+        config["cluster"]["worker"] = [self.proxied.get(a, a) for a in config["cluster"]["worker"]]
+        return config
+
     def paths(self, index: int) -> Tuple[str, str]:
         return (f"/proc/{self.anchor.pid}/ns/user", f"/proc/{self.holders[index]}/ns/net")
 
     def command(self, command: str, index: int) -> None:
-        """``down``, ``up``, ``rate KBPS`` or ``clear`` on worker ``index``'s link."""
-        try:
-            self.anchor.stdin.write(f"{command.split()[0]} {index} "
-                                    f"{' '.join(command.split()[1:])}\n".encode())
-            self.anchor.stdin.flush()
-        except OSError:
-            pass   # the anchor is gone: the run is ending
+        """``down``, ``up``, ``rate KBPS`` or ``clear`` on worker ``index``'s
+        link; ``delay MS JITTER`` or ``reset`` on its proxied connections."""
+        verb, *args = command.split()
+        line = f"{verb} {index} {' '.join(args)}\n".encode()
+        targets = ([self.proxy] if verb in PROXY_VERBS else
+                   [self.anchor, self.proxy] if verb == "clear" else [self.anchor])
+        for process in targets:
+            if process is None:
+                continue
+            try:
+                process.stdin.write(line)
+                process.stdin.flush()
+            except OSError:
+                pass   # it is gone: the run is ending
 
     def reset(self) -> None:
         """Every link up and unthrottled (a new attempt of a run)."""
@@ -174,6 +262,8 @@ class Switch:
             self.command("clear", i)
 
     def close(self) -> None:
+        if self.proxy is not None:
+            end_anchor(self.proxy)
         end_anchor(self.anchor)
 
     __enter__ = Namespace.__enter__

@@ -1,13 +1,15 @@
 """The network: a worker cut off from its peers, for good or for a moment,
-and a slow link.  Each worker is in a network namespace of its own, joined
-to the others through a bridge (``harness.netns``); ``Partition`` takes its
-link down (and up again), ``Bandwidth`` throttles it.  The faults act on
-the last worker at step 5 of the seed's loop.
+a slow link, a far node, connections reset.  Each worker is in a network
+namespace of its own, joined to the others through a bridge
+(``harness.netns``); ``Partition`` takes its link down (and up again),
+``Bandwidth`` throttles it; ``Latency`` and ``ResetPeers`` act through a
+TCP proxy between the workers (``harness.netproxy``).  The faults act at
+step 5 of the seed's loop.
 """
 import pytest
 
 from harness import netns
-from harness.faults import Bandwidth, Partition
+from harness.faults import Bandwidth, Latency, Partition, ResetPeers
 from scenarios.meta import NO_FIX, scenario
 from scenarios.test_peer_faults import AT, COLLECTIVE_TIMEOUT, train_loop
 
@@ -107,3 +109,76 @@ def test_slow_link_straggler(mwms_cluster):
     result = mwms_cluster.run(train_loop, timeout=20, faults=[Bandwidth(last, AT, kbps=2000)])
     result.assert_completed()
     assert len(set(result.return_values)) == 1
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="MWMS docs: fault tolerance")
+def test_high_latency_straggler(mwms_cluster):
+    """Fixed, in the same sense: from step 5 on, every byte to and from the
+    last worker arrives 30 ms late (± 10 ms), as from a node in another rack
+    or region.
+
+    TensorFlow: an all-reduce waits for several round trips, so each step
+    costs a few times the delay (about 4 x 50 ms for a 2-worker all-reduce
+    here); every worker completes with the same loss.
+
+    Source: the MWMS fault-tolerance guide (stragglers).
+
+    Fix: nothing to fix, but one far worker slows every step of the cluster.
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(train_loop, timeout=20,
+                              faults=[Latency(last, AT, ms=30, jitter_ms=10)])
+    result.assert_completed()
+    assert len(set(result.return_values)) == 1
+
+
+# The chief's summary writing, which its peers wait out in the all-reduce;
+# the reset comes RESET_AFTER into it.
+CHIEF_SECONDS = 0.5
+RESET_AFTER = 0.2
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="failed", error="UnavailableError", source="MWMS docs: fault tolerance",
+          fixed_by="test_connections_reset_then_restarted")
+def test_connections_reset_during_a_step(mwms_cluster):
+    """Every connection of the chief is reset during step 5, while its
+    peers wait for it inside the step's all-reduce (it writes summaries
+    first).
+
+    TensorFlow: the RPCs in flight fail at once with ``UnavailableError``
+    ("Connection reset by peer"), on every worker, each naming the peer
+    whose RPC failed; gRPC does not retry them.  A reset is seen from both
+    ends alike, so the harness cannot tell which worker's connections were
+    cut, and names every worker as a candidate.  (A reset while no RPC is
+    in flight goes unnoticed: gRPC reconnects.)
+
+    Source: the MWMS fault-tolerance guide; a NAT or load balancer that
+    drops its connection table.
+
+    Fix: none completes without a restart (see the next scenario).
+    """
+    result = mwms_cluster.run(train_loop, kwargs={"chief_seconds": CHIEF_SECONDS},
+                              timeout=20, grace=5, faults=[ResetPeers(0, AT, after=RESET_AFTER)])
+    result.assert_failed(error="UnavailableError")
+    result.assert_cannot_tell(range(mwms_cluster.num_workers))
+
+
+@pytest.mark.timeout(120)
+@scenario(outcome="completed", source="MWMS docs: fault tolerance")
+def test_connections_reset_then_restarted(mwms_cluster):
+    """The same reset, with the job restarted once by its cluster manager
+    (``restarts=1``).
+
+    TensorFlow: the first attempt fails as above; the second, on fresh
+    connections, completes.
+
+    Source: the MWMS fault-tolerance guide (restart the job).
+
+    Fix: this is the fix: restart (and checkpoint, so as not to start over).
+    """
+    result = mwms_cluster.run(train_loop, kwargs={"chief_seconds": CHIEF_SECONDS},
+                              timeout=20, grace=5, restarts=1, faults=[ResetPeers(0, AT, after=RESET_AFTER)])
+    result.assert_completed()
+    assert [a.outcome for a in result.attempts] == ["failed", "completed"]

@@ -14,9 +14,13 @@ AT = 5
 COLLECTIVE_TIMEOUT = 2.0
 
 
-def train_loop(collective_timeout=None, steps=STEPS):
+def train_loop(collective_timeout=None, steps=STEPS, chief_seconds=0.0):
     """The seed's loop; ``collective_timeout`` sets
-    ``CommunicationOptions(timeout_seconds=...)`` on the strategy."""
+    ``CommunicationOptions(timeout_seconds=...)`` on the strategy;
+    ``chief_seconds``: the chief's own work before each step (writing
+    summaries, say), which its peers wait out inside the step's all-reduce."""
+    import time
+
     import tensorflow as tf
 
     import harness
@@ -30,7 +34,12 @@ def train_loop(collective_timeout=None, steps=STEPS):
     _, _, step = mnist_like.make_training(strategy)
     x, y = mnist_like.make_data()
     iterator = iter(mnist_like.distributed_dataset(strategy, x, y))
-    return [float(step(next(iterator))) for _ in ctx.steps(steps)][-1]
+    losses = []
+    for _ in ctx.steps(steps):
+        if ctx.index == 0:
+            time.sleep(chief_seconds)
+        losses.append(float(step(next(iterator))))
+    return losses[-1]
 
 
 def _last(mwms_cluster):

@@ -91,13 +91,16 @@ def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path):
 @pytest.mark.skipif(not netns.switch_available()[0], reason=f"no namespace per worker here: "
                     f"{netns.switch_available()[1]}")
 def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path):
-    """A run with a network fault (a namespace per worker on a bridge):
-    the anchor and the holder of every worker's namespace go too."""
-    proc, pids = _start_inner(pytester, tmp_path,
-                              faults="[__import__('harness.faults').faults.Partition(1, 99)]")
+    """A run with network faults (a namespace per worker on a bridge, and
+    the proxy between them): the anchor, the holder of every worker's
+    namespace and the proxy go too."""
+    proc, pids = _start_inner(pytester, tmp_path, faults=(
+        "[__import__('harness.faults').faults.Partition(1, 99), "
+        "__import__('harness.faults').faults.Latency(0, 99, ms=1)]"))
     try:
         holders = [p for p in pids if _cmdline(p)[:2] == ["sleep", "2147483647"]]
         assert len(holders) == 2, [(p, _cmdline(p)) for p in pids]
+        assert [p for p in pids if "harness.netproxy" in _cmdline(p)], "no proxy to watch"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)

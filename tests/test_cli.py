@@ -164,7 +164,8 @@ def test_help_lists_the_plugin_options(tmp_path):
     F.RaiseError(0, 1, "it's \"quoted\""), F.Pause(1, 2), F.Pause(1, 2, seconds=0.5),
     F.Delay(0, 1, 2), F.BadTFConfig(1, "swapped"), F.Preempt(1, 3), F.Preempt(0, 2, grace=1.5),
     F.Crash(1, 2, attempt=1), F.Partition(1, 2), F.Partition(0, 1, seconds=2.5),
-    F.Bandwidth(1, 3, kbps=500),
+    F.Bandwidth(1, 3, kbps=500), F.Latency(0, 2, ms=30, jitter_ms=5.5), F.ResetPeers(1, 4),
+    F.ResetPeers(1, 4, after=0.25),
 ])
 def test_a_fault_parses_back_from_how_it_prints(fault):
     assert parse_fault(repr(fault)) == fault

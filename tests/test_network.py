@@ -217,3 +217,166 @@ def test_network_faults_say_why_they_cannot_be_done(monkeypatch):
     from harness.settings import RunSettings
     with pytest.raises(SettingError, match="network faults need a network namespace per worker"):
         Cluster(RunSettings()).run(timed_steps, faults=[Partition(1, 2)])
+
+
+# ---------------------------------------------------------------- the proxy (Latency, ResetPeers)
+
+from harness.faults import Latency, ResetPeers  # noqa: E402
+
+
+def _echo_server():
+    """A thread echoing every connection on 127.0.0.1; its port."""
+    import contextlib
+    import threading
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve(conn):
+        with conn, contextlib.suppress(ConnectionResetError):   # the test resets it
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def accept():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
+def _round_trip(conn):
+    import time
+    t = time.monotonic()
+    conn.sendall(b"x")
+    assert conn.recv(1) == b"x"
+    return time.monotonic() - t
+
+
+def test_the_proxy_delays_resets_and_clears_what_it_carries():
+    """No TensorFlow: the proxy on the host's loopback in front of an echo
+    server, as route (0 -> 1).  A delay on either end holds each way; a
+    reset sends RST to the client; a new connection is accepted after."""
+    import sys
+    from harness.ports import reserve_ports
+    server = _echo_server()
+    with reserve_ports(1) as reservation:
+        port = reservation.ports[0]
+    proxy = subprocess.Popen([sys.executable, "-m", "harness.netproxy"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    try:
+        proxy.stdin.write((json.dumps([["127.0.0.1", port, "127.0.0.1",
+                                        server.getsockname()[1], 0, 1]]) + "\n").encode())
+        proxy.stdin.flush()
+        assert proxy.stdout.readline().strip() == b"ready"
+
+        def command(line):
+            proxy.stdin.write(line.encode() + b"\n")
+            proxy.stdin.flush()
+
+        conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+        fast = min(_round_trip(conn) for _ in range(5))
+        command("delay 1 60 0")
+        slow = min(_round_trip(conn) for _ in range(3))
+        command("clear 1")
+        cleared = min(_round_trip(conn) for _ in range(3))
+        assert fast < 0.05 and 0.12 <= slow < 0.6 and cleared < 0.05, (fast, slow, cleared)
+        command("delay 2 500 0")           # a worker this connection does not join
+        assert _round_trip(conn) < 0.05
+        command("reset 1")
+        with pytest.raises(ConnectionResetError):
+            conn.recv(1)
+        again = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert _round_trip(again) < 0.5
+        again.close()
+    finally:
+        proxy.stdin.close()
+        assert proxy.wait(timeout=5) == 0          # it exits when its stdin closes
+        proxy.stdout.close()
+        server.close()
+
+
+def test_latency_and_reset_faults_are_checked_and_say_what_they_do():
+    from harness import faults
+    assert Latency(1, 4, ms=50).network_commands() == ((0.0, "delay 50 0"),)
+    assert Latency(1, 4, ms=50, jitter_ms=5).network_commands() == ((0.0, "delay 50 5"),)
+    assert ResetPeers(0, 2, after=0.2).network_commands() == ((0.2, "reset"),)
+    assert needs_network([ResetPeers(0, 2)])
+    assert netns.needs_proxy(["delay 5 0"]) and netns.needs_proxy(["reset"])
+    assert not netns.needs_proxy(["down", "rate 500"])
+    for bad, message in ((Latency(1, 4, ms=-1), "ms must be 0 or more"),
+                         (Latency(1, 4, ms=5, jitter_ms=6), "jitter_ms must not exceed ms"),
+                         (ResetPeers(1, 4, after="soon"), "after must be a number")):
+        with pytest.raises(FaultError, match=message):
+            faults.validate([bad], 2)
+
+
+@needs_switch
+def test_latency_slows_steps_by_round_trips_and_the_proxy_stays_invisible(mwms_cluster):
+    """A 50 ms delay on worker 1: each all-reduce after it waits for a few
+    round trips (about 4 x 50 ms with 2 workers, measured), every worker
+    alike.  Each worker's TF_CONFIG lists its peers at the proxy; the
+    observation the diagnosis reads lists the cluster as it is meant to be."""
+    ms = 50
+    result = mwms_cluster.run(timed_steps, kwargs={"n": 8}, timeout=30,
+                              faults=[Latency(1, 4, ms=ms)])
+    result.assert_completed()
+    for times in result.return_values:
+        before, after = sorted(times[1:4])[1], sorted(times[5:])[1]
+        assert before < ms / 1000, times
+        assert 2 * ms / 1000 <= after <= 12 * ms / 1000, times
+    seen = [w.tf_config["cluster"]["worker"] for w in result.observation.workers]
+    assert seen[0] == seen[1] and not any(netns.BRIDGE_HOST in a for a in seen[0]), seen
+
+
+def _cannot_tell_who_was_reset(result):
+    """Both ends of a reset connection see "Connection reset by peer": the
+    verdict cannot tell which worker's connections were cut."""
+    result.assert_failed(error="UnavailableError")
+    result.assert_cannot_tell([0, 1])
+    assert "Connection reset by peer" in result.workers[1].exception.message
+
+
+@needs_switch
+def test_a_reset_fails_the_step_in_flight_and_the_harness_cannot_tell(mwms_cluster):
+    """Worker 0's connections reset while worker 1 waits for it in an
+    all-reduce."""
+    _cannot_tell_who_was_reset(mwms_cluster.run(reset_in_flight, timeout=20, grace=5,
+                                                faults=[ResetPeers(0, 3, after=0.2)]))
+
+
+@needs_isolation
+@pytest.mark.mwms(network="isolated")
+def test_the_reset_twin_reads_the_same(mwms_cluster):
+    """The fault's twin, with no fault plan: worker 0 destroys its own
+    sockets (``ss -K``, as an admin tool or a NAT would, from outside
+    TensorFlow) inside the cluster's isolated namespace.  With two workers
+    every connection joins worker 0, so it cuts the same ones as
+    ``ResetPeers(0, ...)``, and the verdict is the same."""
+    _cannot_tell_who_was_reset(mwms_cluster.run(reset_in_flight, kwargs={"twin": True},
+                                                timeout=20, grace=5))
+
+
+def reset_in_flight(twin=False):
+    """Worker 0 works 0.5 s before each step (its peer waits in the
+    all-reduce); as the twin, it resets its own connections 0.2 s into
+    step 3's wait."""
+    import subprocess
+    import time
+    ctx = harness.context()
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(lambda: tf.ones([10])), axis=None)
+
+    for k in ctx.steps(6):
+        if ctx.index == 0:
+            time.sleep(0.2)
+            if twin and k == 3:
+                subprocess.run(["ss", "-K", "state", "established"], capture_output=True)
+            time.sleep(0.3)
+        step()

@@ -2,9 +2,12 @@
 cluster costs a warm run.
 
 Alternates warm 2-worker runs of :func:`harness.workloads.allreduce_loop`
-(20 all-reduce steps) on the host's loopback (``network="host"``) and in a
-namespace of their own (``network="isolated"``), after one cold run each,
-and prints ``Cluster.run``'s wall time per run, paired round by round.
+(20 all-reduce steps) on the host's loopback (``network="host"``), in a
+namespace of their own (``network="isolated"``) and, as ``proxied``, in a
+namespace each on a bridge with the TCP proxy between them (what a
+``Latency`` or ``ResetPeers`` run pays: here ``Latency(1, 0, ms=0)``, a
+proxy that delays nothing), after one cold run each, and prints
+``Cluster.run``'s wall time per run, paired round by round.
 """
 from __future__ import annotations
 
@@ -15,16 +18,20 @@ def measure(rounds: int, workers: int) -> dict:
     from ..controller import Cluster
     from ..settings import RunSettings
     from ..workloads import allreduce_loop
-    clusters = {net: Cluster(RunSettings(workers=workers, timeout=60, network=net))
-                for net in NAMES}
-    for cluster in clusters.values():
-        cluster.run(allreduce_loop).assert_completed()      # cold start
-    variants = {net: (lambda c=c: c.run(allreduce_loop).assert_completed())
-                for net, c in clusters.items()}
+    from ..faults import Latency
+    clusters = {name: Cluster(RunSettings(workers=workers, timeout=60,
+                                          network="host" if name == "host" else "isolated"))
+                for name in NAMES}
+    plans = {name: [Latency(1, 0, ms=0)] if name == "proxied" else [] for name in NAMES}
+    for name, cluster in clusters.items():
+        cluster.run(allreduce_loop, faults=plans[name]).assert_completed()      # cold start
+    variants = {name: (lambda c=c, plan=plans[name]: c.run(allreduce_loop, faults=plan)
+                       .assert_completed())
+                for name, c in clusters.items()}
     return {**alternate(variants, rounds, "host"), "rounds": rounds, "workers": workers}
 
 
-NAMES = ("host", "isolated")
+NAMES = ("host", "isolated", "proxied")
 
 
 def render(fig: dict) -> str:

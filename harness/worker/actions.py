@@ -14,8 +14,8 @@ import time
 from typing import Callable, Dict
 
 from ..errors import InjectedFault
-from ..faults import (Bandwidth, Crash, Delay, ExtraCollective, Partition, Pause, Preempt,
-                      RaiseError, SkipStep, StepFault)
+from ..faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, Partition, Pause,
+                      Preempt, RaiseError, ResetPeers, SkipStep, StepFault)
 from .process import flush_output
 
 
@@ -98,6 +98,8 @@ ACTIONS: Dict[type, Action] = {
     Preempt: Action(preempt),
     Partition: Action(on_the_network),
     Bandwidth: Action(on_the_network),
+    Latency: Action(on_the_network),
+    ResetPeers: Action(on_the_network),
 }
 
 
