@@ -31,7 +31,6 @@ from .errors import SerializationError, SettingError
 from .ledger_view import LedgerView
 from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
 from .netns import Namespace, Switch, needs_proxy, resolve as resolve_network, switch_available
-from .ports import reserve_ports
 from .replicas import (compare as compare_replicas, compare_reference, parse_check_replicas,
                        parse_reference)
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
@@ -461,11 +460,11 @@ class Cluster:
                                    f"this run has none ({why})")
         launched = time.monotonic()
         attempts: List[RunResult] = []
-        with reserve_ports(n + 1, state_dir=settings.state_dir) as reservation, \
-                (Switch(n, reservation.ports[:n] if proxied else None) if switched
+        with self.launcher.place(n, settings.state_dir) as placement, \
+                (Switch(n, placement.ports if proxied else None) if switched
                  else Namespace() if isolate
                  else contextlib.nullcontext()) as namespace:
-            ports, spare = reservation.ports[:n], reservation.ports[n]
+            ports, spare = placement.ports, placement.spare
             # 0700, holds the logs; removed after the run.  It is also the
             # workers' TMPDIR (unless env= sets one), so what TensorFlow and fn
             # leave in the temp directory (autograph's generated files: one
@@ -484,7 +483,7 @@ class Cluster:
                     # binds without SO_REUSEADDR; TensorFlow's server binds with it).
                     attempt_plan = faults_module.in_attempt(plan, attempt)
                     configs = faults_module.configs_under(attempt_plan, tfconfig.cluster_configs(
-                        ports, hosts=namespace.hosts if switched else None), spare)
+                        ports, hosts=namespace.hosts if switched else placement.hosts), spare)
                     if switched:
                         configs = namespace.route(configs)
                         namespace.reset()    # a new attempt: every link up, unthrottled

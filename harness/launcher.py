@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import signal
 import tempfile
 import threading
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import multiprocess
 import psutil
 
+from .ports import reserve_ports
 from .protocol import WorkerSpec
 from .settings import START_METHODS, gpu_assignment, visible_gpus
 
@@ -127,14 +129,40 @@ class WorkerHandle:
             self.process.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a run's workers will be: worker ``i`` listens on ``ports[i]``
+    at ``hosts[i]`` (None: the local loopback, :data:`harness.tfconfig.HOST`);
+    ``spare`` is a port nobody listens on (for ``BadTFConfig``)."""
+
+    ports: Tuple[int, ...]
+    spare: int
+    hosts: Optional[Tuple[str, ...]] = None
+
+
 class Launcher:
-    """The interface the controller uses; see :class:`LocalLauncher`."""
+    """The interface the controller uses; see :class:`LocalLauncher`.
+
+    A run asks :meth:`place` for its workers' addresses once (every attempt
+    of a restarted run uses them), then :meth:`start` for each attempt's
+    processes."""
+
+    def place(self, num_workers: int, state_dir: Optional[str] = None):
+        """A context manager giving a :class:`Placement`: ports reserved on
+        this machine (see :func:`harness.ports.reserve_ports`) until it exits."""
+        return _local_placement(num_workers, state_dir)
 
     def start(self, specs: Sequence[WorkerSpec]) -> List[WorkerHandle]:
         raise NotImplementedError
 
     def prewarm(self) -> None:
         """Start any slow shared machinery now (optional)."""
+
+
+@contextlib.contextmanager
+def _local_placement(num_workers: int, state_dir: Optional[str]):
+    with reserve_ports(num_workers + 1, state_dir=state_dir) as reservation:
+        yield Placement(tuple(reservation.ports[:num_workers]), reservation.ports[num_workers])
 
 
 _forkserver_lock = threading.Lock()

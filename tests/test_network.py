@@ -329,6 +329,8 @@ def test_latency_slows_steps_by_round_trips_and_the_proxy_stays_invisible(mwms_c
         assert 2 * ms / 1000 <= after <= 12 * ms / 1000, times
     seen = [w.tf_config["cluster"]["worker"] for w in result.observation.workers]
     assert seen[0] == seen[1] and not any(netns.BRIDGE_HOST in a for a in seen[0]), seen
+    assert not [c for c in psutil.Process().children(recursive=True)
+                if "harness.netproxy" in " ".join(c.cmdline())], "the proxy outlived its run"
 
 
 def _cannot_tell_who_was_reset(result):
