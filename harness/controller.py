@@ -29,15 +29,15 @@ from . import linux, progress, protocol, serialize, tfconfig
 from .diagnosis import diagnose
 from .errors import SerializationError, SettingError
 from .ledger_view import LedgerView
-from .launcher import Launcher, LocalLauncher, WorkerHandle, worker_environments
+from .launcher import Launcher, WorkerHandle, launcher_for, worker_environments
 from .netns import Namespace, Switch, needs_proxy, resolve as resolve_network, switch_available
 from .replicas import (compare as compare_replicas, compare_reference, parse_check_replicas,
                        parse_reference)
 from .record import ALL_FINISHED, GRACE_EXPIRED, HANG, Event, RunObservation, WorkerObservation
 from .result import RunResult, WorkerResult
 from .scripts import check_import_time_env
-from .settings import (DEFAULT_RESTART_ON, RunSettings, parse_restart_on, parse_restarts,
-                       parse_seconds)
+from .settings import (DEFAULT_RESTART_ON, RunSettings, check_backend, parse_restart_on,
+                       parse_restarts, parse_seconds)
 
 # How long a finished worker gets to exit by itself once released, and how
 # long a live one gets to write its faulthandler dump, before SIGKILL.
@@ -333,7 +333,7 @@ class Cluster:
 
     def __init__(self, settings: RunSettings, launcher: Optional[Launcher] = None):
         self.settings = settings
-        self.launcher = launcher or LocalLauncher(settings.start_method, settings.preload)
+        self.launcher = launcher or launcher_for(settings)
         self.runs: List[RunResult] = []
 
     @property
@@ -343,7 +343,8 @@ class Cluster:
     def __repr__(self) -> str:
         s = self.settings
         return (f"Cluster(workers={s.workers}, timeout={s.timeout:g}, devices={s.devices!r}, "
-                f"start_method={s.start_method!r})")
+                f"start_method={s.start_method!r}"
+                + (f", backend={s.backend!r})" if s.backend != "local" else ")"))
 
     def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
             timeout: Optional[float] = None, faults: Sequence = (),
@@ -447,7 +448,9 @@ class Cluster:
                                  "(the harness sets it; use faults=[BadTFConfig(...)] to break it)")
             check_import_time_env(env, getattr(self.launcher, "start_method", None),
                                   "run(env=...)")
-        isolate, why = resolve_network(settings.network)
+        check_backend(settings, "backend")
+        isolate, why = (resolve_network(settings.network) if settings.backend == "local" else
+                        (False, f"--mwms-backend={settings.backend}: the nodes' own network"))
         if settings.network == "isolated" and not isolate:
             raise SettingError(f"network='isolated': this machine cannot give a cluster a "
                                f"network namespace of its own ({why})")
@@ -785,6 +788,23 @@ def _stop(tracked: List[_TrackedWorker], handles: List[WorkerHandle], start: flo
     # Listed while the workers live: a released worker's children (a process
     # in a session of its own escapes the group kill) are found only now.
     descendants = {h.index: h.descendants() for h in handles}
+
+    def kill(h: WorkerHandle) -> None:
+        # Decide before the kill: once SIGKILL is sent the exit status can
+        # arrive at once, and a worker we killed must not read as a crash.
+        h.join(0)
+        alive = h.exitcode is None
+        h.kill_tree(descendants[h.index])
+        tw = by_index.get(h.index)
+        if alive and tw is not None:
+            tw.note(killed_by_harness=True)
+
+    # The unfinished first: a released worker exits and closes its
+    # connections, and a peer blocked on it would then fail or die of it
+    # after the verdict's moment (seen on Ray, where each kill is a call).
+    for h in handles:
+        if not released(h):
+            kill(h)
     for h in handles:
         if released(h):
             try:
@@ -795,15 +815,7 @@ def _stop(tracked: List[_TrackedWorker], handles: List[WorkerHandle], start: flo
     for h in handles:
         if released(h):
             h.join(max(0.0, deadline - time.monotonic()))
-    for h in handles:
-        tw = by_index.get(h.index)
-        # Decide before the kill: once SIGKILL is sent the exit status can
-        # arrive at once, and a worker we killed must not read as a crash.
-        h.join(0)
-        alive = h.exitcode is None
-        h.kill_tree(descendants[h.index])
-        if alive and tw is not None:
-            tw.note(killed_by_harness=True)
+            kill(h)
     for h in handles:
         h.join(5)
         tw = by_index.get(h.index)

@@ -285,3 +285,21 @@ class LocalLauncher(Launcher):
                 h.close()
             raise
         return handles
+
+
+# The launch backends (--mwms-backend): one function and one row each.
+def local_launcher(settings) -> Launcher:
+    return LocalLauncher(settings.start_method, settings.preload)
+
+
+def ray_launcher(settings) -> Launcher:
+    from .raylaunch import RayLauncher   # imports nothing of Ray until a run needs it
+    return RayLauncher(settings.ray_address, settings.ray_nodes, settings.preload)
+
+
+BACKENDS = {"local": local_launcher, "ray": ray_launcher}
+
+
+def launcher_for(settings) -> Launcher:
+    """The launcher of ``settings.backend``."""
+    return BACKENDS[settings.backend](settings)

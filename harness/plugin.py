@@ -19,8 +19,9 @@ import pytest
 from . import reporting
 from .errors import StateDirError
 from .reporting import REPORT_MODES
-from .settings import (DEVICES, NETWORKS, OPTION, OPTIONS, START_METHODS, RunSettings,
-                       SettingError, gpu_assignment, parse_choice, parse_marker, parse_modules,
+from .settings import (BACKENDS, DEVICES, NETWORKS, OPTION, OPTIONS, START_METHODS,
+                       RunSettings, SettingError, check_backend, gpu_assignment, parse_choice,
+                       parse_marker, parse_modules, parse_ray_address, parse_ray_nodes,
                        parse_restarts, parse_seconds, parse_workers, visible_gpus)
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
@@ -64,11 +65,15 @@ def settings_from_config(config: pytest.Config) -> RunSettings:
         if not ok:
             raise SettingError(f"--mwms-network=isolated: this machine cannot give a cluster "
                                f"a network namespace of its own ({why}); use auto or host")
-    return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
-                       start_method=method, state_dir=_directory(config, "state-dir"),
-                       preload=preload, restarts=restarts,
-                       report_dir=_directory(config, "report-dir"), report=report,
-                       network=network)
+    settings = RunSettings(
+        workers=workers, timeout=timeout, grace=grace, devices=devices, start_method=method,
+        state_dir=_directory(config, "state-dir"), preload=preload, restarts=restarts,
+        report_dir=_directory(config, "report-dir"), report=report, network=network,
+        backend=parse_choice(_value(config, "backend"), "--mwms-backend", BACKENDS),
+        ray_address=parse_ray_address(_value(config, "ray-address")),
+        ray_nodes=parse_ray_nodes(_value(config, "ray-nodes")))
+    check_backend(settings)
+    return settings
 
 
 def _directory(config: pytest.Config, name: str):
@@ -85,7 +90,8 @@ def _directory(config: pytest.Config, name: str):
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "mwms(workers=N, timeout=SECONDS, grace=SECONDS, restarts=K, network=MODE): "
+        "markers", "mwms(workers=N, timeout=SECONDS, grace=SECONDS, restarts=K, network=MODE, "
+        "backend=local|ray): "
         "override the pytest-mwms options for this test's mwms_cluster")
     try:
         config.stash[SETTINGS_KEY] = settings_from_config(config)
@@ -100,6 +106,9 @@ def pytest_report_header(config: pytest.Config):
     settings = config.stash.get(SETTINGS_KEY, None)
     if settings is None:
         return None
+    if settings.backend == "ray":
+        where = settings.ray_address or f"a local cluster of {settings.ray_nodes} nodes"
+        return f"pytest-mwms: backend ray ({where}); network: the nodes' own"
     from .netns import resolve
     isolated, why = resolve(settings.network)
     if isolated:
@@ -111,7 +120,11 @@ def _marker_overrides(item: pytest.Item) -> dict:
     marker = item.get_closest_marker("mwms")
     if marker is None:
         return {}
-    return parse_marker(marker.kwargs, marker.args)
+    overrides = parse_marker(marker.kwargs, marker.args)
+    if "backend" in overrides:
+        check_backend(item.config.stash[SETTINGS_KEY].with_overrides(**overrides),
+                      "@pytest.mark.mwms(backend=...)")
+    return overrides
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
@@ -132,9 +145,18 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         except StateDirError as e:
             raise pytest.UsageError(str(e)) from None
         # Overlap the forkserver's TensorFlow import with collection and the
-        # first tests' setup.
-        from .launcher import LocalLauncher
-        LocalLauncher(settings.start_method, settings.preload).prewarm()
+        # first tests' setup (a Ray cluster is started by the first run that
+        # needs one).
+        if settings.backend == "local":
+            from .launcher import LocalLauncher
+            LocalLauncher(settings.start_method, settings.preload).prewarm()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End this session's Ray cluster, if a run started one."""
+    import sys
+    if "harness.raylaunch" in sys.modules:
+        sys.modules["harness.raylaunch"].close_session()
 
 
 @pytest.fixture

@@ -175,6 +175,21 @@ OPTIONS = (
            "says which); `host` runs on the host's loopback",
            "On the host, every worker is an unauthenticated TensorFlow server on all "
            "interfaces while a run lasts; isolation costs a few milliseconds a run."),
+    Option("backend", "local|ray", "local", "local",
+           "where workers run: `local` processes on this machine, or `ray`: on the nodes of "
+           "a Ray cluster (`pip install -e '.[ray]'`), one agent per node starting them",
+           "Ray: a session pays the cluster's start-up (about 4 s for 2 local nodes) and "
+           "each run a few hundred milliseconds more; no network isolation or network "
+           "faults; nodes must see this machine's temp directory."),
+    Option("ray-address", "HOST:PORT|auto", "", "none: a local cluster for the session",
+           "with `--mwms-backend=ray`: the Ray cluster to join (`auto`: the one Ray finds); "
+           "unset, the session starts a local cluster and shuts it down at its end",
+           "A cluster joined is left running; one started is gone at the end, even if "
+           "pytest is killed."),
+    Option("ray-nodes", "K", "2", "2",
+           "with `--mwms-backend=ray` and no address: the local cluster's simulated nodes "
+           "(workers spread one per node, round-robin)",
+           "Each node is a raylet and its agents: about 1 s of start-up and 100-200 MiB."),
     Option("report-dir", "DIR", None, "none",
            "write a timeline of each run (a Chrome trace for Perfetto and an SVG picture) "
            "into DIR; the failure report names the files",
@@ -234,13 +249,56 @@ class RunSettings:
     network: str = "auto"
     report_dir: Optional[str] = None
     report: str = "failed"
+    backend: str = "local"
+    ray_address: Optional[str] = None
+    ray_nodes: int = 2
 
     def with_overrides(self, **overrides: Any) -> "RunSettings":
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-MARKER_KEYS = ("workers", "timeout", "grace", "restarts", "network")
+MARKER_KEYS = ("workers", "timeout", "grace", "restarts", "network", "backend")
 NETWORKS = ("auto", "isolated", "host")
+BACKENDS = ("local", "ray")
+MAX_RAY_NODES = 16
+
+
+def parse_ray_address(value: Any, option: str = "--mwms-ray-address") -> Optional[str]:
+    """Empty (a local cluster: None), ``auto`` or ``HOST:PORT``."""
+    text = str(value or "").strip()
+    if not text or text == "auto":
+        return text or None
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingError(f"{option}: {text!r} is not auto or HOST:PORT")
+    return text
+
+
+def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
+    try:
+        n = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        n = None
+    if n is None or not 1 <= n <= MAX_RAY_NODES:
+        raise SettingError(f"{option}: {value!r} is not a number of nodes; use a whole number "
+                           f"from 1 to {MAX_RAY_NODES}")
+    return n
+
+
+def check_backend(settings: "RunSettings", option: str = "--mwms-backend") -> None:
+    """A backend this machine can use with these settings, or a SettingError."""
+    if settings.backend != "ray":
+        return
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        raise SettingError(f"{option}=ray: Ray is not installed; install it with "
+                           f"pip install -e '.[ray]' (or pip install ray)")
+    if settings.network == "isolated":
+        raise SettingError(f"{option}=ray: workers run on the Ray nodes' own network, so "
+                           f"network='isolated' cannot be had; use auto or host")
+    if settings.devices == "gpu":
+        raise SettingError(f"{option}=ray: GPUs are not handed out on Ray yet; use "
+                           f"--mwms-devices=cpu")
 
 
 def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) -> dict:
@@ -264,6 +322,9 @@ def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) ->
     if "network" in kwargs:
         out["network"] = parse_choice(kwargs["network"], "@pytest.mark.mwms(network=...)",
                                       NETWORKS)
+    if "backend" in kwargs:
+        out["backend"] = parse_choice(kwargs["backend"], "@pytest.mark.mwms(backend=...)",
+                                      BACKENDS)
     return out
 
 

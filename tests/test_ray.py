@@ -1,0 +1,193 @@
+"""The Ray backend (--mwms-backend=ray) on a local Ray cluster of 2 and 3
+simulated nodes: the same verdicts as the local backend, workers spread
+over the nodes, nothing left behind, SIGKILL of pytest included.
+
+Skipped, with the reason, where Ray is not installed
+(``pip install -e '.[ray]'``)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from harness import faults as F
+from harness.controller import Cluster
+from harness.settings import RunSettings, SettingError, check_backend, parse_marker
+from harness.workloads import allreduce_loop
+from helpers import wait_gone
+
+from harness import raylaunch  # noqa: E402 - imports nothing of Ray
+
+RAY = raylaunch.available()
+needs_ray = pytest.mark.skipif(not RAY[0], reason=RAY[1])
+pytestmark = pytest.mark.timeout(240)
+
+WORKERS = 3
+TIMEOUT = 4.0
+CASES = {
+    "completes": [],
+    "Crash": [F.Crash(WORKERS - 1, 3)],
+    "RaiseError": [F.RaiseError(0, 2, "the user's error")],
+    "SkipStep": [F.SkipStep(1, 3)],
+    "Pause": [F.Pause(1, 3)],
+    "Delay": [F.Delay(1, 2, seconds=1.0)],
+}
+
+
+def _verdict(result):
+    v = result.verdict
+    return v.outcome, v.culprits, v.ambiguous
+
+
+_local_verdicts = {}
+
+
+def _local(case):
+    if case not in _local_verdicts:
+        cluster = Cluster(RunSettings(workers=WORKERS, timeout=TIMEOUT, grace=3, network="host"))
+        _local_verdicts[case] = _verdict(cluster.run(allreduce_loop, args=(6,),
+                                                     faults=CASES[case]))
+    return _local_verdicts[case]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda k: f"{k}nodes")
+def ray_nodes(request):
+    """A local Ray cluster of 2, then 3, simulated nodes for the tests
+    below; ended after them, so the rest of the suite runs without it."""
+    yield request.param
+    raylaunch.close_session()
+
+
+def _ray_cluster(nodes, **overrides):
+    return Cluster(RunSettings(workers=WORKERS, timeout=TIMEOUT, grace=3, backend="ray",
+                               ray_nodes=nodes, **overrides))
+
+
+@needs_ray
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_same_verdict_as_the_local_backend(ray_nodes, case):
+    result = _ray_cluster(ray_nodes).run(allreduce_loop, args=(6,), faults=CASES[case])
+    assert _verdict(result) == _local(case), result.diagnosis
+    if case == "completes":
+        assert result.return_values == [float(WORKERS)] * WORKERS
+    if case in ("SkipStep", "Pause"):      # a hang: blocked workers' stacks were collected
+        blocked = [w for w in result.workers if w.index != 1]
+        assert all("quick_execute" in (w.stack or "") for w in blocked), result.diagnosis
+
+
+def whose_forkserver():
+    """The worker's parent: its node's forkserver (one per node agent)."""
+    import harness
+    harness.context()
+    return os.getppid()
+
+
+@needs_ray
+def test_workers_spread_one_per_node_and_restart_in_place(ray_nodes):
+    cluster = _ray_cluster(ray_nodes)
+    parents = cluster.run(whose_forkserver).return_values
+    assert len(set(parents)) == min(WORKERS, ray_nodes), parents
+    # worker i on node i mod K: workers 0 and 2 share node 0 on 2 nodes
+    assert (parents[0] == parents[2]) == (ray_nodes == 2), parents
+    restarted = cluster.run(allreduce_loop, args=(6,), restarts=1, faults=[F.Crash(1, 2)])
+    restarted.assert_completed()
+    assert [a.outcome for a in restarted.attempts] == ["crashed", "completed"]
+
+
+def test_ray_settings_are_checked(monkeypatch):
+    assert parse_marker({"backend": "ray"}) == {"backend": "ray"}
+    with pytest.raises(SettingError, match=r"mwms\(backend=\.\.\.\)"):
+        parse_marker({"backend": "slurm"})
+    from harness.settings import parse_ray_address, parse_ray_nodes
+    assert parse_ray_address("") is None and parse_ray_address("auto") == "auto"
+    assert parse_ray_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    for bad in ("6379", "host:", "host:99999"):
+        with pytest.raises(SettingError, match="not auto or HOST:PORT"):
+            parse_ray_address(bad)
+    with pytest.raises(SettingError, match="from 1 to 16"):
+        parse_ray_nodes("0")
+    if RAY[0]:
+        with pytest.raises(SettingError, match="network='isolated' cannot be had"):
+            check_backend(RunSettings(backend="ray", network="isolated"))
+    # Without Ray: a usage error that says how to install it.
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(SettingError, match=r"Ray is not installed; install it with "
+                                           r"pip install -e '\.\[ray\]'"):
+        check_backend(RunSettings(backend="ray"))
+
+
+@needs_ray
+def test_network_faults_are_refused_on_ray(ray_nodes):
+    with pytest.raises(SettingError, match=r"network faults need a network namespace per "
+                                           r"worker, and this run has none \(--mwms-backend=ray"):
+        _ray_cluster(ray_nodes).run(allreduce_loop, faults=[F.Partition(1, 2)])
+
+
+INNER = """
+import os, time
+import harness
+
+def stuck():
+    ctx = harness.context()
+    with open(os.path.join(os.environ["MWMS_PIDDIR"], f"worker-{ctx.index}"), "w") as f:
+        f.write(str(os.getpid()))
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if ctx.index == 0:
+        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    time.sleep(1000)
+
+def test_hung(mwms_cluster):
+    mwms_cluster.run(stuck, timeout=200)
+"""
+
+
+def _everything_under(pid):
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+@needs_ray
+def test_sigkill_of_pytest_leaves_nothing_of_ray_behind(pytester, tmp_path):
+    """The inner pytest starts a local Ray cluster (holder, GCS, raylets,
+    agents, their forkservers) and a hung 2-worker run; SIGKILL it, and
+    every one of those processes is gone, the workers with them."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    before = ray_dirs()
+    pytester.makepyfile(test_inner=INNER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
+         "--mwms-backend=ray", "--mwms-ray-nodes=2", "test_inner.py"],
+        cwd=pytester.path, env=dict(os.environ, MWMS_PIDDIR=str(piddir)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(piddir.iterdir())) < 2:
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "workers never started"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        workers = [int(f.read_text()) for f in piddir.iterdir()]
+        pids = set(_everything_under(proc.pid)) | set(workers)
+        names = {psutil.Process(p).name() for p in pids if psutil.pid_exists(p)}
+        assert {"gcs_server", "raylet"} <= names, names
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    left = wait_gone(sorted(pids), seconds=20)
+    assert not left, [(p, psutil.Process(p).cmdline()[:3]) for p in left if psutil.pid_exists(p)]
+    assert not [d for d in ray_dirs() if d not in before], "the cluster's directory was left"
+
+
+def ray_dirs():
+    import glob
+    return glob.glob("/tmp/mwms-ray-*")
