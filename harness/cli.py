@@ -34,9 +34,10 @@ from . import faults as faults_module
 from .errors import HarnessError
 from .record import OUTCOMES
 from .reporting import REPORT_MODES, timeline_stem, wants_timeline
-from .settings import (DEVICES, NETWORKS, OPTION, OPTIONS, START_METHODS, RunSettings,
-                       gpu_assignment, parse_choice, parse_modules, parse_restarts,
-                       parse_seconds, parse_workers, visible_gpus)
+from .settings import (BACKENDS, DEVICES, NETWORKS, OPTION, OPTIONS, START_METHODS,
+                       RunSettings, check_backend, gpu_assignment, parse_choice, parse_modules,
+                       parse_ray_address, parse_ray_nodes, parse_restarts, parse_seconds,
+                       parse_workers, visible_gpus)
 PROG = "python -m harness"
 FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
 # Options of `run` that take a value: the scan that finds where the script
@@ -169,14 +170,19 @@ def settings_from_args(ns: argparse.Namespace) -> RunSettings:
         gpu_assignment(workers, visible_gpus())
     state_dir = value("state-dir")
     report_dir = value("report-dir")
-    return RunSettings(workers=workers, timeout=timeout, grace=grace, devices=devices,
-                       start_method=method,
-                       state_dir=os.path.abspath(state_dir) if state_dir else None,
-                       preload=parse_modules(value("preload"), "--preload"),
-                       restarts=parse_restarts(value("restarts"), "--restarts"),
-                       report_dir=os.path.abspath(report_dir) if report_dir else None,
-                       report=parse_choice(value("report"), "--report", REPORT_MODES),
-                       network=parse_choice(value("network"), "--network", NETWORKS))
+    settings = RunSettings(
+        workers=workers, timeout=timeout, grace=grace, devices=devices, start_method=method,
+        state_dir=os.path.abspath(state_dir) if state_dir else None,
+        preload=parse_modules(value("preload"), "--preload"),
+        restarts=parse_restarts(value("restarts"), "--restarts"),
+        report_dir=os.path.abspath(report_dir) if report_dir else None,
+        report=parse_choice(value("report"), "--report", REPORT_MODES),
+        network=parse_choice(value("network"), "--network", NETWORKS),
+        backend=parse_choice(value("backend"), "--backend", BACKENDS),
+        ray_address=parse_ray_address(value("ray-address"), "--ray-address"),
+        ray_nodes=parse_ray_nodes(value("ray-nodes"), "--ray-nodes"))
+    check_backend(settings, "--backend")
+    return settings
 
 
 # A status line on a terminal is redrawn at every report; elsewhere (a log,

@@ -108,7 +108,7 @@ def test_schedule_cold_run_is_a_completing_workload():
 def test_parse_args_defaults_and_subsets():
     a = bench.parse_args([])
     assert (a.repeats, a.hang_timeout, a.json) == (5, 10.0, "bench-results.json")
-    assert a.launchers == ["harness", "spawn", "runner"]
+    assert a.launchers == ["harness", "spawn", "runner", "ray"]
     assert a.workloads == [1, 2, 3, 4]
     a = bench.parse_args(["--launchers", "harness,spawn", "--workloads", "1,4", "--repeats", "2"])
     assert a.launchers == ["harness", "spawn"] and a.workloads == [1, 4] and a.repeats == 2

@@ -191,3 +191,17 @@ def test_sigkill_of_pytest_leaves_nothing_of_ray_behind(pytester, tmp_path):
 def ray_dirs():
     import glob
     return glob.glob("/tmp/mwms-ray-*")
+
+
+@needs_ray
+def test_an_unmodified_script_on_ray_from_the_command_line(tmp_path):
+    """``harness run --backend ray``: a script (run_script) on a local Ray
+    cluster the command starts and ends itself, with a fault, named."""
+    from test_cli import harness_cli
+    before = ray_dirs()
+    proc = harness_cli(tmp_path, "-n", "2", "--timeout", "5", "--backend", "ray",
+                       "--ray-nodes", "2", "--fault", "SkipStep(1, 2)", "--expect", "hang",
+                       "steps.py", "--", "--steps", "5", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "culprit: worker 1" in proc.stdout, proc.stdout
+    assert not [d for d in ray_dirs() if d not in before]

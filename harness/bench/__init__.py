@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-ALL_LAUNCHERS = ("harness", "spawn", "runner")
+ALL_LAUNCHERS = ("harness", "spawn", "runner", "ray")
 ALL_WORKLOADS = (1, 2, 3, 4)
 MIB = float(1 << 20)
 
@@ -259,6 +259,9 @@ NOTES = {
     "runner": "runner: `tf.__internal__.distribute.multi_process_runner.run` from a generated "
               "`test_main()` script kept running (its forkserver warm). Its parent polls once a "
               "second; on a timeout it sends SIGTERM, waits 30 s for stacks, then SIGKILLs.",
+    "ray": "ray: the same `Cluster.run` with `--mwms-backend=ray` on a local Ray cluster of 2 "
+           "simulated nodes (started before the first run), one agent per node forking the "
+           "workers from its own forkserver (warm after the first run).",
 }
 
 
@@ -448,7 +451,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         signal.signal(signal.SIGTERM, old_term)
     summary = summarize(runs, [n for n in args.launchers if n in launchers], args.workloads)
     extra = {"overhead_pss_mib": overhead,
-             "launcher_startup_s": {k: v for k, v in startup.items() if k == "runner"}}
+             "launcher_startup_s": {k: v for k, v in startup.items() if k in ("runner", "ray")}}
     machine["load_avg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     table = render_table(summary, workloads)
     markdown = machine_line(machine) + "\n\n" + table + "\n\n" + render_notes(summary, extra) + "\n"

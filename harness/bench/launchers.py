@@ -190,8 +190,11 @@ class HarnessLauncher:
 
     name = "harness"
 
+    settings = RunSettings()
+
     def run(self, workload, stamp_dir: str) -> dict:
-        cluster = Cluster(RunSettings(workers=workload.workers, timeout=run_timeout(workload)))
+        cluster = Cluster(self.settings.with_overrides(workers=workload.workers,
+                                                       timeout=run_timeout(workload)))
         t0 = time.monotonic()
         result = cluster.run(measured_run, kwargs=worker_kwargs(workload, stamp_dir))
         t1 = time.monotonic()
@@ -222,6 +225,30 @@ class HarnessLauncher:
     def close(self) -> None:
         # The forkserver dies with this process (PR_SET_PDEATHSIG); nothing else lives.
         pass
+
+
+class RayLauncher(HarnessLauncher):
+    """The same ``Cluster.run`` on the Ray backend: a local Ray cluster of
+    2 simulated nodes, started before the first run (``startup_s``), its
+    agents' forkservers warm after the first run."""
+
+    name = "ray"
+    settings = RunSettings(backend="ray", ray_nodes=2)
+
+    def __init__(self):
+        from harness.launcher import launcher_for
+        from harness.settings import check_backend
+        check_backend(self.settings)
+        t0 = time.monotonic()
+        launcher_for(self.settings).prewarm()
+        self.startup_s = time.monotonic() - t0
+
+    def overhead_pss(self) -> Optional[int]:
+        return None    # the Ray cluster's processes are not the harness's to count
+
+    def close(self) -> None:
+        from harness.raylaunch import close_session
+        close_session()
 
 
 # -- 2. spawn per worker -------------------------------------------------------
@@ -555,4 +582,5 @@ class RunnerLauncher:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-LAUNCHERS = {"harness": HarnessLauncher, "spawn": SpawnLauncher, "runner": RunnerLauncher}
+LAUNCHERS = {"harness": HarnessLauncher, "spawn": SpawnLauncher, "runner": RunnerLauncher,
+             "ray": RayLauncher}
