@@ -121,10 +121,23 @@ class Writer:
         self._half = max(1, self._capacity // 2)
 
     def write(self, kind: int, function: int = -1, a: int = 0, b: int = 0) -> None:
+        self.copy(kind, function, a, b, time.monotonic())
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def unread(self) -> int:
+        """Records written that the reader has not taken yet."""
+        read, = struct.unpack_from("<Q", self._view, _READ_AT)
+        return self._written - read
+
+    def copy(self, kind: int, function: int, a: int, b: int, at: float) -> None:
+        """Append a record made elsewhere, at its time ``at`` (:mod:`harness.mirror`)."""
         with self._lock:
             i = self._written
             RECORD.pack_into(self._view, HEADER_SIZE + (i % self._capacity) * RECORD.size,
-                             kind, function, a, b, time.monotonic())
+                             kind, function, a, b, at)
             self._written = i + 1
             struct.pack_into("<Q", self._view, _WRITTEN_AT, i + 1)
             if self._nudge is not None and (i + 1) % self._half == 0:
@@ -140,6 +153,10 @@ class Reader:
         self._view, self._capacity = _map(path)
         self._read = 0
         self.lost = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
 
     def written(self) -> int:
         return struct.unpack_from("<Q", self._view, _WRITTEN_AT)[0]

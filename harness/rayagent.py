@@ -3,44 +3,54 @@
 The agent runs no TensorFlow.  It starts the run's workers on its node
 with the local launcher (:class:`harness.launcher.LocalLauncher`, so a
 forkserver that imported TensorFlow once keeps start-up warm, and a
-worker is the same process it is locally), and carries each worker's
-channel to the controller over a TCP connection of its own (the harness's
-channel, never TensorFlow's gRPC): bytes from the worker's pipe to the
-socket and back, unread.  Signals, exit statuses and the kill of a
-worker's process tree are done here, on the node, when the controller asks.
+worker is the same process it is locally), and gives each two connections
+to the controller of its own (the harness's channel, never TensorFlow's
+gRPC): the worker's pipe, carried both ways unread, and its files (the
+progress map record by record, its log, stack dump and replica file as
+they grow; see :mod:`harness.mirror`), which the worker writes into a
+directory on its node.  Signals, exit statuses and the kill of a worker's
+process tree are done here, on the node, when the controller asks.
 
 An actor blocked inside TensorFlow could not answer; this one never is:
 TensorFlow runs in the workers, its children.  When the agent dies (the
-run is over, the driver died, the node went), its forkserver sees its pipe
-close and exits, and the workers die with their parent.
-
-The worker's files (log, stack dump, progress map) are written where the
-controller named them, so the node must see the controller's temp
-directory: true for the simulated nodes of one machine; a node that does
-not is refused with the reason.  Ray is imported by whoever makes this an
-actor (:mod:`harness.raylaunch`), not here.
+driver died, the node went), its forkserver sees its pipe close and
+exits, and the workers die with their parent.  Ray is imported by whoever
+makes this an actor (:mod:`harness.raylaunch`), and here only to name the
+node.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 import threading
+import time
 from typing import Dict, List, Optional
 
 from multiprocess import connection, spawn
 
+from . import mirror, progress
 from .launcher import LocalLauncher
 from .ports import reserve_ports
 from .protocol import WorkerSpec
 
 
+@dataclasses.dataclass
+class _Worker:
+    handle: object
+    folder: str
+    link: Optional[mirror.NodeLink] = None   # None until it reached the controller
+    connecting: Optional[threading.Thread] = None
+    known: list = dataclasses.field(default_factory=list)
+
+
 class NodeAgent:
     def __init__(self, preload: tuple, sys_path: List[str], cwd: str) -> None:
         self.launcher = LocalLauncher("forkserver", preload)
-        self.handles: Dict[str, object] = {}
-        self.relays: Dict[str, threading.Thread] = {}
+        self.workers: Dict[str, _Worker] = {}
         self.reservations: Dict[str, object] = {}
-        self.known: Dict[str, list] = {}
         self.lock = threading.Lock()
         _prepare_like_the_driver(sys_path, cwd)
 
@@ -64,87 +74,101 @@ class NodeAgent:
         if reservation is not None:
             reservation.close()
 
-    def start(self, key: str, spec: WorkerSpec, address: tuple, authkey: bytes) -> int:
-        """Start worker ``spec`` here; its channel connects to ``address``
-        (the controller's listener), announcing ``key``.  Returns its pid."""
-        folder = os.path.dirname(spec.log_path)
-        if not os.path.isdir(folder):
-            raise RuntimeError(f"node {self.node()[0]} cannot see the run's directory {folder}: "
-                               f"the Ray backend needs the controller's temp directory on "
-                               f"every node (one machine, or a shared filesystem)")
+    def start(self, key: str, spec: WorkerSpec, address: tuple, authkey: bytes,
+              clock: float) -> int:
+        """Start worker ``spec`` here, its files in a directory of this
+        node; its link (:class:`harness.mirror.NodeLink`) connects to
+        ``address`` (the controller's listener), announcing ``key``.
+        ``clock`` is the controller's ``time.monotonic()`` as it called.
+        Returns the worker's pid."""
+        offset = clock - time.monotonic()
+        folder = tempfile.mkdtemp(prefix="mwms-node-")
+        here = {name: os.path.join(folder, os.path.basename(getattr(spec, f"{name}_path")))
+                for name in ("log", "stack", "progress", "replicas")
+                if getattr(spec, f"{name}_path")}
+        local = dataclasses.replace(
+            spec, log_path=here["log"], stack_path=here["stack"],
+            progress_path=here["progress"], replicas_path=here.get("replicas", ""),
+            env={**spec.env, "TMPDIR": folder})
+        progress.create(local.progress_path)
         with self.lock:   # the forkserver's start-up is not to be raced
-            [handle] = self.launcher.start([spec])
-        self.handles[key] = handle
-        relay = threading.Thread(target=_relay, args=(handle.conn, address, authkey, key),
-                                 name=f"relay-{key}", daemon=True)
-        relay.start()
-        self.relays[key] = relay
+            [handle] = self.launcher.start([local])
+        worker = _Worker(handle, folder)
+        self.workers[key] = worker
+        # Connected from a thread of its own: the controller accepts only
+        # once every start() has returned.
+        worker.connecting = threading.Thread(
+            target=self._connect, args=(worker, key, address, authkey, here, offset),
+            name=f"connect-{key}", daemon=True)
+        worker.connecting.start()
         return handle.pid
+
+    def _connect(self, worker: _Worker, key: str, address: tuple, authkey: bytes,
+                 here: Dict[str, str], offset: float) -> None:
+        try:
+            sock = connection.Client(address, authkey=authkey)
+            sock.send_bytes(key.encode())
+        except OSError:
+            worker.handle.conn.close()    # the worker finds its parent gone
+            return
+        worker.link = mirror.NodeLink(sock, worker.handle.conn, here["progress"],
+                                      {n: p for n, p in here.items() if n != "progress"},
+                                      offset)
+
+    def _link_done(self, worker: _Worker) -> None:
+        """Once the worker is gone: its link's last frames sent."""
+        worker.connecting.join(5)
+        if worker.link is not None:
+            worker.link.join(5)
 
     def wait(self, key: str, timeout: Optional[float] = None) -> Optional[int]:
         """The worker's exit status, once it exits (None if ``timeout`` ran
-        out), and once its relay passed on all it sent: the controller must
-        read a worker's last message before it reads its death."""
-        handle = self.handles.get(key)
-        if handle is None:
+        out), and once all it sent and wrote reached the controller: the
+        controller must read a worker's last message before its death."""
+        worker = self.workers.get(key)
+        if worker is None:
             return None
-        handle.join(timeout)
-        relay = self.relays.get(key)
-        if handle.exitcode is not None and relay is not None:
-            relay.join(5)
-        return handle.exitcode
+        worker.handle.join(timeout)
+        if worker.handle.exitcode is not None:
+            self._link_done(worker)
+        return worker.handle.exitcode
 
     def signal(self, key: str, sig: int) -> bool:
-        handle = self.handles.get(key)
-        return handle is not None and handle.send_signal(sig)
+        worker = self.workers.get(key)
+        return worker is not None and worker.handle.send_signal(sig)
 
     def is_stopped(self, key: str) -> bool:
-        handle = self.handles.get(key)
-        return handle is not None and handle.is_stopped()
+        worker = self.workers.get(key)
+        return worker is not None and worker.handle.is_stopped()
 
     def remember_descendants(self, key: str) -> int:
         """List the worker's descendants now, while it lives, for :meth:`kill_tree`."""
-        handle = self.handles.get(key)
-        self.known[key] = handle.descendants() if handle is not None else []
-        return len(self.known[key])
+        worker = self.workers.get(key)
+        if worker is None:
+            return 0
+        worker.known = worker.handle.descendants()
+        return len(worker.known)
 
     def kill_tree(self, key: str) -> None:
-        """SIGKILL the worker and all it started; return once they are gone."""
+        """SIGKILL the worker and all it started; return once they are gone
+        and what they wrote was sent."""
         from .linux import wait_gone
-        handle = self.handles.get(key)
-        if handle is None:
+        worker = self.workers.get(key)
+        if worker is None:
             return
-        known = self.known.pop(key, [])
-        handle.kill_tree(known)
-        handle.join(5)
-        wait_gone([p.pid for p in known], 5.0)
+        worker.handle.kill_tree(worker.known)
+        worker.handle.join(5)
+        wait_gone([p.pid for p in worker.known], 5.0)
+        self._link_done(worker)
 
     def close(self, key: str) -> None:
-        handle = self.handles.pop(key, None)
-        if handle is not None:
-            handle.close()
-        relay = self.relays.pop(key, None)
-        if relay is not None:
-            relay.join(5)
-
-
-def _relay(pipe, address: tuple, authkey: bytes, key: str) -> None:
-    """Carry a worker's channel: its pipe <-> a connection to the controller."""
-    try:
-        sock = connection.Client(address, authkey=authkey)
-    except OSError:
-        pipe.close()
-        return
-    try:
-        sock.send_bytes(key.encode())
-        while True:
-            for end in connection.wait([pipe, sock]):
-                other = sock if end is pipe else pipe
-                other.send_bytes(end.recv_bytes())
-    except (EOFError, OSError):
-        pass
-    finally:
-        sock.close()
+        """Forget the worker: its link ended, its directory removed."""
+        worker = self.workers.pop(key, None)
+        if worker is None:
+            return
+        worker.handle.close()
+        self._link_done(worker)
+        shutil.rmtree(worker.folder, ignore_errors=True)
 
 
 def _prepare_like_the_driver(sys_path: List[str], cwd: str) -> None:

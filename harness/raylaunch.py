@@ -17,17 +17,19 @@ How a run goes:
 * **Processes.**  The agent starts each worker with its node's local
   launcher (a forkserver that imported TensorFlow once), so a worker is
   the same process as locally: same entry point, same faults, progress
-  map, ledger and stack dumps.
-* **Channel.**  Each worker's channel reaches the controller over a TCP
-  connection its agent opens to a listener here (authenticated with a
-  per-run key): the harness's own channel, not TensorFlow's gRPC.  Exit
-  statuses, signals and kills go through the agent.
+  map, ledger and stack dumps, its files in a directory of its node.
+* **Link.**  Each worker reaches the controller over a TCP connection
+  its agent opens to a listener here (authenticated with a per-run key;
+  :mod:`harness.mirror`): the messages of the pipe it has locally, its
+  progress records as they are written, its log, stack dump and replica
+  file as they grow, in order; a thread here writes them into the files
+  the controller reads and hands the messages on as the worker's channel.
+  The harness's own channel, never TensorFlow's gRPC.  Exit statuses,
+  signals and kills go through the agent.
 
 What Ray does not give, and the README's table of backends says: no
 network namespace (every run is on the nodes' host network), so no
-network faults; and the worker's files, its progress map included, are
-written in the controller's temp directory, which every node must see
-(true for simulated nodes; refused with the reason otherwise).
+network faults.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from multiprocess import connection
 
+from . import mirror
 from .errors import HarnessError, SettingError
 from .launcher import Launcher, Placement
 from .protocol import WorkerSpec
@@ -210,8 +213,9 @@ class RayWorkerHandle:
     """One worker on a Ray node, as :class:`~harness.launcher.WorkerHandle`
     is one here: its agent answers for it."""
 
-    def __init__(self, index: int, agent, key: str, pid: int, conn) -> None:
-        self.index, self.agent, self.key, self.pid, self.conn = index, agent, key, pid, conn
+    def __init__(self, index: int, agent, key: str, pid: int, link: mirror.ControllerLink):
+        self.index, self.agent, self.key, self.pid, self.link = index, agent, key, pid, link
+        self.conn = link.conn
         self.exitcode: Optional[int] = None
         self._exited = threading.Event()
         self._read_fd, self._write_fd = os.pipe()
@@ -223,6 +227,7 @@ class RayWorkerHandle:
             code = ray.get(self.agent.wait.remote(self.key))
         except Exception:   # noqa: BLE001 - the agent (or its node) is gone
             code = -9
+        self.link.join(5)   # what the worker sent before it died is read first
         self.exitcode = code if code is not None else -9
         self._exited.set()
         with contextlib.suppress(OSError):
@@ -259,9 +264,8 @@ class RayWorkerHandle:
         self._call("kill_tree")
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.close()
         self._call("close")
+        self.link.close()
         self._exited.wait(5)
         for fd in (self._read_fd, self._write_fd):
             with contextlib.suppress(OSError):
@@ -321,7 +325,7 @@ class RayLauncher(Launcher):
         handles: List[RayWorkerHandle] = []
         try:
             pids = ray.get([self._agents[spec.index].start.remote(
-                key, spec, listener.getsockname()[:2], authkey)
+                key, spec, listener.getsockname()[:2], authkey, time.monotonic())
                 for key, spec in zip(keys, specs)], timeout=START_TIMEOUT)
             conns = {}
             while len(conns) < len(specs):
@@ -332,8 +336,11 @@ class RayLauncher(Launcher):
                 connection.answer_challenge(conn, authkey)
                 conns[conn.recv_bytes().decode()] = conn
             for key, spec, pid in zip(keys, specs, pids):
+                link = mirror.ControllerLink(conns[key], spec.index, spec.progress_path, {
+                    "log": spec.log_path, "stack": spec.stack_path,
+                    "replicas": spec.replicas_path})
                 handles.append(RayWorkerHandle(spec.index, self._agents[spec.index], key, pid,
-                                               conns[key]))
+                                               link))
         except BaseException:
             for spec, key in zip(specs, keys):
                 with contextlib.suppress(Exception):

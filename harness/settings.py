@@ -180,7 +180,7 @@ OPTIONS = (
            "a Ray cluster (`pip install -e '.[ray]'`), one agent per node starting them",
            "Ray: a session pays the cluster's start-up (about 4 s for 2 local nodes) and "
            "each run a few hundred milliseconds more; no network isolation or network "
-           "faults; nodes must see this machine's temp directory."),
+           "faults."),
     Option("ray-address", "HOST:PORT|auto", "", "none: a local cluster for the session",
            "with `--mwms-backend=ray`: the Ray cluster to join (`auto`: the one Ray finds); "
            "unset, the session starts a local cluster and shuts it down at its end",
