@@ -260,8 +260,9 @@ NOTES = {
               "`test_main()` script kept running (its forkserver warm). Its parent polls once a "
               "second; on a timeout it sends SIGTERM, waits 30 s for stacks, then SIGKILLs.",
     "ray": "ray: the same `Cluster.run` with `--mwms-backend=ray` on a local Ray cluster of 2 "
-           "simulated nodes (started before the first run), one agent per node forking the "
-           "workers from its own forkserver (warm after the first run).",
+           "simulated nodes, one agent per node forking the workers from its own forkserver; "
+           "the cluster and its agents start before the first run (the start-up below), the "
+           "forkservers' TensorFlow import overlapping it, so its first run is already warm.",
 }
 
 
