@@ -176,6 +176,12 @@ class RaySession:
             self.agents[node], self.hosts[node] = actor, host
         return self.agents[node]
 
+    def agent_pids(self) -> List[int]:
+        """The pids of this session's agents (on their nodes)."""
+        import ray
+        return [pid for _, _, pid in ray.get([a.node.remote() for a in self.agents.values()],
+                                             timeout=CALL_TIMEOUT)]
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             import ray

@@ -205,3 +205,26 @@ def test_an_unmodified_script_on_ray_from_the_command_line(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "culprit: worker 1" in proc.stdout, proc.stdout
     assert not [d for d in ray_dirs() if d not in before]
+
+
+@needs_ray
+def test_joining_a_running_cluster_by_address_leaves_it_running():
+    """``--mwms-ray-address=HOST:PORT``: the harness joins a cluster it did
+    not start (here one held apart, as ``ray start`` would run it), runs on
+    it, and at the session's end leaves it running with none of its own
+    actors or workers left."""
+    raylaunch.close_session()
+    held = raylaunch.HeldCluster(2)
+    try:
+        cluster = _ray_cluster(2, ray_address=held.address)
+        result = cluster.run(allreduce_loop, args=(6,), faults=[F.SkipStep(1, 3)])
+        assert _verdict(result) == _local("SkipStep"), result.diagnosis
+        session = raylaunch.session(held.address, 2, ())
+        agents = [psutil.Process(pid) for pid in session.agent_pids()]
+        raylaunch.close_session()
+        assert wait_gone([a.pid for a in agents], seconds=20) == []
+        assert held.holder.poll() is None
+        names = {p.name() for p in psutil.Process(held.holder.pid).children(recursive=True)}
+        assert {"gcs_server", "raylet"} <= names, names
+    finally:
+        held.close()
