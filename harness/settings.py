@@ -68,16 +68,21 @@ def parse_seconds(value: Any, option: str, allow_zero: bool = False) -> float:
 MAX_RESTARTS = 100
 
 
-def parse_restarts(value: Any, option: str = "--mwms-restarts") -> int:
-    """A number of restarts: a whole number from 0 to :data:`MAX_RESTARTS`."""
+def parse_count(value: Any, option: str, what: str, lo: int, hi: int) -> int:
+    """A whole number of ``what`` from ``lo`` to ``hi``, as typed or given."""
     try:
         n = int(str(value).strip()) if not isinstance(value, bool) else None
     except ValueError:
         n = None
-    if n is None or not 0 <= n <= MAX_RESTARTS:
-        raise SettingError(f"{option}: {value!r} is not a number of restarts; use a whole "
-                           f"number from 0 to {MAX_RESTARTS}")
+    if n is None or not lo <= n <= hi:
+        raise SettingError(f"{option}: {value!r} is not a number of {what}; use a whole "
+                           f"number from {lo} to {hi}")
     return n
+
+
+def parse_restarts(value: Any, option: str = "--mwms-restarts") -> int:
+    """A number of restarts: a whole number from 0 to :data:`MAX_RESTARTS`."""
+    return parse_count(value, option, "restarts", 0, MAX_RESTARTS)
 
 
 # What a restart can follow: the names ``run(restart_on=...)`` takes, and
@@ -178,9 +183,9 @@ OPTIONS = (
     Option("backend", "local|ray", "local", "local",
            "where workers run: `local` processes on this machine, or `ray`: on the nodes of "
            "a Ray cluster (`pip install -e '.[ray]'`), one agent per node starting them",
-           "Ray: a session pays the cluster's start-up (about 4 s for 2 local nodes) and "
-           "each run a few hundred milliseconds more; no network isolation or network "
-           "faults."),
+           "Ray: a session pays the cluster's start-up (about 4 s for 2 local nodes), a "
+           "warm 2-worker run about 40 ms more than local (benchmark); no network "
+           "isolation or network faults."),
     Option("ray-address", "HOST:PORT|auto", "", "none: a local cluster for the session",
            "with `--mwms-backend=ray`: the Ray cluster to join (`auto`: the one Ray finds); "
            "unset, the session starts a local cluster and shuts it down at its end",
@@ -275,14 +280,7 @@ def parse_ray_address(value: Any, option: str = "--mwms-ray-address") -> Optiona
 
 
 def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
-    try:
-        n = int(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        n = None
-    if n is None or not 1 <= n <= MAX_RAY_NODES:
-        raise SettingError(f"{option}: {value!r} is not a number of nodes; use a whole number "
-                           f"from 1 to {MAX_RAY_NODES}")
-    return n
+    return parse_count(value, option, "nodes", 1, MAX_RAY_NODES)
 
 
 def check_backend(settings: "RunSettings", option: str = "--mwms-backend") -> None:
