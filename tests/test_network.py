@@ -334,19 +334,23 @@ def test_latency_slows_steps_by_round_trips_and_the_proxy_stays_invisible(mwms_c
 
 
 def _cannot_tell_who_was_reset(result):
-    """Both ends of a reset connection see "Connection reset by peer": the
-    verdict cannot tell which worker's connections were cut."""
+    """Both ends of a reset connection see it fail: the verdict cannot tell
+    which worker's connections were cut."""
     result.assert_failed(error="UnavailableError")
     result.assert_cannot_tell([0, 1])
-    assert "Connection reset by peer" in result.workers[1].exception.message
 
 
 @needs_switch
 def test_a_reset_fails_the_step_in_flight_and_the_harness_cannot_tell(mwms_cluster):
     """Worker 0's connections reset while worker 1 waits for it in an
-    all-reduce."""
-    _cannot_tell_who_was_reset(mwms_cluster.run(reset_in_flight, timeout=20, grace=5,
-                                                faults=[ResetPeers(0, 3, after=0.2)]))
+    all-reduce: RST, so "Connection reset by peer".  (The twin's text
+    varies: ``ss -K`` destroys both ends' sockets, both being in the
+    namespace, so a worker may see "Software caused connection abort", or
+    a refused reconnect, as seen once in CI; its verdict is the same.)"""
+    result = mwms_cluster.run(reset_in_flight, timeout=20, grace=5,
+                              faults=[ResetPeers(0, 3, after=0.2)])
+    _cannot_tell_who_was_reset(result)
+    assert "Connection reset by peer" in result.workers[1].exception.message
 
 
 @needs_isolation
