@@ -52,6 +52,11 @@ class NodeAgent:
         self.workers: Dict[str, _Worker] = {}
         self.reservations: Dict[str, object] = {}
         self.lock = threading.Lock()
+        # The workers' directories, in Ray's temp directory where it has
+        # one (a local cluster's holder removes it whatever happens).
+        ray_tmp = os.environ.get("RAY_TMPDIR")
+        self.base = tempfile.mkdtemp(prefix="mwms-agent-",
+                                     dir=ray_tmp if ray_tmp and os.path.isdir(ray_tmp) else None)
         _prepare_like_the_driver(sys_path, cwd)
 
     def node(self) -> tuple:
@@ -82,7 +87,7 @@ class NodeAgent:
         ``clock`` is the controller's ``time.monotonic()`` as it called.
         Returns the worker's pid."""
         offset = clock - time.monotonic()
-        folder = tempfile.mkdtemp(prefix="mwms-node-")
+        folder = tempfile.mkdtemp(prefix="worker-", dir=self.base)
         here = {name: os.path.join(folder, os.path.basename(getattr(spec, f"{name}_path")))
                 for name in ("log", "stack", "progress", "replicas")
                 if getattr(spec, f"{name}_path")}
@@ -169,6 +174,13 @@ class NodeAgent:
         worker.handle.close()
         self._link_done(worker)
         shutil.rmtree(worker.folder, ignore_errors=True)
+
+    def shutdown(self) -> None:
+        """The session ends: every worker killed and forgotten, the directory gone."""
+        for key in list(self.workers):
+            self.kill_tree(key)
+            self.close(key)
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def _prepare_like_the_driver(sys_path: List[str], cwd: str) -> None:

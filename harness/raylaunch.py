@@ -185,6 +185,9 @@ class RaySession:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             import ray
+            with contextlib.suppress(Exception):
+                ray.get([a.shutdown.remote() for a in self.agents.values()],
+                        timeout=CALL_TIMEOUT)
             for actor in self.agents.values():
                 ray.kill(actor)
             ray.shutdown()

@@ -4,6 +4,7 @@ over the nodes, nothing left behind, SIGKILL of pytest included.
 
 Skipped, with the reason, where Ray is not installed
 (``pip install -e '.[ray]'``)."""
+import glob
 import os
 import signal
 import subprocess
@@ -189,7 +190,6 @@ def test_sigkill_of_pytest_leaves_nothing_of_ray_behind(pytester, tmp_path):
 
 
 def ray_dirs():
-    import glob
     return glob.glob("/tmp/mwms-ray-*")
 
 
@@ -223,6 +223,8 @@ def test_joining_a_running_cluster_by_address_leaves_it_running():
         agents = [psutil.Process(pid) for pid in session.agent_pids()]
         raylaunch.close_session()
         assert wait_gone([a.pid for a in agents], seconds=20) == []
+        assert not glob.glob(os.path.join(held.tmpdir, "mwms-agent-*", "*")), \
+            "a worker's directory outlived the session"
         assert held.holder.poll() is None
         names = {p.name() for p in psutil.Process(held.holder.pid).children(recursive=True)}
         assert {"gcs_server", "raylet"} <= names, names
