@@ -173,7 +173,6 @@ class WatchLoop:
                  switch=None):
         self.on_progress = on_progress
         self.switch = switch   # the run's harness.netns.Switch, for network faults
-        self.logical = switch.logical if switch is not None else (lambda config: config)
         self.attempt = attempt
         self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
         self.workers = workers
@@ -218,7 +217,7 @@ class WatchLoop:
         else:
             if msg.kind == protocol.STRATEGY_CREATING and msg.data is not None:
                 # The TF_CONFIG the worker really had: fn may have set it.
-                tw.note(tf_config=self.logical(msg.data.get("tf_config")))
+                tw.note(tf_config=logical_config(self.switch, msg.data.get("tf_config")))
             data = None if msg.kind == protocol.STRATEGY_CREATING else msg.data
             tw.events.append(Event(t, msg.kind, msg.step, data))
         self.last_progress = now
@@ -583,8 +582,8 @@ class Cluster:
             # hang of theirs.
             start = time.monotonic()
             tracked = [_TrackedWorker(h, WorkerObservation(index=h.index,
-                                                           tf_config=job.logical(
-                                                               configs[h.index]),
+                                                           tf_config=logical_config(
+                                                               job.switch, configs[h.index]),
                                                            ledger=level),
                                       LedgerView(start), readers[h.index])
                        for h in handles]
@@ -647,10 +646,12 @@ class _Job:
     netns: Optional[tuple] = None   # per worker, the namespaces it joins (harness.netns)
     switch: Any = None              # the run's Switch, when faults act on the network
 
-    def logical(self, config):
-        """A worker's ``TF_CONFIG`` with the proxy's addresses mapped back:
-        the harness's plumbing must never read as a wrong port."""
-        return self.switch.logical(config) if self.switch is not None else config
+
+def logical_config(switch, config):
+    """A worker's ``TF_CONFIG`` with the proxy's addresses mapped back (when
+    the run has a :class:`Switch`): the harness's plumbing must never read
+    as a wrong port."""
+    return switch.logical(config) if switch is not None else config
 
 
 def _check_replicas(tracked: List[_TrackedWorker], specs, tolerance: Optional[float]):
