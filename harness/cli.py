@@ -15,8 +15,8 @@ starts.
 
 The options are the pytest plugin's, declared once in
 :data:`harness.settings.OPTIONS`, without the ``mwms-`` prefix (``--workers``
-or ``-n``, ``--timeout``, ``--grace``, ``--devices``, ``--start-method``,
-``--state-dir``), with the same defaults and the same checks.  ``--fault``
+or ``-n``, ``--timeout``, and so on for each), with the same defaults and
+the same checks.  ``--fault``
 takes a fault of :mod:`harness.faults` as its constructor call (the form a
 fault prints as), read by :func:`parse_fault`, which evaluates nothing.
 """
@@ -28,25 +28,19 @@ import dataclasses
 import os
 import sys
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
-from . import faults as faults_module
-from .errors import HarnessError
-from .record import OUTCOMES
-from .reporting import REPORT_MODES, timeline_stem, wants_timeline
-from .settings import (BACKENDS, DEVICES, NETWORKS, OPTION, OPTIONS, START_METHODS,
-                       RunSettings, check_backend, gpu_assignment, parse_choice, parse_modules,
-                       parse_ray_address, parse_ray_nodes, parse_restarts, parse_seconds,
-                       parse_workers, visible_gpus)
+from harness import faults as faults_module
+from harness.diagnosis.observations import OUTCOMES
+from harness.errors import HarnessError, UsageError
+from harness.report.pytest_report import timeline_stem, wants_timeline
+from harness.settings import OPTIONS, Option, RunSettings, parse_choice, read_settings
+
 PROG = "python -m harness"
 FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
 # Options of `run` that take a value: the scan that finds where the script
 # starts skips their values.
 _VALUE_FLAGS = {"-n", "--fault", "--expect", *(o.flag.replace("--mwms-", "--") for o in OPTIONS)}
-
-
-class UsageError(Exception):
-    """A command line that cannot be run; printed with the usage, exit status 2."""
 
 
 def parse_fault(text: str) -> faults_module.Fault:
@@ -100,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     for o in OPTIONS:
         flags = ["-n", "--workers"] if o.name == "workers" else []
         flags = flags or [o.flag.replace("--mwms-", "--")]
-        p.add_argument(*flags, dest=o.name.replace("-", "_"), metavar=o.metavar,
+        p.add_argument(*flags, dest=o.field, metavar=o.metavar,
                        default=None,
                        help=f"{o.help} (default {o.default_text})".replace("%", "%%"))
     p.add_argument("--fault", action="append", default=[], metavar="FAULT",
@@ -153,36 +147,14 @@ def _script_args(rest: List[str]) -> List[str]:
 
 
 def settings_from_args(ns: argparse.Namespace) -> RunSettings:
-    """The run's settings from the options, checked as the plugin checks them."""
-    def value(name):
-        v = getattr(ns, name.replace("-", "_"))
-        return OPTION[name].default if v is None else v
+    """The run's settings from the options, through the plugin's pipeline."""
+    def lookup(option: Option) -> Tuple[Any, str]:
+        given = getattr(ns, option.field)
+        if given is None:
+            return option.default, "cli"
+        return (os.path.abspath(given) if option.directory and given else given), "cli"
 
-    workers = parse_workers(value("workers"), "--workers")
-    timeout = parse_seconds(value("timeout"), "--timeout")
-    grace = parse_seconds(value("grace"), "--grace", allow_zero=True)
-    devices = parse_choice(value("devices"), "--devices", DEVICES)
-    method = value("start-method")
-    if method in (None, ""):
-        method = "forkserver" if devices == "cpu" else "spawn"
-    method = parse_choice(method, "--start-method", START_METHODS)
-    if devices == "gpu":
-        gpu_assignment(workers, visible_gpus())
-    state_dir = value("state-dir")
-    report_dir = value("report-dir")
-    settings = RunSettings(
-        workers=workers, timeout=timeout, grace=grace, devices=devices, start_method=method,
-        state_dir=os.path.abspath(state_dir) if state_dir else None,
-        preload=parse_modules(value("preload"), "--preload"),
-        restarts=parse_restarts(value("restarts"), "--restarts"),
-        report_dir=os.path.abspath(report_dir) if report_dir else None,
-        report=parse_choice(value("report"), "--report", REPORT_MODES),
-        network=parse_choice(value("network"), "--network", NETWORKS),
-        backend=parse_choice(value("backend"), "--backend", BACKENDS),
-        ray_address=parse_ray_address(value("ray-address"), "--ray-address"),
-        ray_nodes=parse_ray_nodes(value("ray-nodes"), "--ray-nodes"))
-    check_backend(settings, "--backend")
-    return settings
+    return read_settings(lookup)
 
 
 # A status line on a terminal is redrawn at every report; elsewhere (a log,
@@ -246,14 +218,14 @@ def run_command(argv: Sequence[str]) -> int:
             faults_module.validate(plan, settings.workers, settings.restarts)
         except faults_module.FaultError as e:
             raise UsageError(f"--fault: {e}") from None
-        from .ports import check_state_dir
+        from harness.launch.state_dir import check_state_dir
         check_state_dir(settings.state_dir)
-        from .controller import Cluster
-        from .scripts import script_main
+        from harness.controller.cluster import Cluster
+        from harness.controller.scripts import script_main
         cluster = Cluster(settings)
         main = script_main(script, script_args, module=module,
                            start_method=cluster.launcher.start_method)
-    except (UsageError, HarnessError) as e:
+    except HarnessError as e:
         parser.error(str(e))   # prints the usage, exits 2
     what = f"-m {module}" if module else script
     print(f"harness: running {what} on {settings.workers} workers (timeout {settings.timeout:g} s, "

@@ -5,7 +5,7 @@ to do about it; none needs TensorFlow to import.
 
 Errors that the diagnosis reads back from a worker carry their data as
 attributes (``StepDesyncError.steps``), which travel to the parent as
-:attr:`harness.protocol.WorkerError.fields`, never parsed out of the text.
+:attr:`harness.core.protocol.WorkerError.fields`, never parsed out of the text.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class StateDirError(HarnessError, OSError):
 
     The message names the path, its owner and mode, why it is refused, and
     the settings that choose another directory (``$MWMS_STATE_DIR``, the ini
-    option ``mwms_state_dir``); see :mod:`harness.ports`.
+    option ``mwms_state_dir``); see :mod:`harness.launch.ports`.
     """
 
 
@@ -87,3 +87,12 @@ class StepDesyncError(HarnessError, RuntimeError):
 
     def __reduce__(self):
         return type(self), (self.steps,)
+
+
+class UsageError(HarnessError):
+    """A ``harness run`` command line that cannot be run; printed with the
+    usage, exit status 2."""
+
+
+class PreloadWarning(UserWarning):
+    """A module named in ``mwms_preload`` could not be preloaded safely."""

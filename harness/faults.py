@@ -17,7 +17,7 @@ fault does in the parent is declared on the class: ``edit_configs`` (a
 ``TF_CONFIG`` fault), ``parent_signals`` (a pause the parent ends, a
 preempted worker the parent kills when its grace is over) and
 ``network_commands`` (a link the parent cuts or throttles, see
-:mod:`harness.netns`).
+:mod:`harness.network.namespace`).
 
 Every fault acts in one attempt of a run (``attempt=``, keyword only, 0 by
 default); see ``run(restarts=...)``.
@@ -28,8 +28,8 @@ import dataclasses
 import signal
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from .errors import FaultError, InjectedFault  # noqa: F401  (InjectedFault: RaiseError raises it)
-from . import tfconfig
+from harness.errors import FaultError, InjectedFault  # noqa: F401  (InjectedFault: RaiseError raises it)
+from harness.core import tfconfig
 
 CRASH_HOW = ("exit", "kill", "abort")
 BAD_CONFIG_KINDS = tfconfig.BAD_CONFIG_KINDS
@@ -87,7 +87,7 @@ class Fault:
     def network_commands(self) -> Tuple[Tuple[float, str], ...]:
         """What the parent does to the worker's network link once this fault
         acted: ``(seconds after, command)`` pairs for
-        :meth:`harness.netns.Switch.command`.  A fault with any puts the
+        :meth:`harness.network.namespace.Switch.command`.  A fault with any puts the
         run's workers in network namespaces of their own."""
         return ()
 
@@ -159,7 +159,10 @@ class Preempt(StepFault):
 
     What the worker does with the notice is its own code's business:
     TensorFlow's ``PreemptionCheckpointHandler`` saves a checkpoint on every
-    worker and exits them all; code without a SIGTERM handler dies of it.
+    worker and exits them all.  Without one, a worker that made a strategy
+    does not die of it: MWMS's own preemption notifier catches SIGTERM, so
+    the notice is ignored and the worker is killed when the grace runs out
+    (TensorFlow 2.21, measured).
     The signal is raised by the worker itself at the step's boundary, so it
     lands at the same point on every replay; a handler cannot tell it from
     one sent by another process."""
@@ -221,7 +224,7 @@ class Latency(StepFault):
     """From ``step`` on, every byte to and from the worker arrives ``ms``
     milliseconds late (± a uniform ``jitter_ms``), each way: a far or
     congested node.  Done by a TCP proxy between the workers
-    (:mod:`harness.netproxy`); needs network namespaces (``--mwms-network``)."""
+    (:mod:`harness.network.proxy`); needs network namespaces (``--mwms-network``)."""
     ms: float
     jitter_ms: float = 0.0
 
@@ -243,7 +246,7 @@ class ResetPeers(StepFault):
     a load balancer drops its state); new connections are accepted.  A
     reset fails only the RPCs in flight (gRPC reconnects for the next), so
     ``after`` places it inside the step, where its peers wait.  Done by a
-    TCP proxy between the workers (:mod:`harness.netproxy`); needs network
+    TCP proxy between the workers (:mod:`harness.network.proxy`); needs network
     namespaces (``--mwms-network``)."""
     after: float = 0.0
 
@@ -258,7 +261,7 @@ class ResetPeers(StepFault):
 @dataclasses.dataclass(frozen=True, repr=False)
 class BadTFConfig(Fault):
     """The worker's ``TF_CONFIG`` is wrong from the start (see
-    :func:`harness.tfconfig.apply_bad_config` for each ``kind``)."""
+    :func:`harness.core.tfconfig.apply_bad_config` for each ``kind``)."""
     kind: str
 
     def check(self, num_workers: int, restarts: int = 0) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Optional, Tuple
 
-from .protocol import WorkerError
-from .record import RunObservation, WorkerObservation
+from harness.core.protocol import WorkerError
+from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 
 LOG_TAIL_LINES = 30
 
@@ -14,15 +14,17 @@ LOG_TAIL_LINES = 30
 class WorkerResult:
     """One worker's part of a run.
 
-    ``return_value`` is what ``fn`` returned (None if it did not);
+    ``index`` is the worker's index (its ``TF_CONFIG`` task); ``return_value`` is what ``fn`` returned (None if it did not);
     ``exception`` a :class:`WorkerError` (type name, message, traceback text)
     or None; ``exit_code`` is negative for death by a signal; ``log`` all the
     worker wrote to stdout and stderr, C++ logging included (head and tail
     kept when it is very long); ``last_step`` the last step boundary it
     reported; ``stack`` its Python stacks, dumped when the run was found hung
     (or its peers' grace ran out); ``collectives`` the collectives its ledger
-    recorded (:class:`~harness.record.Collective`: function, call, step,
-    kind, shape, dtype, state), empty when the ledger was off.
+    recorded (:class:`~harness.diagnosis.observations.Collective`: function, call, step,
+    kind, shape, dtype, state), empty when the ledger was off;
+    ``observation`` what the parent observed of it
+    (:class:`~harness.diagnosis.observations.WorkerObservation`).
     """
 
     index: int
@@ -36,13 +38,16 @@ class WorkerResult:
 
     @property
     def collectives(self) -> tuple:
+        """The collectives the worker's ledger recorded (see above)."""
         return self.observation.collectives() if self.observation is not None else ()
 
     @property
     def returned(self) -> bool:
+        """Whether ``fn`` returned on this worker."""
         return self.observation.returned if self.observation else self.exception is None
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the worker's log."""
         return "\n".join(self.log.rstrip().splitlines()[-lines:])
 
 
@@ -50,13 +55,24 @@ class WorkerResult:
 class RunResult:
     """The outcome of one run on the cluster.
 
-    ``outcome`` is ``"completed"``, ``"failed"``, ``"crashed"`` or ``"hang"``
-    (precedence in that reverse order: a crash outranks an error, an error
-    outranks a hang); ``culprits`` the worker indexes the diagnosis blames;
-    ``diagnosis`` the text to read first; ``duration`` seconds from launch to
-    verdict.  ``faults_never_acted`` lists (fault, why) for each fault asked
-    for whose worker finished without reaching it: such a run is
-    ``failed``, whatever its workers did, and its diagnosis says so first.
+    - ``outcome``: an :class:`~harness.diagnosis.observations.Outcome`, equal
+      to ``"completed"``, ``"failed"``, ``"crashed"`` or ``"hang"``
+      (precedence in that reverse order: a crash outranks an error, an
+      error outranks a hang).
+    - ``workers``: a :class:`WorkerResult` per worker, by index.
+    - ``culprits``: the worker indexes the diagnosis blames (sorted).
+    - ``diagnosis``: the text to read first.
+    - ``duration``: seconds from launch to verdict, every attempt included.
+    - ``observation``: what the parent observed
+      (:class:`~harness.diagnosis.observations.RunObservation`), the
+      diagnosis's only input; ``to_dict()`` records it.
+    - ``verdict``: the diagnosis's :class:`~harness.diagnosis.Verdict`
+      (outcome, culprits, step, error, ``ambiguous``, the rule that decided).
+    - ``faults_never_acted``: (fault, why) for each fault asked for whose
+      worker finished without reaching it: such a run is ``failed``,
+      whatever its workers did, and its diagnosis says so first.
+    - ``attempt``: which attempt this result is (0 unless restarted).
+    - ``attempts``: with ``restarts``, every attempt's own result, in order.
     """
 
     outcome: str
@@ -72,6 +88,7 @@ class RunResult:
 
     @property
     def return_values(self) -> list:
+        """What ``fn`` returned on each worker (None where it did not)."""
         return [w.return_value for w in self.workers]
 
     @property
@@ -82,6 +99,9 @@ class RunResult:
 
     @property
     def replicas(self):
+        """The replica check's finding
+        (:class:`~harness.diagnosis.observations.ReplicaCheck`), or None when
+        it was off or not every worker returned."""
         return self.observation.replicas if self.observation is not None else None
 
     @property
@@ -91,10 +111,14 @@ class RunResult:
 
     @property
     def step(self) -> Optional[int]:
+        """Where things went wrong: the step the others wait in for the
+        culprit, else the culprit's last step (None when completed)."""
         return getattr(self.verdict, "step", None)
 
     @property
     def error(self) -> Optional[str]:
+        """The type name of the root error (``"StepDesyncError"``,
+        ``"ReplicaDivergence"``, ...), when there is one."""
         return getattr(self.verdict, "error", None)
 
     def report(self) -> str:
@@ -111,8 +135,8 @@ class RunResult:
         """Write this run's timeline (every attempt) as ``PATH.trace.json``, a
         Chrome trace for Perfetto or ``chrome://tracing``, and ``PATH.svg``,
         a picture that needs no viewer; return the two paths.  See
-        :mod:`harness.timeline`."""
-        from . import timeline
+        :mod:`harness.report.timeline`."""
+        from harness.report import timeline
         return timeline.write(self, str(path))
 
     # -- assertions ------------------------------------------------------
@@ -142,22 +166,28 @@ class RunResult:
         raise AssertionError(f"{self.diagnosis}\n{problem}")
 
     def assert_completed(self) -> "RunResult":
+        """The run completed; else an AssertionError that starts with the diagnosis."""
         __tracebackhide__ = True
-        return self._check("completed")
+        return self._check(Outcome.COMPLETED)
 
     def assert_hang(self, culprits: Optional[Iterable[int]] = None,
                     step: Optional[int] = None) -> "RunResult":
+        """The run hung; with ``culprits`` and ``step``, blamed on exactly
+        those workers, at that step."""
         __tracebackhide__ = True
-        return self._check("hang", culprits, step)
+        return self._check(Outcome.HANG, culprits, step)
 
     def assert_failed(self, culprits: Optional[Iterable[int]] = None,
                       error: Optional[str] = None) -> "RunResult":
+        """The run failed; ``error`` names the root error's type, or appears
+        in a culprit's message."""
         __tracebackhide__ = True
-        return self._check("failed", culprits, error=error)
+        return self._check(Outcome.FAILED, culprits, error=error)
 
     def assert_crashed(self, culprits: Optional[Iterable[int]] = None) -> "RunResult":
+        """A worker died (not by the harness's hand); ``culprits`` as above."""
         __tracebackhide__ = True
-        return self._check("crashed", culprits)
+        return self._check(Outcome.CRASHED, culprits)
 
     def assert_culprit(self, worker: int) -> "RunResult":
         """The diagnosis names ``worker``, alone and without doubt."""

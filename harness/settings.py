@@ -1,28 +1,36 @@
-"""Run settings and their validation: pure functions, no TensorFlow, no pytest.
+"""Run settings: the options table and the one pipeline that reads them.
 
-Each ``parse_*`` function takes what a user typed (a string from the command
-line or an ini file, or a value from a marker) and returns the checked value,
-or raises :class:`SettingError` with a message that names the option and the
-allowed range.  The plugin turns that into a pytest usage error, so a bad
-value never becomes a hang or a traceback.
+Each :class:`Option` of :data:`OPTIONS` is one row: its name, default and
+text, the parser that checks a value, and where it may be set (pytest's
+command line, the ini file, the ``mwms`` marker, ``harness run``).  The
+plugin, the marker and the command line all go through :func:`read_settings`
+or :func:`apply_marker`, so a new option is one row, and every bad value is
+a :class:`SettingError` naming where it came from (``--mwms-workers``,
+``ini mwms_workers``, ``@pytest.mark.mwms(workers=...)``, ``--workers``).
+
+Pure functions: no TensorFlow, no pytest.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
-DEVICES = ("cpu", "gpu")
-START_METHODS = ("forkserver", "spawn")
+from harness.errors import SettingError
+from harness.launch.backends import BACKEND_NAMES, DEFAULT_BACKEND, backend_of
+from harness.launch.devices import DEVICES, gpu_assignment, visible_gpus
+from harness.launch.local import START_METHODS
+from harness.network import NETWORK_MODES, check_mode
+from harness.report.pytest_report import REPORT_MODES
+
 # A TensorFlow worker holds about 0.3-0.5 GiB once it has built a strategy;
 # forked workers share TensorFlow's pages, but their heaps and gRPC threads
 # do not.  More than this per GiB of RAM, or per core, only measures swapping.
 GIB_PER_WORKER = 0.5
 WORKERS_PER_CORE = 8
 MAX_WORKERS_CAP = 64
-
-
-from .errors import SettingError  # raised by every parse_* below
+MAX_RESTARTS = 100
+MAX_RAY_NODES = 16
 
 
 def max_workers(cpu_count: Optional[int] = None, mem_bytes: Optional[int] = None) -> int:
@@ -37,12 +45,16 @@ def max_workers(cpu_count: Optional[int] = None, mem_bytes: Optional[int] = None
     return max(1, min(MAX_WORKERS_CAP, cpu_count * WORKERS_PER_CORE, by_mem))
 
 
+def _whole(value: Any) -> Optional[int]:
+    try:
+        return int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        return None
+
+
 def parse_workers(value: Any, option: str = "--mwms-workers", limit: Optional[int] = None) -> int:
     limit = max_workers() if limit is None else limit
-    try:
-        n = int(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        n = None
+    n = _whole(value)
     if n is None:
         raise SettingError(f"{option}: {value!r} is not a whole number; "
                            f"use an integer from 1 to {limit}")
@@ -52,7 +64,7 @@ def parse_workers(value: Any, option: str = "--mwms-workers", limit: Optional[in
     return n
 
 
-def parse_seconds(value: Any, option: str, allow_zero: bool = False) -> float:
+def parse_seconds(value: Any, option: str = "--mwms-timeout", allow_zero: bool = False) -> float:
     try:
         s = float(str(value).strip()) if not isinstance(value, bool) else None
     except ValueError:
@@ -65,15 +77,13 @@ def parse_seconds(value: Any, option: str, allow_zero: bool = False) -> float:
     return s
 
 
-MAX_RESTARTS = 100
+def parse_grace(value: Any, option: str = "--mwms-grace") -> float:
+    return parse_seconds(value, option, allow_zero=True)
 
 
 def parse_count(value: Any, option: str, what: str, lo: int, hi: int) -> int:
     """A whole number of ``what`` from ``lo`` to ``hi``, as typed or given."""
-    try:
-        n = int(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        n = None
+    n = _whole(value)
     if n is None or not lo <= n <= hi:
         raise SettingError(f"{option}: {value!r} is not a number of {what}; use a whole "
                            f"number from {lo} to {hi}")
@@ -83,6 +93,10 @@ def parse_count(value: Any, option: str, what: str, lo: int, hi: int) -> int:
 def parse_restarts(value: Any, option: str = "--mwms-restarts") -> int:
     """A number of restarts: a whole number from 0 to :data:`MAX_RESTARTS`."""
     return parse_count(value, option, "restarts", 0, MAX_RESTARTS)
+
+
+def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
+    return parse_count(value, option, "nodes", 1, MAX_RAY_NODES)
 
 
 # What a restart can follow: the names ``run(restart_on=...)`` takes, and
@@ -113,104 +127,25 @@ def parse_choice(value: Any, option: str, choices: tuple) -> str:
     return v
 
 
-@dataclasses.dataclass(frozen=True)
-class Option:
-    """One setting of the plugin: the single source of its name, default and text.
-
-    The plugin builds its command-line option (``--mwms-<name>``) and its ini
-    key (``mwms_<name>`` with ``_`` for ``-``) from it, and README.md's
-    options table is generated from :data:`OPTIONS` (``python -m
-    harness.settings`` prints it; a test fails when the README differs).
-    """
-
-    name: str
-    metavar: str
-    default: Optional[str]   # as a user would type it; None: worked out at run time
-    default_text: str        # the default, for people
-    help: str                # what it does, one line
-    tradeoff: str = ""       # what choosing a value costs, for the README
-
-    @property
-    def flag(self) -> str:
-        return f"--mwms-{self.name}"
-
-    @property
-    def ini(self) -> str:
-        return "mwms_" + self.name.replace("-", "_")
+def parse_devices(value: Any, option: str = "--mwms-devices") -> str:
+    return parse_choice(value, option, DEVICES)
 
 
-OPTIONS = (
-    Option("workers", "N", "2", "2",
-           "workers per cluster, 1 to what the machine holds (8 per core, one per 0.5 GiB "
-           "RAM, at most 64)",
-           "More workers than cores works (the workers mostly wait on each other), but "
-           "start-up and steps slow down."),
-    Option("timeout", "SECONDS", "30", "30",
-           "a run is hung when no worker made progress (step boundary, phase change, "
-           "finishing) for this long",
-           "Lower reports faster; too low calls slow start-up (5-10 s under spawn) or long "
-           "steps a hang."),
-    Option("grace", "SECONDS", "5", "5",
-           "once a worker raised or died, how long the others get to finish or fail before "
-           "they are dumped and killed",
-           "TensorFlow tells survivors of a dead peer after about 10 s: raise it to record "
-           "those errors, lower it to fail faster."),
-    Option("devices", "cpu|gpu", "cpu", "cpu",
-           "`cpu` hides all GPUs; `gpu` splits the visible GPUs among the workers via "
-           "`CUDA_VISIBLE_DEVICES`",
-           "Each worker gets the same number of GPUs; leftovers stay unused."),
-    Option("start-method", "forkserver|spawn", None, "forkserver on cpu, spawn on gpu",
-           "forkserver forks workers from a server that imported TensorFlow once; spawn "
-           "starts a fresh Python per worker",
-           "forkserver: a 2-worker run in ~0.3 s after the first. spawn: 5-10 s a run, "
-           "nothing shared (forking a process that loaded CUDA is not shown safe)."),
-    Option("preload", "MODULES", "", "none",
-           "comma-separated modules the forkserver imports once before it forks workers "
-           "(your package, what a script imports), besides TensorFlow, pytest and hypothesis",
-           "Each run then skips importing them. One that fails to import, or starts a thread, "
-           "is a warning and is left out."),
-    Option("restarts", "K", "0", "0",
-           "after a run crashed or failed, restart its whole cluster up to K times (same "
-           "ports and `TF_CONFIG`, fresh processes), as a cluster manager would",
-           "Each restart pays a cluster start-up again; a hang is restarted only when "
-           "`run(restart_on=...)` asks."),
-    Option("network", "auto|isolated|host", "auto", "auto",
-           "`isolated` runs each cluster in a network namespace of its own, unreachable "
-           "from the host; `auto` does where the machine allows it (the session header "
-           "says which); `host` runs on the host's loopback",
-           "On the host, every worker is an unauthenticated TensorFlow server on all "
-           "interfaces while a run lasts; isolation costs a few milliseconds a run."),
-    Option("backend", "local|ray", "local", "local",
-           "where workers run: `local` processes on this machine, or `ray`: on the nodes of "
-           "a Ray cluster (`pip install -e '.[ray]'`), one agent per node starting them",
-           "Ray: a session pays the cluster's start-up (about 4 s for 2 local nodes), a "
-           "warm 2-worker run about 40 ms more than local (benchmark); no network "
-           "isolation or network faults."),
-    Option("ray-address", "HOST:PORT|auto", "", "none: a local cluster for the session",
-           "with `--mwms-backend=ray`: the Ray cluster to join (`auto`: the one Ray finds); "
-           "unset, the session starts a local cluster and shuts it down at its end",
-           "A cluster joined is left running; one started is gone at the end, even if "
-           "pytest is killed."),
-    Option("ray-nodes", "K", "2", "2",
-           "with `--mwms-backend=ray` and no address: the local cluster's simulated nodes "
-           "(workers spread one per node, round-robin)",
-           "Each node is a raylet and its agents: about 1 s of start-up and 100-200 MiB."),
-    Option("report-dir", "DIR", None, "none",
-           "write a timeline of each run (a Chrome trace for Perfetto and an SVG picture) "
-           "into DIR; the failure report names the files",
-           "Costs a few milliseconds a run written; `--mwms-report` chooses which runs."),
-    Option("report", "failed|all", "failed", "failed",
-           "with `--mwms-report-dir`: a timeline for the runs that did not complete, or for "
-           "all",
-           "`all` also draws the runs that completed, to compare a good run with a bad one."),
-    Option("state-dir", "DIR", None, "$MWMS_STATE_DIR, else the temp directory's "
-           "`pytest-mwms-ports`",
-           "where the harness coordinates the ports it reserves with other pytest processes "
-           "and other users",
-           "Set it when the shared default cannot be used; processes that should not "
-           "collide must use the same one."),
-)
-OPTION = {o.name: o for o in OPTIONS}
+def parse_start_method(value: Any, option: str = "--mwms-start-method") -> Optional[str]:
+    """A start method, or None (unset: :func:`finish` chooses by device)."""
+    return None if value in (None, "") else parse_choice(value, option, START_METHODS)
+
+
+def parse_network(value: Any, option: str = "--mwms-network") -> str:
+    return parse_choice(value, option, NETWORK_MODES)
+
+
+def parse_backend(value: Any, option: str = "--mwms-backend") -> str:
+    return parse_choice(value, option, BACKEND_NAMES)
+
+
+def parse_report(value: Any, option: str = "--mwms-report") -> str:
+    return parse_choice(value, option, REPORT_MODES)
 
 
 def parse_modules(value: Any, option: str = "--mwms-preload") -> tuple:
@@ -226,8 +161,162 @@ def parse_modules(value: Any, option: str = "--mwms-preload") -> tuple:
     return tuple(out)
 
 
+def parse_ray_address(value: Any, option: str = "--mwms-ray-address") -> Optional[str]:
+    """Empty (a local cluster: None), ``auto`` or ``HOST:PORT``."""
+    text = str(value or "").strip()
+    if not text or text == "auto":
+        return text or None
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingError(f"{option}: {text!r} is not auto or HOST:PORT")
+    return text
+
+
+def parse_directory(value: Any, option: str = "--mwms-state-dir") -> Optional[str]:
+    """A directory, already made absolute by the source that read it; None when unset."""
+    text = str(value or "").strip()
+    return text or None
+
+
+# Where an option can be set, and how an error names the place.
+PLACES = ("command line", "ini", "marker", "cli")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One setting: the single source of its name, default, text and check.
+
+    The plugin builds its command-line option (``--mwms-<name>``) and its ini
+    key (``mwms_<name>`` with ``_`` for ``-``) from it, ``harness run`` its
+    ``--<name>``, the marker its keyword (``<name>`` with ``_``), and the
+    documentation's options table is generated from :data:`OPTIONS`
+    (``python -m harness.settings`` prints it; a test fails when it differs).
+    """
+
+    name: str
+    metavar: str
+    default: Optional[str]   # as a user would type it; None: worked out at run time
+    default_text: str        # the default, for people
+    help: str                # what it does, one line
+    tradeoff: str = ""       # what choosing a value costs, for the docs
+    parse: Callable[[Any, str], Any] = parse_directory   # (value, where) -> checked value
+    marker: bool = False     # settable per test by @pytest.mark.mwms(...)
+    directory: bool = False  # a path: relative ones are resolved by the source
+
+    @property
+    def flag(self) -> str:
+        return f"--mwms-{self.name}"
+
+    @property
+    def ini(self) -> str:
+        return "mwms_" + self.field
+
+    @property
+    def field(self) -> str:
+        """The :class:`RunSettings` field, and the marker's keyword."""
+        return self.name.replace("-", "_")
+
+    @property
+    def places(self) -> Tuple[str, ...]:
+        return tuple(p for p in PLACES if p != "marker" or self.marker)
+
+    def where(self, place: str) -> str:
+        """How an error names this option when the value came from ``place``."""
+        return {"command line": self.flag, "ini": f"ini {self.ini}",
+                "marker": f"@pytest.mark.mwms({self.field}=...)", "cli": f"--{self.name}"}[place]
+
+
+OPTIONS = (
+    Option("workers", "N", "2", "2",
+           "workers per cluster, 1 to what the machine holds (8 per core, one per 0.5 GiB "
+           "RAM, at most 64)",
+           "More workers than cores works (the workers mostly wait on each other), but "
+           "start-up and steps slow down.",
+           parse=parse_workers, marker=True),
+    Option("timeout", "SECONDS", "30", "30",
+           "a run is hung when no worker made progress (step boundary, phase change, "
+           "finishing) for this long",
+           "Lower reports faster; too low calls slow start-up (5-10 s under spawn) or long "
+           "steps a hang.",
+           parse=parse_seconds, marker=True),
+    Option("grace", "SECONDS", "5", "5",
+           "once a worker raised or died, how long the others get to finish or fail before "
+           "they are dumped and killed",
+           "TensorFlow tells survivors of a dead peer after about 10 s: raise it to record "
+           "those errors, lower it to fail faster.",
+           parse=parse_grace, marker=True),
+    Option("devices", "|".join(DEVICES), "cpu", "cpu",
+           "`cpu` hides all GPUs; `gpu` splits the visible GPUs among the workers via "
+           "`CUDA_VISIBLE_DEVICES`",
+           "Each worker gets the same number of GPUs; leftovers stay unused.",
+           parse=parse_devices),
+    Option("start-method", "|".join(START_METHODS), None, "forkserver on cpu, spawn on gpu",
+           "forkserver forks workers from a server that imported TensorFlow once; spawn "
+           "starts a fresh Python per worker",
+           "forkserver: a 2-worker run in ~0.3 s after the first. spawn: 5-10 s a run, "
+           "nothing shared (forking a process that loaded CUDA is not shown safe).",
+           parse=parse_start_method),
+    Option("preload", "MODULES", "", "none",
+           "comma-separated modules the forkserver imports once before it forks workers "
+           "(your package, what a script imports), besides TensorFlow, pytest and hypothesis",
+           "Each run then skips importing them. One that fails to import, or starts a thread, "
+           "is a warning and is left out.",
+           parse=parse_modules),
+    Option("restarts", "K", "0", "0",
+           "after a run crashed or failed, restart its whole cluster up to K times (same "
+           "ports and `TF_CONFIG`, fresh processes), as a cluster manager would",
+           "Each restart pays a cluster start-up again; a hang is restarted only when "
+           "`run(restart_on=...)` asks.",
+           parse=parse_restarts, marker=True),
+    Option("network", "|".join(NETWORK_MODES), "auto", "auto",
+           "`isolated` runs each cluster in a network namespace of its own, unreachable "
+           "from the host; `auto` does where the machine allows it (the session header "
+           "says which); `host` runs on the host's loopback",
+           "On the host, every worker is an unauthenticated TensorFlow server on all "
+           "interfaces while a run lasts; isolation costs a few milliseconds a run.",
+           parse=parse_network, marker=True),
+    Option("backend", "|".join(BACKEND_NAMES), DEFAULT_BACKEND, DEFAULT_BACKEND,
+           "where workers run: `local` processes on this machine, or `ray`: on the nodes of "
+           "a Ray cluster (`pip install -e '.[ray]'`), one agent per node starting them",
+           "Ray: a session pays the cluster's start-up (about 4 s for 2 local nodes), a "
+           "warm 2-worker run about 40 ms more than local (benchmark); no network "
+           "isolation or network faults.",
+           parse=parse_backend, marker=True),
+    Option("ray-address", "HOST:PORT|auto", "", "none: a local cluster for the session",
+           "with `--mwms-backend=ray`: the Ray cluster to join (`auto`: the one Ray finds); "
+           "unset, the session starts a local cluster and shuts it down at its end",
+           "A cluster joined is left running; one started is gone at the end, even if "
+           "pytest is killed.",
+           parse=parse_ray_address),
+    Option("ray-nodes", "K", "2", "2",
+           "with `--mwms-backend=ray` and no address: the local cluster's simulated nodes "
+           "(workers spread one per node, round-robin)",
+           "Each node is a raylet and its agents: about 1 s of start-up and 100-200 MiB.",
+           parse=parse_ray_nodes),
+    Option("report-dir", "DIR", None, "none",
+           "write a timeline of each run (a Chrome trace for Perfetto and an SVG picture) "
+           "into DIR; the failure report names the files",
+           "Costs a few milliseconds a run written; `--mwms-report` chooses which runs.",
+           parse=parse_directory, directory=True),
+    Option("report", "|".join(REPORT_MODES), "failed", "failed",
+           "with `--mwms-report-dir`: a timeline for the runs that did not complete, or for "
+           "all",
+           "`all` also draws the runs that completed, to compare a good run with a bad one.",
+           parse=parse_report),
+    Option("state-dir", "DIR", None, "$MWMS_STATE_DIR, else the temp directory's "
+           "`pytest-mwms-ports-v2`",
+           "where the harness coordinates the ports it reserves with other pytest processes "
+           "and other users",
+           "Set it when the shared default cannot be used; processes that should not "
+           "collide must use the same one.",
+           parse=parse_directory, directory=True),
+)
+OPTION = {o.name: o for o in OPTIONS}
+MARKER_KEYS = tuple(o.field for o in OPTIONS if o.marker)
+
+
 def options_markdown() -> str:
-    """README.md's options table, made from :data:`OPTIONS`."""
+    """The documentation's options table, made from :data:`OPTIONS`."""
     rows = ["| option | ini key | default | meaning |", "|---|---|---|---|"]
     for o in OPTIONS:
         meaning = o.help + (f". {o.tradeoff}" if o.tradeoff else "")
@@ -239,9 +328,8 @@ def options_markdown() -> str:
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """Everything that shapes a run besides ``fn`` and the faults: one field
-    per option of :data:`OPTIONS` (``start_method`` for ``start-method``,
-    ``state_dir`` for ``state-dir``, ``report_dir`` for ``report-dir``),
-    where each is documented."""
+    per option of :data:`OPTIONS` (:attr:`Option.field`: ``start_method``
+    for ``start-method``), where each is documented."""
 
     workers: int = 2
     timeout: float = 30.0
@@ -254,7 +342,7 @@ class RunSettings:
     network: str = "auto"
     report_dir: Optional[str] = None
     report: str = "failed"
-    backend: str = "local"
+    backend: str = DEFAULT_BACKEND
     ray_address: Optional[str] = None
     ray_nodes: int = 2
 
@@ -262,45 +350,36 @@ class RunSettings:
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-MARKER_KEYS = ("workers", "timeout", "grace", "restarts", "network", "backend")
-NETWORKS = ("auto", "isolated", "host")
-BACKENDS = ("local", "ray")
-MAX_RAY_NODES = 16
-
-
-def parse_ray_address(value: Any, option: str = "--mwms-ray-address") -> Optional[str]:
-    """Empty (a local cluster: None), ``auto`` or ``HOST:PORT``."""
-    text = str(value or "").strip()
-    if not text or text == "auto":
-        return text or None
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SettingError(f"{option}: {text!r} is not auto or HOST:PORT")
-    return text
-
-
-def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
-    return parse_count(value, option, "nodes", 1, MAX_RAY_NODES)
-
-
-def check_backend(settings: "RunSettings", option: str = "--mwms-backend") -> None:
+def check_backend(settings: RunSettings, option: str = "--mwms-backend") -> None:
     """A backend this machine can use with these settings, or a SettingError."""
-    if settings.backend != "ray":
-        return
-    import importlib.util
-    if importlib.util.find_spec("ray") is None:
-        raise SettingError(f"{option}=ray: Ray is not installed; install it with "
-                           f"pip install -e '.[ray]' (or pip install ray)")
-    if settings.network == "isolated":
-        raise SettingError(f"{option}=ray: workers run on the Ray nodes' own network, so "
-                           f"network='isolated' cannot be had; use auto or host")
+    backend_of(settings).check(settings, option)
+
+
+def finish(settings: RunSettings, where: Callable[[str], str]) -> RunSettings:
+    """The checks and choices that join options: the start method by device
+    when unset, GPUs to share, the network mode and the backend possible
+    here.  ``where(name)`` names where option ``name`` was set."""
+    if settings.start_method is None:
+        settings = dataclasses.replace(
+            settings, start_method="forkserver" if settings.devices == "cpu" else "spawn")
     if settings.devices == "gpu":
-        raise SettingError(f"{option}=ray: GPUs are not handed out on Ray yet; use "
-                           f"--mwms-devices=cpu")
+        gpu_assignment(settings.workers, visible_gpus())
+    check_mode(settings.network, where("network"))
+    check_backend(settings, where("backend"))
+    return settings
 
 
-def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) -> dict:
-    """Validate ``@pytest.mark.mwms(...)`` arguments; return the overrides."""
+def read_settings(lookup: Callable[[Option], Tuple[Any, str]]) -> RunSettings:
+    """Every option from one source: ``lookup(option)`` gives the value as
+    typed (the option's default when unset) and the place it came from
+    (one of :data:`PLACES`)."""
+    found = {o.name: lookup(o) for o in OPTIONS}
+    values = {o.field: o.parse(found[o.name][0], o.where(found[o.name][1])) for o in OPTIONS}
+    return finish(RunSettings(**values), lambda name: OPTION[name].where(found[name][1]))
+
+
+def parse_marker(kwargs: dict, args: tuple = ()) -> dict:
+    """``@pytest.mark.mwms(...)``'s arguments, checked: the overrides."""
     if args:
         raise SettingError(f"@pytest.mark.mwms takes keyword arguments only "
                            f"({', '.join(MARKER_KEYS)}), got positional {args!r}")
@@ -308,54 +387,18 @@ def parse_marker(kwargs: dict, args: tuple = (), limit: Optional[int] = None) ->
     if unknown:
         raise SettingError(f"@pytest.mark.mwms: unknown argument(s) {', '.join(unknown)}; "
                            f"allowed: {', '.join(MARKER_KEYS)}")
-    out: dict = {}
-    if "workers" in kwargs:
-        out["workers"] = parse_workers(kwargs["workers"], "@pytest.mark.mwms(workers=...)", limit)
-    if "timeout" in kwargs:
-        out["timeout"] = parse_seconds(kwargs["timeout"], "@pytest.mark.mwms(timeout=...)")
-    if "grace" in kwargs:
-        out["grace"] = parse_seconds(kwargs["grace"], "@pytest.mark.mwms(grace=...)", allow_zero=True)
-    if "restarts" in kwargs:
-        out["restarts"] = parse_restarts(kwargs["restarts"], "@pytest.mark.mwms(restarts=...)")
-    if "network" in kwargs:
-        out["network"] = parse_choice(kwargs["network"], "@pytest.mark.mwms(network=...)",
-                                      NETWORKS)
-    if "backend" in kwargs:
-        out["backend"] = parse_choice(kwargs["backend"], "@pytest.mark.mwms(backend=...)",
-                                      BACKENDS)
-    return out
+    by_field = {o.field: o for o in OPTIONS}
+    return {k: by_field[k].parse(v, by_field[k].where("marker")) for k, v in kwargs.items()}
 
 
-def gpu_assignment(num_workers: int, visible: list[str]) -> list[str]:
-    """Split the visible GPU ids among the workers: a ``CUDA_VISIBLE_DEVICES``
-    value per worker.  Each worker gets ``len(visible) // num_workers`` GPUs;
-    leftovers stay unused, so every replica is the same size (MWMS needs the
-    same number of devices per worker)."""
-    if not visible:
-        raise SettingError("--mwms-devices=gpu: no GPU is visible "
-                           "(CUDA_VISIBLE_DEVICES is empty and nvidia-smi lists none)")
-    per = len(visible) // num_workers
-    if per == 0:
-        raise SettingError(f"--mwms-devices=gpu: {num_workers} workers but only "
-                           f"{len(visible)} GPU(s) visible; use at most {len(visible)} workers")
-    return [",".join(visible[i * per:(i + 1) * per]) for i in range(num_workers)]
-
-
-def visible_gpus(env: Optional[dict] = None) -> list[str]:
-    """GPU ids the parent may hand out, without initialising CUDA here."""
-    env = os.environ if env is None else env
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        return [g for g in (x.strip() for x in cvd.split(",")) if g and g != "-1"]
-    import shutil
-    import subprocess
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+def apply_marker(settings: RunSettings, kwargs: dict, args: tuple = ()) -> RunSettings:
+    """``settings`` as one test's ``@pytest.mark.mwms(...)`` changes them."""
+    overrides = parse_marker(kwargs, args)
+    if not overrides:
+        return settings
+    return finish(settings.with_overrides(**overrides),
+                  lambda name: OPTION[name].where("marker" if OPTION[name].field in overrides
+                                                  else "command line"))
 
 
 if __name__ == "__main__":

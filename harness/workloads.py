@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, List
 
-from . import NotInWorkerError, context
+from harness import NotInWorkerError, context
 
 # The seed article's constants: MNIST's 784 features and 10 classes.
 FEATURES = 784

@@ -1,12 +1,12 @@
-"""The scenario catalogue as data: collect it, check it, render README's table.
+"""The scenario catalogue as data: collect it, check it, render its documentation page.
 
 Each scenario test carries its metadata (``@scenario`` from
 ``scenarios/meta.py``) and a structured docstring; this module reads them
 without starting any worker or importing TensorFlow.
 
     python scenarios/catalogue.py            # print the table
-    python scenarios/catalogue.py --write    # rewrite README.md's region
-    python scenarios/catalogue.py --check    # exit 1 if README or metadata is off
+    python scenarios/catalogue.py --write    # rewrite docs/scenarios.md's region
+    python scenarios/catalogue.py --check    # exit 1 if the page or metadata is off
 
 ``tests/test_catalogue.py`` runs the same checks.
 """
@@ -27,7 +27,7 @@ if ROOT not in sys.path:  # run as a script: make ``scenarios`` importable
 
 from scenarios.meta import NO_FIX, DOC_LABELS, culprit_check_of, declared  # noqa: E402
 
-README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs", "scenarios.md")
 START, END = "<!-- scenarios:start -->", "<!-- scenarios:end -->"
 # The catalogue's order, from the seed article's rules to peer faults and
 # Keras: files not listed here follow, by name.
@@ -162,7 +162,7 @@ def _cell(text: str) -> str:
 
 
 def render(entries: Optional[Iterable[Entry]] = None) -> str:
-    """The README region's content, markers excluded."""
+    """The page region's content, markers excluded."""
     entries = list(collect() if entries is None else entries)
     files = len({e.file for e in entries})
     broken = sum(e.variant == "broken" for e in entries)
@@ -186,18 +186,18 @@ def render(entries: Optional[Iterable[Entry]] = None) -> str:
     return "\n".join(lines)
 
 
-def readme_region(text: str) -> str:
+def docs_region(text: str) -> str:
     start, end = text.find(START), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README.md has no {START} ... {END} region")
+        raise ValueError(f"docs/scenarios.md has no {START} ... {END} region")
     return text[start + len(START):end]
 
 
-def write_readme(path: str = README) -> bool:
+def write_docs(path: str = DOCS) -> bool:
     """Rewrite the region; True when it changed."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    old = readme_region(text)
+    old = docs_region(text)
     new = render()
     if old == new:
         return False
@@ -210,22 +210,23 @@ def write_readme(path: str = README) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help="rewrite README.md's region")
+    group.add_argument("--write", action="store_true", help="rewrite docs/scenarios.md's region")
     group.add_argument("--check", action="store_true",
-                       help="exit 1 when README.md's region or a scenario's metadata is off")
+                       help="exit 1 when docs/scenarios.md's region or a scenario's metadata "
+                            "is off")
     args = parser.parse_args(argv)
     found = problems()
     for p in found:
         print(f"catalogue: {p}", file=sys.stderr)
     if args.write:
-        changed = write_readme()
-        print("README.md " + ("updated" if changed else "already up to date"))
+        changed = write_docs()
+        print("docs/scenarios.md " + ("updated" if changed else "already up to date"))
         return 1 if found else 0
     if args.check:
-        with open(README, encoding="utf-8") as f:
-            stale = readme_region(f.read()) != render()
+        with open(DOCS, encoding="utf-8") as f:
+            stale = docs_region(f.read()) != render()
         if stale:
-            print("catalogue: README.md's scenario table is stale; run "
+            print("catalogue: docs/scenarios.md's table is stale; run "
                   "python scenarios/catalogue.py --write", file=sys.stderr)
         return 1 if found or stale else 0
     print(render())

@@ -4,8 +4,9 @@
   key and cluster size, so that a scenario test and its separate culprit
   check (see ``scenarios/meta.py``) share one run instead of paying for two.
 * After each scenario test's body has passed, its last run must have ended
-  as its ``@scenario(outcome=...)`` declares: the README table is rendered
-  from those declarations, so the table cannot drift from what the tests see.
+  as its ``@scenario(outcome=...)`` declares: the catalogue's table
+  (docs/scenarios.md) is rendered from those declarations, so the table
+  cannot drift from what the tests see.
 * After each test, no TensorFlow worker may be left running.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from harness import linux
+from harness.core import linux
 from scenarios.meta import culprit_check_of, declared
 
 _LAST_RESULT = "_mwms_scenario_last_result"
@@ -77,7 +78,7 @@ def pytest_runtest_call(item):
         if result.outcome not in meta.outcomes:
             raise AssertionError(
                 f"{item.name}: its last run ended {result.outcome!r}, but @scenario declares "
-                f"{' or '.join(meta.outcomes)} (the README table says so too)\n{result.report()}")
+                f"{' or '.join(meta.outcomes)} (the catalogue in docs/scenarios.md says so too)\n{result.report()}")
         if meta.error is not None:
             raised = {w.exception.type_name.rsplit('.', 1)[-1]
                       for w in result.workers if w.exception is not None}
@@ -97,7 +98,7 @@ def _tensorflow_pids():
     Only descendants: other pytest sessions on the same machine may have
     workers of their own running.
     """
-    from harness.launcher import forkserver_pid
+    from harness.launch.local import forkserver_pid
     server = forkserver_pid()
     return linux.tensorflow_pids(p for p in psutil.Process().children(recursive=True)
                                  if p.pid != server)

@@ -1,5 +1,5 @@
 """The metadata every scenario test carries: the single source of truth for
-the README table and for the outcome the test must see.
+the catalogue's table (docs/scenarios.md) and for the outcome the test must see.
 
 ``@scenario(outcome=..., source=..., fixed_by=...)`` on a test function:
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple, Union
 
-from harness.record import OUTCOMES
+from harness.diagnosis.observations import OUTCOMES
 
 # fixed_by for a broken variant that no fix turns into a completed run.
 NO_FIX = "no fix completes"

@@ -1,14 +1,14 @@
 """The network: a worker cut off from its peers, for good or for a moment,
 a slow link, a far node, connections reset.  Each worker is in a network
 namespace of its own, joined to the others through a bridge
-(``harness.netns``); ``Partition`` takes its link down (and up again),
+(``harness.network.namespace``); ``Partition`` takes its link down (and up again),
 ``Bandwidth`` throttles it; ``Latency`` and ``ResetPeers`` act through a
-TCP proxy between the workers (``harness.netproxy``).  The faults act at
+TCP proxy between the workers (``harness.network.proxy``).  The faults act at
 step 5 of the seed's loop.
 """
 import pytest
 
-from harness import netns
+from harness.network import namespace as netns
 from harness.faults import Bandwidth, Latency, Partition, ResetPeers
 from scenarios.meta import NO_FIX, scenario
 from scenarios.test_peer_faults import AT, COLLECTIVE_TIMEOUT, train_loop

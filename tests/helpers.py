@@ -4,8 +4,8 @@ import time
 
 import psutil
 
-from harness import linux
-from harness.launcher import forkserver_pid
+from harness.core import linux
+from harness.launch.local import forkserver_pid
 # The canonical small workload (n all-reduce steps on one scalar) and the
 # standard faulted one (one all-reduce of a scope-made variable per step).
 from harness.workloads import allreduce_loop as allreduce_steps, variable_loop  # noqa: F401

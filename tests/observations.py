@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from harness.protocol import WorkerError
+from harness.core.protocol import WorkerError
 import dataclasses
 
-from harness.record import (Call, CollectiveOp, Event, RunObservation, TracedFunction,
+from harness.diagnosis.observations import (Call, CollectiveOp, Event, RunObservation, TracedFunction,
                             WorkerObservation)
 
 HOST = "127.0.0.1"

@@ -14,7 +14,7 @@ per step), as measured in tests/test_faults.py, and how faults combine:
   a stopping fault fired first.
 """
 from harness import faults
-from harness.plans import Plan
+from plans import Plan
 
 # (outcome when the chief is faulted, when another worker is)
 CONFIG_OUTCOME = {

@@ -1,5 +1,5 @@
 """The scenario catalogue's bookkeeping, without any TensorFlow worker: the
-README table matches the scenarios' metadata, and every scenario test has
+table in docs/scenarios.md matches the scenarios' metadata, and every scenario test has
 its metadata and docstring parts (see scenarios/meta.py)."""
 import os
 import subprocess
@@ -18,11 +18,11 @@ from scenarios.meta import NO_FIX, culprit_check, scenario  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_readme_region_matches_the_rendering():
-    with open(catalogue.README, encoding="utf-8") as f:
-        region = catalogue.readme_region(f.read())
+def test_docs_region_matches_the_rendering():
+    with open(catalogue.DOCS, encoding="utf-8") as f:
+        region = catalogue.docs_region(f.read())
     assert region == catalogue.render(), (
-        "README.md's scenario table is stale: run  python scenarios/catalogue.py --write")
+        "docs/scenarios.md's table is stale: run  python scenarios/catalogue.py --write")
 
 
 def test_every_scenario_test_has_metadata_and_docstring_parts():
@@ -170,9 +170,9 @@ def test_render_escapes_and_counts():
 
 
 def test_write_rewrites_only_the_region(tmp_path, monkeypatch):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"before\n{catalogue.START}\nold\n{catalogue.END}\nafter\n")
+    page = tmp_path / "scenarios.md"
+    page.write_text(f"before\n{catalogue.START}\nold\n{catalogue.END}\nafter\n")
     monkeypatch.setattr(catalogue, "render", lambda entries=None: "\nnew\n")
-    assert catalogue.write_readme(str(readme)) is True
-    assert readme.read_text() == f"before\n{catalogue.START}\nnew\n{catalogue.END}\nafter\n"
-    assert catalogue.write_readme(str(readme)) is False
+    assert catalogue.write_docs(str(page)) is True
+    assert page.read_text() == f"before\n{catalogue.START}\nnew\n{catalogue.END}\nafter\n"
+    assert catalogue.write_docs(str(page)) is False

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from harness import netns
+from harness.network import namespace as netns
 from helpers import tensorflow_pids, wait_gone
 
 pytestmark = pytest.mark.timeout(120)
@@ -77,7 +77,7 @@ def _start_inner(pytester, tmp_path, test_timeout=300, harness_timeout=200, work
 
 def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path):
     """Workers, their grandchildren, the forkserver and, where the run is
-    isolated, the anchor holding its network namespace (see harness.netns)."""
+    isolated, the anchor holding its network namespace (see harness.network.namespace)."""
     proc, pids = _start_inner(pytester, tmp_path)
     if netns.available()[0]:
         assert any(_name(p) == "cat" for p in pids), "no namespace anchor to watch"
@@ -100,7 +100,7 @@ def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path):
     try:
         holders = [p for p in pids if _cmdline(p)[:2] == ["sleep", "2147483647"]]
         assert len(holders) == 2, [(p, _cmdline(p)) for p in pids]
-        assert [p for p in pids if "harness.netproxy" in _cmdline(p)], "no proxy to watch"
+        assert [p for p in pids if "harness.network.proxy" in _cmdline(p)], "no proxy to watch"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)

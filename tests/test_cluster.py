@@ -7,7 +7,7 @@ import time
 import pytest
 
 import harness
-from harness.controller import SerializationError
+from harness.errors import SerializationError
 from helpers import allreduce_steps
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.diagnosis import OUTCOMES, Verdict, diagnose, is_echo, summarize_stack
-from harness.protocol import WorkerError
-from harness.record import Event, RunObservation, WorkerObservation
+from harness.core.protocol import WorkerError
+from harness.diagnosis.observations import Event, RunObservation, WorkerObservation
 from observations import (HOST, SKIP5, STACK_CREATE, STACK_SLEEP, STACK_TF, UNHEALTHY, blocked,
                           config, died, events, raised, returned, run, shape_error)
 
@@ -289,7 +289,7 @@ def test_round_trip_gives_the_same_verdict():
 
 
 def test_no_tensorflow_import():
-    code = ("import sys, harness.diagnosis, harness.record; "
+    code = ("import sys, harness.diagnosis, harness.diagnosis.observations; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
                    env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=30)

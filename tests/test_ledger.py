@@ -5,8 +5,9 @@ import types
 
 import pytest
 
-from harness import progress, protocol
-from harness.ledger_view import LedgerView
+from harness.core import progress
+from harness.core import protocol
+from harness.controller.ledger_view import LedgerView
 from harness.worker import ledger as worker_ledger
 from harness.workloads import allreduce_loop
 

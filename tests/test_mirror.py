@@ -1,5 +1,5 @@
 """The link that carries a Ray worker's channel, progress records and
-files from its node to the controller (harness.mirror), with no Ray and no
+files from its node to the controller (harness.launch.ray.link), with no Ray and no
 TensorFlow: a fake worker writes its map and files and talks on its pipe,
 and the test reads the controller's side as the watch loop does."""
 import os
@@ -8,7 +8,9 @@ import time
 import multiprocess
 import pytest
 
-from harness import mirror, progress, protocol
+from harness.launch.ray import link as mirror
+from harness.core import progress
+from harness.core import protocol
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 import harness
-from harness import netns
+from harness.network import isolation, namespace as netns
 from harness.settings import SettingError, parse_marker
 from harness.workloads import allreduce_loop
 
@@ -110,8 +110,8 @@ def test_network_settings_are_checked():
     assert parse_marker({"network": "host"}) == {"network": "host"}
     with pytest.raises(SettingError, match=r"mwms\(network=\.\.\.\)"):
         parse_marker({"network": "private"})
-    assert netns.resolve("host") == (False, "--mwms-network=host")
-    assert netns.resolve("auto") == ISOLATION
+    assert isolation("host") == (False, "--mwms-network=host")
+    assert isolation("auto") == ISOLATION
 
 
 def test_the_session_header_says_where_clusters_run(pytester):
@@ -200,7 +200,7 @@ def test_a_bandwidth_limit_slows_steps_by_what_the_link_carries(mwms_cluster):
 
 
 def _holders_alive():
-    from harness import linux
+    from harness.core import linux
     return [c.pid for c in psutil.Process().children(recursive=True)
             if c.name() == "sleep" and linux.alive(c.pid)]
 
@@ -260,11 +260,11 @@ def test_the_proxy_delays_resets_and_clears_what_it_carries():
     server, as route (0 -> 1).  A delay on either end holds each way; a
     reset sends RST to the client; a new connection is accepted after."""
     import sys
-    from harness.ports import reserve_ports
+    from harness.launch.ports import reserve_ports
     server = _echo_server()
     with reserve_ports(1) as reservation:
         port = reservation.ports[0]
-    proxy = subprocess.Popen([sys.executable, "-m", "harness.netproxy"], stdin=subprocess.PIPE,
+    proxy = subprocess.Popen([sys.executable, "-m", "harness.network.proxy"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE)
     try:
         proxy.stdin.write((json.dumps([["127.0.0.1", port, "127.0.0.1",
@@ -330,7 +330,7 @@ def test_latency_slows_steps_by_round_trips_and_the_proxy_stays_invisible(mwms_c
     seen = [w.tf_config["cluster"]["worker"] for w in result.observation.workers]
     assert seen[0] == seen[1] and not any(netns.BRIDGE_HOST in a for a in seen[0]), seen
     assert not [c for c in psutil.Process().children(recursive=True)
-                if "harness.netproxy" in " ".join(c.cmdline())], "the proxy outlived its run"
+                if "harness.network.proxy" in " ".join(c.cmdline())], "the proxy outlived its run"
 
 
 def _cannot_tell_who_was_reset(result):

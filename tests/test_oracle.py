@@ -2,7 +2,7 @@
 from hypothesis import given, settings
 
 from harness import faults as F
-from harness.plans import Plan, fault_plans, well_formed
+from plans import Plan, fault_plans, well_formed
 from oracle import expect
 
 

@@ -36,7 +36,7 @@ def test_bad_ini_value_is_a_usage_error(pytester):
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "--mwms-workers: 'lots'" in result.stderr.str()
+    assert "ini mwms_workers: 'lots' is not a whole number" in result.stderr.str()
 
 
 def test_gpu_without_gpus_is_a_usage_error(pytester, monkeypatch):

@@ -2,7 +2,7 @@
 
 No TensorFlow.  The tests with two users switch to unprivileged uids with
 ``setpriv`` and need root; elsewhere they are skipped, saying why.  Their
-child processes load ``harness/ports.py`` and ``harness/errors.py`` by path
+child processes load ``harness/launch/ports.py`` and ``harness/errors.py`` by path
 (a bare ``harness`` package object pointing at the checkout's ``harness/``),
 so they need only a Python the other uid can run and a checkout it can read.
 """
@@ -25,28 +25,31 @@ from pathlib import Path
 
 import pytest
 
-from harness import ports as ports_module
+from harness.launch import ports as ports_module
 from harness.errors import HarnessError, StateDirError
-from harness.ports import ENV_VAR, INI_OPTION, port_range, reserve_ports
+from harness.launch.ports import bindable, port_range, reserve_ports
+from harness.launch.state_dir import DIR_NAME, ENV_VAR, INI_OPTION, check_state_dir
 
 HARNESS_DIR = str(Path(__file__).resolve().parent.parent / "harness")
 
 # Run as ``python -I -B -c CHILD HARNESS_DIR JSON``: SAME_USER + [JSON].
 CHILD = r"""
 import importlib.util, json, os, sys, time, types
-# Load harness/errors.py and harness/ports.py from the directory given, by
+# Load harness/errors.py, harness/launch/state_dir.py and harness/launch/ports.py from
+# the directory given, by
 # path: not harness/__init__.py, and not an installed harness.
-pkg = types.ModuleType("harness")
-pkg.__path__ = [sys.argv[1]]
-sys.modules["harness"] = pkg
-for name in ("errors", "ports"):
+for name, path in (("harness", ""), ("harness.launch", "launch")):
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [os.path.join(sys.argv[1], path)]
+    sys.modules[name] = pkg
+for name in ("errors", "launch.state_dir", "launch.ports"):
     spec = importlib.util.spec_from_file_location(
-        "harness." + name, os.path.join(sys.argv[1], name + ".py"))
+        "harness." + name, os.path.join(sys.argv[1], name.replace(".", "/") + ".py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
 from harness.errors import StateDirError
-from harness.ports import reserve_ports
+from harness.launch.ports import reserve_ports
 p = json.loads(sys.argv[2])
 mode = p["mode"]
 if mode == "probe":
@@ -83,14 +86,6 @@ SAME_USER = [sys.executable, "-I", "-B", "-c", CHILD, HARNESS_DIR]
 # --------------------------------------------------------------------------
 # helpers
 
-def _bindable(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
 
 def free_range(k):
     """``k`` consecutive bindable ports, below both the harness's own band
@@ -98,7 +93,7 @@ def free_range(k):
     ephemeral range."""
     starts = list(range(10000, 15000 - k, k))
     for lo in random.sample(starts, len(starts)):
-        if all(_bindable(p) for p in range(lo, lo + k)):
+        if all(bindable(p) for p in range(lo, lo + k)):
             return lo, lo + k
     pytest.skip(f"no {k} consecutive free ports in 10000-15000")
 
@@ -185,7 +180,7 @@ def _unused_uid():
 def as_user():
     """``as_user(uid)``: the command line, but for its last argument (the
     JSON parameters), running CHILD as ``uid`` on a world-readable copy of
-    ``harness/errors.py`` and ``harness/ports.py`` (the checkout itself may lie
+    ``harness/errors.py`` and ``harness/launch/ports.py`` (the checkout itself may lie
     where other users cannot read, as under /root)."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to run processes as two other (unprivileged) uids")
@@ -196,7 +191,8 @@ def as_user():
     copy = tempfile.mkdtemp(prefix="mwms-test-harness-")
     try:
         os.chmod(copy, 0o755)
-        for name in ("errors.py", "ports.py"):
+        os.mkdir(os.path.join(copy, "launch"), 0o755)
+        for name in ("errors.py", "launch/state_dir.py", "launch/ports.py"):
             shutil.copyfile(os.path.join(HARNESS_DIR, name), os.path.join(copy, name))
             os.chmod(os.path.join(copy, name), 0o644)
         reasons = []
@@ -219,7 +215,7 @@ def as_user():
                 yield command
                 return
         pytest.skip("no Python that uids 65534 and another can run and that loads a copy of "
-                    f"harness/ports.py in {copy}: " + "; ".join(reasons))
+                    f"harness/launch/ports.py in {copy}: " + "; ".join(reasons))
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
@@ -387,7 +383,7 @@ def test_a_file_in_place_of_the_directory_is_refused(shared_tmp):
 def test_default_directory_is_made_like_tmp_and_repaired(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv(ENV_VAR, raising=False)
-    default = os.path.join(str(tmp_path), ports_module.DIR_NAME)
+    default = os.path.join(str(tmp_path), DIR_NAME)
     with reserve_ports(2, port_range=free_range(2)) as r:
         assert r.path == default
         assert stat.S_IMODE(os.lstat(default).st_mode) == 0o1777
@@ -414,11 +410,11 @@ def test_state_dir_argument_wins_over_the_environment(shared_tmp, monkeypatch):
 def test_check_state_dir_for_the_plugin(shared_tmp, monkeypatch):
     d = os.path.join(shared_tmp, "checked")
     monkeypatch.setenv(ENV_VAR, d)
-    assert ports_module.check_state_dir() == d
+    assert check_state_dir() == d
     assert stat.S_IMODE(os.lstat(d).st_mode) == 0o1777
     os.symlink(d, d + "-link")
     with pytest.raises(StateDirError, match="symbolic link"):
-        ports_module.check_state_dir(d + "-link")
+        check_state_dir(d + "-link")
 
 
 def test_bad_port_range_is_a_value_error(state):

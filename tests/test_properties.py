@@ -1,13 +1,13 @@
 """Generated fault plans on real workers: the harness's outcome and culprits
 match the oracle, every run returns in time and leaves nothing behind."""
-import socket
 import time
 
 import pytest
 from hypothesis import example, given, note
 
+from harness.launch.ports import bindable
 from harness import faults as F
-from harness.plans import Plan, fault_plans, replay
+from plans import Plan, fault_plans, replay
 from helpers import tensorflow_pids, variable_loop, wait_gone
 from oracle import expect
 
@@ -22,16 +22,6 @@ def _ports(result):
     return ports
 
 
-def _bindable(port):
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.mark.timeout(900)
 @given(plan=fault_plans())
 # Found by the thorough profile: a skipped *last* step leaves no hole in the
@@ -41,7 +31,7 @@ def _bindable(port):
 # whose exit status arrived before the harness marked it read as a crash.
 @example(plan=Plan(workers=4, faults=(F.BadTFConfig(worker=3, kind="missing"),), timeout=3.0))
 def test_generated_plan_matches_the_oracle(plan):
-    note(f"replay: harness.plans.replay({plan!r}, helpers.variable_loop)")
+    note(f"replay: plans.replay({plan!r}, helpers.variable_loop)")
     outcome, culprits = expect(plan)
     t0 = time.monotonic()
     result = replay(plan, variable_loop, grace=GRACE)
@@ -54,5 +44,5 @@ def test_generated_plan_matches_the_oracle(plan):
     waits = sum(getattr(f, "seconds", 0) or 0 for f in plan.faults)
     assert wall < 10 + plan.timeout + GRACE + waits
     assert not wait_gone(tensorflow_pids(), seconds=2)
-    busy = [p for p in _ports(result) if not _bindable(p)]
+    busy = [p for p in _ports(result) if not bindable(p, reuse_address=True)]
     assert not busy, f"ports still bound after the run: {busy}"

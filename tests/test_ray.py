@@ -20,7 +20,7 @@ from harness.settings import RunSettings, SettingError, check_backend, parse_mar
 from harness.workloads import allreduce_loop
 from helpers import wait_gone
 
-from harness import raylaunch  # noqa: E402 - imports nothing of Ray
+from harness.launch.ray import launcher as raylaunch  # noqa: E402 - imports nothing of Ray
 
 RAY = raylaunch.available()
 needs_ray = pytest.mark.skipif(not RAY[0], reason=RAY[1])

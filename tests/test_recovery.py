@@ -7,7 +7,7 @@ import pytest
 
 import harness
 from harness.faults import Crash, Pause, Preempt, RaiseError
-from harness.ports import default_state_dir
+from harness.launch.state_dir import default_state_dir
 from harness.workloads import seed_training_loop
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leftover_workers")]

@@ -8,10 +8,10 @@ import pytest
 
 from harness.diagnosis import diagnose
 from harness.errors import SettingError
-from harness.protocol import VariablePrint
-from harness.record import (ReferenceCheck, ReplicaCheck, ReplicaDivergence, RunObservation,
+from harness.core.protocol import VariablePrint
+from harness.diagnosis.observations import (ReferenceCheck, ReplicaCheck, ReplicaDivergence, RunObservation,
                             WorkerObservation)
-from harness.replicas import (DEFAULT_REFERENCE_TOLERANCE, DEFAULT_TOLERANCE, compare,
+from harness.controller.replicas import (DEFAULT_REFERENCE_TOLERANCE, DEFAULT_TOLERANCE, compare,
                               compare_reference, parse_check_replicas, parse_reference)
 from observations import returned, run
 

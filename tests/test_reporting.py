@@ -2,7 +2,7 @@
 properties, report sections, the session summary."""
 import pytest
 
-from harness import reporting
+from harness.report import pytest_report as reporting
 from harness.diagnosis import diagnose
 from harness.result import RunResult, WorkerResult
 from observations import blocked, died, returned, run

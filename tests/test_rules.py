@@ -16,8 +16,8 @@ from harness.diagnosis import RULES, diagnose
 from harness.diagnosis import rules as R
 from harness.diagnosis.facts import SITUATIONS, facts_of
 from harness.errors import StepDesyncError
-from harness.protocol import WorkerError
-from harness.record import CollectiveOp, Event, TracedFunction, WorkerObservation
+from harness.core.protocol import WorkerError
+from harness.diagnosis.observations import CollectiveOp, Event, TracedFunction, WorkerObservation
 from observations import (SKIP5, STACK_SLEEP, STACK_TF, UNHEALTHY, blocked, config, died,
                           events, raised, returned, run, shape_error, with_ledger)
 

@@ -17,7 +17,7 @@ import pytest
 from harness import SettingError
 from harness.controller import Cluster
 from harness.faults import Crash
-from harness.scripts import IMPORT_TIME_ENV, ScriptMain, check_import_time_env, script_main
+from harness.controller.scripts import IMPORT_TIME_ENV, ScriptMain, check_import_time_env, script_main
 from harness.settings import RunSettings
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]

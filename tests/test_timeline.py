@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness import timeline
+from harness.report import timeline
 from harness.diagnosis import diagnose
 from harness.faults import SkipStep
 from harness.result import RunResult

@@ -6,7 +6,7 @@ The same workloads (functions of :mod:`harness.workloads`, measured by
 TensorFlow's ``multi_process_runner``), alternating run by run so that drift
 on a shared machine hits all alike.  It prints a markdown table (ratios
 against the harness) and writes the figures, with every run's raw numbers,
-as JSON.  What each launcher, workload and figure is: ``README.md`` here.
+as JSON.  What each launcher, workload and figure is: ``docs/benchmark.md``.
 
 This subpackage is a development tool, not part of the installed plugin.
 """
@@ -374,7 +374,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--hang-timeout", type=float, default=10.0, help="T for workload 4 (10 s)")
     p.add_argument("--json", default="bench-results.json", help="where to write the figures")
     p.add_argument("--markdown", default=None,
-                   help="also write the machine line, table and notes here (for the README)")
+                   help="also write the machine line, table and notes here (for docs/benchmark.md)")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.hang_repeats < 1:
         p.error("--repeats and --hang-repeats must be at least 1")

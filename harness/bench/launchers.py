@@ -1,4 +1,4 @@
-"""The three launchers :mod:`harness.bench` compares (see ``README.md`` here).
+"""The three launchers :mod:`harness.bench` compares (see ``docs/benchmark.md``).
 
 Each launcher has ``run(workload, stamp_dir) -> dict`` (one run, its raw
 figures), ``overhead_pss()`` and ``close()`` (nothing it started may
@@ -30,11 +30,12 @@ from typing import List, Optional
 
 import psutil
 
-from harness import tfconfig
+from harness.core import tfconfig
 from harness.controller import Cluster
-from harness.launcher import forkserver_pid, kill_tree, worker_environments
-from harness.linux import alive, set_parent_death_signal
-from harness.ports import reserve_ports
+from harness.launch.devices import worker_environments
+from harness.launch.local import forkserver_pid, kill_tree
+from harness.core.linux import alive, set_parent_death_signal
+from harness.launch.ports import reserve_ports
 from harness.settings import RunSettings
 
 from .workers import RESULT_MARK, measured_run
@@ -236,7 +237,7 @@ class RayLauncher(HarnessLauncher):
     settings = RunSettings(backend="ray", ray_nodes=2)
 
     def __init__(self):
-        from harness.launcher import launcher_for
+        from harness.launch.backends import launcher_for
         from harness.settings import check_backend
         check_backend(self.settings)
         t0 = time.monotonic()
@@ -247,7 +248,7 @@ class RayLauncher(HarnessLauncher):
         return None    # the Ray cluster's processes are not the harness's to count
 
     def close(self) -> None:
-        from harness.raylaunch import close_session
+        from harness.launch.ray.launcher import close_session
         close_session()
 
 

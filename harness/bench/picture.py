@@ -1,4 +1,4 @@
-"""``python -m harness.bench.picture [PATH]``: the README's timeline picture,
+"""``python -m harness.bench.picture [PATH]``: the documentation's timeline picture,
 made from a real run: 3 workers, worker 1 skips step 5's all-reduce
 (``SkipStep``), the collective ledger at ``"collectives"``.  Writes
 ``PATH.svg`` and ``PATH.trace.json`` (default ``docs/timeline``)."""

@@ -10,7 +10,7 @@ measured inside the workers, around the loop (slowest worker), not from
 launch to return; the benchmark's own CPU time (the watch loop, which
 competes with the workers for the cores) is measured around ``Cluster.run``.
 It prints a markdown table and writes the figures, with every run's raw
-numbers, as JSON.  What each figure is: ``README.md`` here.
+numbers, as JSON.  What each figure is: ``docs/benchmark.md``.
 
 A variant is one line of :data:`VARIANTS`; one whose keyword arguments
 ``Cluster.run`` does not accept (yet) is skipped with a message.

@@ -10,7 +10,7 @@ the workload function is the product's, unchanged.
 ``stamp_dir``, when given, is where the worker leaves two marks the
 benchmark reads afterwards, whatever the launcher: ``pid.<index>`` first
 thing, and ``loop_end.<index>`` (``time.monotonic()``) as its loop ends.
-See ``README.md`` here for what the figures mean.
+See ``docs/benchmark.md`` for what the figures mean.
 
 :func:`timed_allreduce` is the worker side of ``python -m
 harness.bench.step_cost``: the all-reduce loop, its steps from ``range(n)``

@@ -1,15 +1,19 @@
 """Explain a finished MWMS run from what the parent observed: a pure function.
 
-:func:`diagnose` reads a :class:`~harness.record.RunObservation` and nothing
+:func:`diagnose` reads a :class:`~harness.diagnosis.observations.RunObservation` and nothing
 else (no fault plan, no TensorFlow, no clock, no I/O), so every rule can be
 tested on hand-built or recorded runs.  It works in three parts:
 
 * :mod:`.facts`: what the rules need, worked out once (outcome, steps,
   phases, ``TF_CONFIG`` issues from :mod:`.configs`, root errors and echoes
   from :mod:`.echoes`, stacks from :mod:`.stacks`);
-* :mod:`.rules`: the table of blame rules; the first that applies and
-  answers wins, and the verdict names it (``Verdict.rule``);
+* :mod:`.rules`: the table of blame rules (the functions in
+  ``rules_any``, ``rules_failed`` and ``rules_stuck``); the first that
+  applies and answers wins, and the verdict names it (``Verdict.rule``);
 * :mod:`.render`: the text a person reads first.
+
+Its input is :mod:`.observations`.  It may import :mod:`harness.core` and
+:mod:`harness.errors` only: no TensorFlow, no clock, no I/O.
 
 Outcome, by strict precedence: ``crashed`` if any worker died (ended without
 returning or raising, not by the harness's hand); else ``failed`` if any
@@ -26,12 +30,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from ..record import OUTCOMES, RunObservation
-from .echoes import is_echo, short_type
-from .facts import facts_of
-from .render import render
-from .rules import RULES, Blame, Rule, first_blame
-from .stacks import summarize_stack
+from harness.diagnosis.observations import OUTCOMES, Outcome, RunObservation
+from harness.diagnosis.echoes import is_echo, short_type
+from harness.diagnosis.facts import facts_of
+from harness.diagnosis.render import render
+from harness.diagnosis.rules import RULES, Blame, Rule, first_blame
+from harness.diagnosis.stacks import summarize_stack
 
 __all__ = ["diagnose", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "is_echo",
            "summarize_stack"]
@@ -41,7 +45,7 @@ __all__ = ["diagnose", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "is_echo
 class Verdict:
     """What :func:`diagnose` concluded; ``text`` says it for a person."""
 
-    outcome: str                  # one of OUTCOMES
+    outcome: Outcome              # equal to its text: "completed", ...
     culprits: Tuple[int, ...]     # worker indexes blamed, sorted; () when completed
     text: str                     # multi-line, the first thing a person reads
     step: Optional[int] = None    # where things went wrong (blocked / diverged / died)

@@ -14,9 +14,9 @@ import collections
 import json
 from typing import Dict, List, Optional, Tuple
 
-from .. import protocol
-from ..record import RunObservation
-from .words import names
+from harness.core import protocol
+from harness.diagnosis.observations import RunObservation
+from harness.diagnosis.words import names
 
 
 def _cluster(cfg) -> Optional[Tuple[str, ...]]:

@@ -11,7 +11,7 @@ import re
 import signal
 from typing import List, Optional
 
-from ..protocol import WorkerError
+from harness.core.protocol import WorkerError
 
 _ECHO_TYPES = frozenset({"UnavailableError", "CancelledError"})
 _ECHO_MARKERS = ("collective ops is aborted by", "[_derived_]", "unhealthy",

@@ -11,10 +11,10 @@ import collections
 import dataclasses
 from typing import Counter, Dict, List, Optional, Sequence, Tuple
 
-from .. import protocol
-from ..record import HANG, RunObservation, WorkerObservation
-from .configs import config_issues
-from .echoes import is_echo, is_end_of_input
+from harness.core import protocol
+from harness.diagnosis.observations import HANG, RunObservation, WorkerObservation
+from harness.diagnosis.configs import config_issues
+from harness.diagnosis.echoes import is_echo, is_end_of_input
 
 # Where each phase stands in a worker's life: who is behind whom.
 PHASE_RANK = {phase: rank for rank, phase in enumerate(protocol.PHASES)}

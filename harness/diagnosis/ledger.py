@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..record import Call, CollectiveOp, WorkerObservation
+from harness.diagnosis.observations import Call, CollectiveOp, WorkerObservation
 
 
 def _ops(w: WorkerObservation) -> Dict[int, Tuple[CollectiveOp, ...]]:

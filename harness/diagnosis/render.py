@@ -7,14 +7,14 @@ from __future__ import annotations
 import collections
 from typing import Dict, List, Sequence, Tuple
 
-from .. import protocol
-from ..record import HANG, WorkerObservation
-from . import ledger
-from .echoes import exit_text, is_echo, short_type, tasks_named
-from .facts import Facts, reference_steps, state, where_stopped
-from .rules import Blame
-from .stacks import summarize_stack, where_raised
-from .words import names, steps_text
+from harness.core import protocol
+from harness.diagnosis.observations import HANG, WorkerObservation
+from harness.diagnosis import ledger
+from harness.diagnosis.echoes import exit_text, is_echo, short_type, tasks_named
+from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
+from harness.diagnosis.blame import Blame
+from harness.diagnosis.stacks import summarize_stack, where_raised
+from harness.diagnosis.words import names, steps_text
 
 MAX_LINES = 40
 MAX_WIDTH = 300

@@ -2,20 +2,22 @@
 
 One entry point, :func:`worker_main`, which the launcher starts in each
 worker.  Like pytest-xdist's ``remote.py``, this package imports nothing of
-the parent side (controller, launcher, diagnosis, plugin): only the modules
-both sides share (:mod:`harness.protocol`, :mod:`harness.errors`,
-:mod:`harness.faults`, :mod:`harness.serialize`, :mod:`harness.linux`).
+the parent side (controller, launch, network, diagnosis, report, plugin):
+only :mod:`harness.core`, :mod:`harness.errors` and :mod:`harness.faults`.
 Inside it, imports run one way::
 
     main ──> context ──> actions ──> process
-      │         ├──> sync
-      │         └──> keras (lazily, when fn asks for the callback)
-      ├──> strategy_hook
+      │         ├──> sync     (lazily, with run(sync_check=True))
+      │         └──> keras    (lazily, when fn asks for the callback) ──> actions
+      ├──> strategy_hook ──> replicas (lazily, with the replica check)
+      ├──> ledger
+      ├──> replicas (lazily)
       └──> process
 
-``preload`` is what the forkserver imports once, so that forked workers
-start with TensorFlow and this package loaded.  Only ``worker_main``
-(below) and ``context`` (re-exported by :mod:`harness`) are meant for
+``script`` is run_script's ``fn`` (standard library only); ``preload`` is
+what the forkserver imports once, so that forked workers start with
+TensorFlow and this package loaded.  Only ``worker_main`` (below),
+``context`` (re-exported by :mod:`harness`) and ``script`` are meant for
 other modules.
 """
 
@@ -27,5 +29,5 @@ def worker_main(spec, conn) -> None:
     names this function as the processes' target, and ``harness.context()``
     users import no more of the worker side than they need.
     """
-    from .main import worker_main as run_worker
+    from harness.worker.main import worker_main as run_worker
     run_worker(spec, conn)

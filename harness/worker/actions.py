@@ -13,10 +13,10 @@ import signal
 import time
 from typing import Callable, Dict
 
-from ..errors import InjectedFault
-from ..faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, Partition, Pause,
-                      Preempt, RaiseError, ResetPeers, SkipStep, StepFault)
-from .process import flush_output
+from harness.errors import InjectedFault
+from harness.faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, Partition, Pause,
+                            Preempt, RaiseError, ResetPeers, SkipStep, StepFault)
+from harness.worker.process import flush_output
 
 
 def skip_step(fault: SkipStep, ctx) -> None:

@@ -11,10 +11,10 @@ import itertools
 import operator
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
-from .. import progress, protocol
-from ..errors import NotInWorkerError
-from ..faults import Fault, at_step
-from .actions import act_out, replaces_step
+from harness.core import progress, protocol
+from harness.errors import NotInWorkerError
+from harness.faults import Fault, at_step
+from harness.worker.actions import act_out, replaces_step
 
 _current: Optional["WorkerContext"] = None
 
@@ -55,7 +55,7 @@ class WorkerContext:
     ``keras_batches`` counts the batches the Keras callback has seen (its
     step numbers run across epochs), ``current_step`` is the step whose
     boundary was reported last (the ledger files calls under it),
-    ``record`` writes the progress map (:mod:`harness.progress`);
+    ``record`` writes the progress map (:mod:`harness.core.progress`);
     ``explicit_steps`` turns True when ``fn`` reports steps itself (else
     ``automatic_steps`` counts the calls of collective-launching functions
     as steps, see :meth:`automatic_step`; ``step_function`` names the one
@@ -161,7 +161,7 @@ class WorkerContext:
             else:
                 self.send(protocol.STEP, step=step)
             if self.sync_check and self.strategy is not None:
-                from .sync import check_step_sync
+                from harness.worker.sync import check_step_sync
                 check_step_sync(self, step)
             run_body = True
             for f in self._due(step):
@@ -209,5 +209,5 @@ class WorkerContext:
         with tf_keras (``TF_USE_LEGACY_KERAS=1``); ``SkipStep`` cannot act
         here (``fit`` has no way to skip a batch) and is rejected.
         """
-        from .keras import make_keras_callback
+        from harness.worker.keras import make_keras_callback
         return make_keras_callback(self)

@@ -1,8 +1,8 @@
 """Worker side: progress and faults through a Keras ``fit``."""
 from __future__ import annotations
 
-from .. import protocol
-from .actions import replaces_step
+from harness.core import protocol
+from harness.worker.actions import replaces_step
 
 
 def make_keras_callback(ctx):

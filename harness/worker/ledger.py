@@ -7,7 +7,7 @@ Two levels (``run(ledger=...)``):
     the hooks below see each collective op being created (kind, shape,
     dtype, in order) and tell the parent once, over the pipe.  Each later
     call of a function that launches collectives writes two records to the
-    progress map (:mod:`harness.progress`): call *k* began (at step *s*),
+    progress map (:mod:`harness.core.progress`): call *k* began (at step *s*),
     call *k* ended.  About a microsecond a call; it tells which call a worker
     is blocked in and which collectives that call launches, not which one
     of them is pending.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Tuple
 
-from .. import progress, protocol
+from harness.core import progress, protocol
 
 LEVELS = ("calls", "collectives")
 # (module attribute, kind, how to read the shape and dtype from its arguments)

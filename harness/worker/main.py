@@ -1,13 +1,13 @@
 """Worker side: the entry point of every worker process.
 
 ``worker_main`` sets the process up, runs ``fn`` and reports to the parent
-over the channel of :mod:`harness.protocol`:
+over the channel of :mod:`harness.core.protocol`:
 
 1. joins its cluster's network namespace when the run is isolated
-   (:mod:`harness.netns`), then ties its life to its parent's
+   (:mod:`harness.network.namespace`), then ties its life to its parent's
    (``PR_SET_PDEATHSIG``) and starts its group reaper (:mod:`.process`);
 2. sends stdout and stderr to its log file;
-3. arms ``faulthandler``: :data:`~harness.protocol.DUMP_SIGNAL` dumps every
+3. arms ``faulthandler``: :data:`~harness.core.protocol.DUMP_SIGNAL` dumps every
    thread's Python stack to the stack file, and fatal signals dump to the log;
 4. sets ``TF_CONFIG`` and the environment, then runs ``fn`` with
    ``harness.context()`` available;
@@ -28,13 +28,13 @@ import threading
 import time
 import traceback
 
-from .. import linux, progress, protocol, serialize
-from ..errors import HarnessError
-from ..protocol import Message, WorkerError, WorkerSpec
-from . import context as context_module
-from .process import flush_output, redirect_output, start_group_reaper
-from .strategy_hook import install_strategy_hook
-from . import ledger as ledger_module
+from harness.core import linux, progress, protocol, serialize
+from harness.errors import HarnessError
+from harness.core.protocol import Message, WorkerError, WorkerSpec
+from harness.worker import context as context_module
+from harness.worker.process import flush_output, redirect_output, start_group_reaper
+from harness.worker.strategy_hook import install_strategy_hook
+from harness.worker import ledger as ledger_module
 
 # Exit codes of a worker that could not do its job for the harness's own
 # reasons (not fn's): its parent died before it was tied to it, or the parent
@@ -93,7 +93,7 @@ def start_ledger(ctx, record: progress.Writer, level: str, send) -> None:
 def send_replicas(ctx, path: str, send) -> None:
     """Fingerprint the strategy's variables for the replica check; a
     failure to do so is the harness's, reported as text, not fn's error."""
-    from .replicas import fingerprint
+    from harness.worker.replicas import fingerprint
     try:
         data = fingerprint(ctx.replica_variables or [], path)
     except Exception as e:

@@ -4,12 +4,12 @@ starts with TensorFlow already loaded (4-10 s saved per worker).
 The forkserver only serves ``--mwms-devices=cpu`` runs, so it hides GPUs
 before TensorFlow could look for them.  It is Keras-neutral: tf_keras is not
 preloaded, and the server starts without ``TF_USE_LEGACY_KERAS`` (see
-:mod:`harness.launcher`), so each run's workers choose their Keras.
+:mod:`harness.launch.local`), so each run's workers choose their Keras.
 """
 import os
 import signal
 
-from harness.linux import set_parent_death_signal
+from harness.core.linux import set_parent_death_signal
 
 # Die with pytest.  The server's own "alive" pipe is not enough: every
 # worker inherits its write end, so while a worker lives (blocked in a

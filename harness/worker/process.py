@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from .. import linux
+from harness.core import linux
 
 
 def start_group_reaper() -> None:

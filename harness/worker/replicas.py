@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from typing import List, Tuple
 
-from ..protocol import VariablePrint
+from harness.core.protocol import VariablePrint
 
 
 def watch_variables(strategy, recorded: List[tuple]) -> None:

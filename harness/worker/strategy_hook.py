@@ -7,8 +7,8 @@ import socket
 import time
 from typing import Optional
 
-from .. import protocol
-from ..errors import SecondStrategyError
+from harness.core import protocol
+from harness.errors import SecondStrategyError
 
 # How long a non-chief worker waits for the chief's port before it joins.
 CHIEF_WAIT = 1.0
@@ -92,7 +92,7 @@ def install_strategy_hook(ctx) -> None:
         if outermost:
             ctx.strategy = self
             if ctx.replica_variables is not None:
-                from .replicas import watch_variables
+                from harness.worker.replicas import watch_variables
                 watch_variables(self, ctx.replica_variables)
             ctx.send(protocol.STRATEGY_CREATED, data=int(self.num_replicas_in_sync))
 

@@ -1,7 +1,7 @@
 """Worker side: the opt-in sync check (``run(sync_check=True)``)."""
 from __future__ import annotations
 
-from ..errors import StepDesyncError
+from harness.errors import StepDesyncError
 
 
 def check_step_sync(ctx, step: int) -> None:
@@ -17,7 +17,7 @@ def check_step_sync(ctx, step: int) -> None:
     the diagnosis reads as data.  A collective skipped or added inside a step
     makes this check pair with a training collective of another shape, which
     TensorFlow reports at once as a shape mismatch.  Its cost is one extra
-    all-reduce per step (see the figures in the README).
+    all-reduce per step (see the figures in docs/benchmark.md).
     """
     import numpy as np
     import tensorflow as tf

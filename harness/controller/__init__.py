@@ -1,0 +1,21 @@
+"""The parent side of a run: from ``Cluster.run``'s arguments to its result.
+
+- ``cluster``: :class:`Cluster`, the ``mwms_cluster`` fixture's object;
+- ``request``: ``run()``'s arguments, checked into a frozen request;
+- ``attempt``: one attempt (start, watch, stop, decide); ``watch``: the
+  watch loop; ``teardown``: stacks and the end of every process;
+- ``outcome``: the verdict with unacted faults, and attempts combined;
+- ``ledger_view``, ``replicas``: what the workers recorded, and the replica
+  and reference comparisons; ``scripts``: ``run_script``'s parent half.
+
+It may import :mod:`harness.launch`, :mod:`harness.network`,
+:mod:`harness.diagnosis`, :mod:`harness.report`, :mod:`harness.core` and
+the top-level :mod:`harness.settings`, :mod:`harness.faults`,
+:mod:`harness.result` and :mod:`harness.errors`; nothing imports it but
+the plugin, the command line and :mod:`harness`'s lazy ``Cluster``.
+"""
+from harness.controller.cluster import Cluster
+from harness.controller.outcome import combine_attempts
+from harness.controller.watch import Progress
+
+__all__ = ["Cluster", "Progress", "combine_attempts"]

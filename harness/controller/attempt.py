@@ -1,0 +1,176 @@
+"""One attempt of a run: start the workers, watch them, stop them, decide.
+
+An attempt is what a cluster manager starts once: a fresh process per
+worker on the run's ports.  :func:`run_attempt` returns its
+:class:`~harness.result.RunResult`; :mod:`harness.controller.cluster`
+starts attempts again while the run's ``restarts`` allow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from harness import faults as faults_module
+from harness.controller.ledger_view import LedgerView
+from harness.controller.outcome import judge
+from harness.controller.replicas import compare as compare_replicas
+from harness.controller.request import RunRequest
+from harness.controller.teardown import dump_stacks, stop_workers
+from harness.controller.watch import TrackedWorker, WatchLoop
+from harness.core import progress, protocol, serialize
+from harness.diagnosis.observations import EndedBy, RunObservation, WorkerObservation
+from harness.faults import Fault
+from harness.launch.base import Launcher, WorkerHandle
+from harness.network import RunNetwork
+from harness.result import RunResult, WorkerResult
+
+# Logs past this are kept as head + tail, so a worker that prints without end
+# cannot swallow the parent's memory.
+LOG_HEAD = 64 * 1024
+LOG_TAIL = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What every attempt of one ``run`` call shares: the request, each
+    worker's environment, the run's network and the namespaces each worker
+    joins in it, and for a single-worker reference the N it stands for."""
+
+    request: RunRequest
+    envs: Tuple[dict, ...]
+    network: RunNetwork
+    netns: Optional[tuple] = None
+    reference_workers: int = 0
+
+
+def read_capped(path: str, head: int = LOG_HEAD, tail: int = LOG_TAIL) -> str:
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size <= head + tail:
+                data = f.read()
+            else:
+                first = f.read(head)
+                f.seek(size - tail)
+                data = (first + f"\n[... pytest-mwms: {size - head - tail} bytes of log cut; "
+                        f"first {head} and last {tail} bytes kept ...]\n".encode() + f.read())
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
+                 plan: Sequence[Fault], files: str) -> List[protocol.WorkerSpec]:
+    """Each worker's spec for this attempt; its files go in ``files``."""
+    req = job.request
+    n = req.settings.workers
+    return [protocol.WorkerSpec(
+        index=i, num_workers=n, payload=req.payload, tf_config=configs[i], env=job.envs[i],
+        log_path=os.path.join(files, f"worker-{i}.log"),
+        stack_path=os.path.join(files, f"worker-{i}.stack"),
+        faults=faults_module.for_worker(plan, i), sync_check=req.sync_check,
+        progress_path=os.path.join(files, f"worker-{i}.progress"), ledger=req.ledger,
+        step_function=req.step_fn, attempt=attempt,
+        replicas_path=os.path.join(files, f"worker-{i}.npz") if req.fingerprint else "",
+        reference_workers=job.reference_workers, exit_on_return=req.exit_on_return,
+        netns=job.netns[i] if job.netns else None)
+        for i in range(n)]
+
+
+def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Optional[dict]],
+                plan: Sequence[Fault], files: str) -> RunResult:
+    """One attempt: start the workers, watch them, stop them, decide."""
+    req = job.request
+    specs = worker_specs(job, attempt, configs, plan, files)
+    readers = []
+    for spec in specs:
+        progress.create(spec.progress_path)
+        readers.append(progress.Reader(spec.progress_path))
+    launched = start = time.monotonic()
+    handles: List[WorkerHandle] = []
+    tracked: List[TrackedWorker] = []
+    ended_by = EndedBy.HANG
+    try:
+        handles = launcher.start(specs)
+        # The clock of the run starts once the workers exist: a forkserver
+        # still importing TensorFlow (the first run of a session) is no
+        # hang of theirs.
+        start = time.monotonic()
+        tracked = [TrackedWorker(h, WorkerObservation(
+            index=h.index, tf_config=job.network.logical(configs[h.index]), ledger=req.ledger),
+            LedgerView(start), readers[h.index]) for h in handles]
+        ended_by = WatchLoop(tracked, req.settings, start, req.progress, attempt,
+                             job.network).loop()
+        # The run's clock (events, hang detection) and the user's (the
+        # whole call, a cold forkserver's wait included).
+        duration = time.monotonic() - start
+        total = time.monotonic() - launched
+        for worker in tracked:
+            worker.stop_reading()
+        if ended_by != EndedBy.ALL_FINISHED:
+            dump_stacks(tracked, specs)
+    finally:
+        stop_workers(tracked, handles, start)
+    obs = RunObservation(
+        num_workers=req.settings.workers, timeout=req.settings.timeout,
+        grace=req.settings.grace, ended_by=ended_by, duration=duration, workers=tuple(
+            w.observation(stack=read_capped(specs[w.index].stack_path)) for w in tracked),
+        replicas=check_replicas(tracked, specs, req.tolerance))
+    for reader in readers:
+        reader.close()
+    return attempt_result(obs, plan, tracked, specs, total, attempt)
+
+
+def attempt_result(obs: RunObservation, plan: Sequence[Fault], tracked: List[TrackedWorker],
+                   specs: Sequence[protocol.WorkerSpec], total: float, attempt: int) -> RunResult:
+    judged = judge(obs, plan)
+    workers = tuple(
+        WorkerResult(index=w.index, return_value=_load_return(t), exception=w.error,
+                     exit_code=w.exit_code, log=read_capped(specs[w.index].log_path),
+                     last_step=w.last_step, stack=w.stack, observation=w)
+        for w, t in zip(obs.workers, tracked))
+    return RunResult(outcome=judged.outcome, workers=workers,
+                     culprits=tuple(judged.verdict.culprits), diagnosis=judged.text,
+                     duration=total, observation=obs, verdict=judged.verdict,
+                     faults_never_acted=judged.never, attempt=attempt)
+
+
+def check_replicas(tracked: List[TrackedWorker], specs, tolerance: Optional[float]):
+    """The replica check's finding, when it is on and every worker returned."""
+    if tolerance is None or not tracked or not all(
+            w.seen.returned and w.seen.error is None for w in tracked):
+        return None
+    prints, notes = {}, []
+    for w in tracked:
+        if isinstance(w.replica_prints, tuple):
+            prints[w.index] = w.replica_prints
+        else:
+            notes.append(f"worker {w.index}: {w.replica_prints or 'sent no fingerprints'}")
+    files: Dict[int, Any] = {}
+
+    def load(worker: int, number: int):
+        import numpy as np
+        if worker not in files:
+            files[worker] = np.load(specs[worker].replicas_path)
+        return files[worker][f"v{number}"]
+
+    try:
+        return compare_replicas(prints, load, tolerance, notes)
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def load_value(path: str, number: int):
+    """Variable ``number`` of a worker's fingerprint file."""
+    import numpy as np
+    with np.load(path) as values:
+        return values[f"v{number}"]
+
+
+def _load_return(worker: TrackedWorker) -> Any:
+    if not worker.seen.returned or worker.return_payload is None:
+        return None
+    return serialize.loads(worker.return_payload)

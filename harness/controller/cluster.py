@@ -1,0 +1,213 @@
+"""The ``mwms_cluster`` fixture's object: :class:`Cluster`.
+
+Each ``run`` checks its arguments into a :class:`~harness.controller.request.RunRequest`,
+reserves the workers' addresses through the backend's
+:class:`~harness.launch.base.Launcher`, opens the run's network, and runs
+attempts (:mod:`harness.controller.attempt`) while restarts are left.
+Whatever happens, Ctrl-C included, every worker and all it started is gone,
+and the run's temporary directory removed, before ``run`` returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from typing import Callable, List, Optional, Sequence
+
+from harness import faults as faults_module
+from harness.controller.attempt import Job, load_value, run_attempt
+from harness.controller.outcome import combine_attempts, judge
+from harness.controller.replicas import compare_reference
+from harness.controller.request import RunRequest, make_request
+from harness.controller.scripts import script_main
+from harness.controller.watch import Progress
+from harness.core import tfconfig
+from harness.launch.backends import DEFAULT_BACKEND, launcher_for
+from harness.launch.base import Launcher
+from harness.launch.devices import worker_environments
+from harness.result import RunResult
+from harness.settings import DEFAULT_RESTART_ON, RunSettings
+
+
+class Cluster:
+    """The ``mwms_cluster`` fixture: runs functions on an N-worker MWMS cluster.
+
+    ``num_workers`` is N.  :meth:`run` calls ``fn(*args, **kwargs)`` in each
+    of N fresh worker processes whose ``TF_CONFIG`` makes them one cluster,
+    and returns a :class:`~harness.result.RunResult`.  Each call is a new
+    cluster on new ports: one strategy per process is all TensorFlow allows.
+    ``runs`` lists the results of every call so far.
+    """
+
+    def __init__(self, settings: RunSettings, launcher: Optional[Launcher] = None):
+        self.settings = settings
+        self.launcher = launcher or launcher_for(settings)
+        self.runs: List[RunResult] = []
+
+    @property
+    def num_workers(self) -> int:
+        return self.settings.workers
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (f"Cluster(workers={s.workers}, timeout={s.timeout:g}, devices={s.devices!r}, "
+                f"start_method={s.start_method!r}"
+                + (f", backend={s.backend!r})" if s.backend != DEFAULT_BACKEND else ")"))
+
+    def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
+            timeout: Optional[float] = None, faults: Sequence = (),
+            grace: Optional[float] = None, sync_check: bool = False,
+            env: Optional[dict] = None, ledger=True,
+            step_fn: Optional[str] = None, restarts: Optional[int] = None,
+            restart_on=DEFAULT_RESTART_ON, check_replicas=False, reference=False,
+            on_return: str = "stay",
+            progress: Optional[Callable[[Progress], None]] = None) -> RunResult:
+        """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
+
+        Every argument is checked before any process starts; a bad one is a
+        :class:`~harness.errors.SettingError` naming it.
+
+        - ``timeout``: the hang timeout (seconds without progress) for this run.
+        - ``grace``: how long peers get once one worker has raised or died.
+        - ``faults``: a plan of :mod:`harness.faults` values.
+        - ``sync_check=True``: every ``steps()`` boundary all-reduces the
+          workers' step numbers, so a divergence fails at once with
+          ``StepDesyncError`` naming the worker (one tiny all-reduce per step).
+        - ``env``: environment variables for the workers only (each starts
+          from the parent's environment as it is at the call).
+        - ``ledger``: the collective ledger's level (:mod:`harness.worker.ledger`):
+          ``True``/``"calls"`` (the default: which call of which ``tf.function``
+          each worker is in, and the collectives it launches),
+          ``"collectives"`` (also which collective is pending, a fraction of
+          a millisecond per collective), or ``False`` (step boundaries only).
+        - ``step_fn``: where ``fn`` reports no steps of its own
+          (``context().steps()``, the Keras callback), each call of a
+          ``tf.function`` that launches collectives is a step (needs the
+          ledger); ``step_fn`` names the one function whose calls are steps
+          (``"train_step"``; Keras's ``fit`` runs ``"train_function"`` or
+          ``"one_step_on_iterator"``).
+        - ``restarts=K`` (default ``--mwms-restarts``): a run that ends in an
+          outcome ``restart_on`` names (``"crash,fail"``; add ``hang``) is
+          started again, whole, up to K times, as a cluster manager would:
+          the same ports and ``TF_CONFIG``, a fresh process per worker, once
+          every process of the attempt before is gone.  ``fn`` reads
+          ``context().attempt``; a fault acts in the attempt it names.  The
+          result is the last attempt's, every attempt in ``RunResult.attempts``.
+        - ``check_replicas``: ``True`` (1e-6) or a tolerance (``atol`` and
+          ``rtol``; ``0``: bit for bit) fingerprints the mirrored variables
+          on every worker when ``fn`` returns; workers that disagree fail
+          the run with ``ReplicaDivergence`` (:mod:`harness.controller.replicas`).
+        - ``reference``: ``True`` (1e-3, as Keras's correctness tests use)
+          or a tolerance runs ``fn`` once more, when the run completed, on
+          one worker standing in for the cluster, and compares its variables
+          and return value with worker 0's (``ReferenceMismatch``).  ``fn``
+          takes its global batch from ``context().global_batch_size(per_worker)``.
+        - ``on_return``: ``"stay"`` keeps a worker whose ``fn`` returned in the
+          cluster until the run is decided; ``"exit"`` ends it at once, as a
+          script ends (a peer still in a collective then sees it leave).
+        - ``progress``: a callable given a :class:`Progress` every half second
+          (``harness run``'s status line); it runs in the watch loop, so it
+          must be quick.
+
+        Each run's workers share a network namespace of their own when the
+        ``network`` setting allows it: see :mod:`harness.network`.
+        """
+        request = make_request(
+            self.settings, self.launcher.start_method, fn, args, kwargs, faults=faults,
+            sync_check=sync_check, env=env, restart_on=restart_on, timeout=timeout,
+            grace=grace, restarts=restarts, ledger=ledger, step_fn=step_fn,
+            check_replicas=check_replicas, reference=reference, on_return=on_return,
+            progress=progress)
+        result = self.submit(request)
+        self.runs.append(result)
+        return result
+
+    def submit(self, request: RunRequest) -> RunResult:
+        """Run a checked request: its attempts, then its reference run."""
+        settings, n = request.settings, request.settings.workers
+        launched = time.monotonic()
+        attempts: List[RunResult] = []
+        with self.launcher.place(n, settings.state_dir) as placement, \
+                request.network.open(n, placement.ports) as network:
+            # 0700, holds the logs; removed after the run.  It is also the
+            # workers' TMPDIR (unless env= sets one), so what TensorFlow and fn
+            # leave in the temp directory (autograph's generated files: one
+            # per traced function per worker) goes with it.
+            tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
+            envs = tuple({**e, "TMPDIR": tmpdir, **dict(request.env)}
+                         for e in worker_environments(n, settings.devices))
+            job = Job(request, envs, network, network.worker_namespaces(n))
+            try:
+                # Every attempt on the ports reserved once: a restarted
+                # cluster is found at the same addresses, and a port of the
+                # last attempt in TIME_WAIT is not probed again.
+                for attempt in range(settings.restarts + 1):
+                    plan = faults_module.in_attempt(request.plan, attempt)
+                    configs = network.new_attempt(faults_module.configs_under(
+                        plan, tfconfig.cluster_configs(placement.ports,
+                                                       hosts=network.hosts(placement.hosts)),
+                        placement.spare))
+                    files = os.path.join(tmpdir, f"attempt-{attempt}")
+                    os.mkdir(files, 0o700)
+                    attempts.append(run_attempt(self.launcher, job, attempt, configs, plan, files))
+                    if attempts[-1].verdict.outcome not in request.restart_on:
+                        break
+                if request.reference_tolerance is not None and \
+                        attempts[-1].outcome == "completed":
+                    attempts[-1] = self._against_reference(job, attempts[-1], plan, files,
+                                                           tmpdir, placement.ports[0])
+            finally:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+        return combine_attempts(attempts, request.plan, time.monotonic() - launched)
+
+    def run_script(self, path=None, argv: Sequence[str] = (), *, module: Optional[str] = None,
+                   env: Optional[dict] = None, faults: Sequence = (),
+                   timeout: Optional[float] = None, grace: Optional[float] = None,
+                   ledger=True, restarts: Optional[int] = None,
+                   restart_on=DEFAULT_RESTART_ON, check_replicas=False,
+                   reference=False, on_return: str = "stay") -> RunResult:
+        """Run a script on every worker as ``python path argv...`` would, or
+        ``python -m module argv...`` with ``module=``; see
+        :mod:`harness.controller.scripts`.
+
+        It completes when the script returns or exits with status 0, fails on
+        an uncaught exception, and crashes on ``sys.exit(n)``, n != 0.  The
+        path, module, ``argv`` (a sequence of str) and ``env`` are checked
+        before any process starts; the other arguments are :meth:`run`'s.
+        """
+        main = script_main(path, argv, module=module, env=env,
+                           start_method=self.launcher.start_method)
+        return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
+                        ledger=ledger, restarts=restarts, restart_on=restart_on,
+                        check_replicas=check_replicas, reference=reference,
+                        on_return=on_return)
+
+    def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
+                           port: int) -> RunResult:
+        """Run ``fn`` on one worker standing in for the cluster, on the
+        run's first port (its processes are gone), and judge ``result``
+        again with the comparison in its record."""
+        req = job.request
+        ref_files = os.path.join(tmpdir, "reference")
+        os.mkdir(ref_files, 0o700)
+        ref_job = dataclasses.replace(
+            job, request=dataclasses.replace(req, settings=req.settings.with_overrides(workers=1),
+                                             sync_check=False),
+            envs=job.envs[:1], netns=job.netns[:1] if job.netns else None,
+            reference_workers=req.settings.workers)
+        ref = run_attempt(self.launcher, ref_job, 0, tfconfig.cluster_configs([port]), (),
+                          ref_files)
+        check = compare_reference(
+            result.observation.workers[0], result.workers[0].return_value,
+            lambda k: load_value(os.path.join(files, "worker-0.npz"), k),
+            ref.outcome, ref.diagnosis, ref.observation.workers[0] if ref.workers else None,
+            ref.workers[0].return_value if ref.workers else None,
+            lambda k: load_value(os.path.join(ref_files, "worker-0.npz"), k),
+            req.reference_tolerance)
+        obs = dataclasses.replace(result.observation, reference=check)
+        judged = judge(obs, plan)
+        return dataclasses.replace(result, outcome=judged.outcome, culprits=judged.verdict.culprits,
+                                   diagnosis=judged.text, observation=obs, verdict=judged.verdict,
+                                   faults_never_acted=judged.never)

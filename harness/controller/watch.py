@@ -1,0 +1,294 @@
+"""The watch loop of one attempt, and what it knows of each worker.
+
+:class:`WatchLoop` waits on all the workers' channels and process sentinels
+at once, so a report or a death wakes it at once and a hang is declared
+exactly ``timeout`` seconds after the last progress; it also carries out,
+at their time, what faults ask of the parent (a signal, a network command).
+Each message kind has one small handler (:data:`RECEIVERS`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from multiprocess import connection
+
+from harness.controller.ledger_view import LedgerView
+from harness.core import progress, protocol
+from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
+from harness.launch.base import WorkerHandle
+from harness.network import RunNetwork
+from harness.settings import RunSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class ParentAction:
+    """What a fault asked the parent to do to worker ``worker`` at
+    ``when`` (monotonic): send ``signal``, or run network ``command``."""
+
+    when: float
+    worker: int
+    signal: Optional[int] = None
+    command: Optional[str] = None
+
+
+@dataclasses.dataclass
+class TrackedWorker:
+    """What the parent knows of one worker while the run lasts.
+
+    ``seen`` is the worker's observation so far (a frozen record, replaced
+    as news arrives); its events are gathered apart, in ``events``, and put
+    in when the run ends.
+    """
+
+    handle: WorkerHandle
+    seen: WorkerObservation
+    ledger: LedgerView
+    reader: Optional[progress.Reader] = None
+    events: List[Event] = dataclasses.field(default_factory=list)
+    return_payload: Optional[bytes] = None
+    channel_open: bool = True
+    # The replica check's fingerprints (a tuple of VariablePrint), or the
+    # text of why the worker could not make them.
+    replica_prints: Any = None
+
+    def note(self, **changes: Any) -> None:
+        self.seen = dataclasses.replace(self.seen, **changes)
+
+    @property
+    def index(self) -> int:
+        return self.handle.index
+
+    @property
+    def finished(self) -> bool:
+        return self.seen.finished
+
+    @property
+    def pending(self) -> bool:
+        return not self.finished and self.seen.exit_code is None
+
+    def read_records(self) -> None:
+        """Take in what the worker wrote to its progress map since last time."""
+        if self.reader is not None:
+            self.ledger.records(self.reader.drain())
+
+    def stop_reading(self) -> None:
+        """The run is decided: what the worker records from now on is the
+        harness's own clean-up (a peer released, a socket closed), not
+        evidence, so the picture is taken here."""
+        if self.reader is not None:
+            self.read_records()
+            self.ledger.lost(self.reader.lost)
+            self.reader = None
+
+    def observation(self, stack: str) -> WorkerObservation:
+        self.stop_reading()
+        # Steps come from the map, phases from the pipe: one time line.
+        events = sorted(self.events + self.ledger.step_events, key=lambda e: e.time)
+        return dataclasses.replace(
+            self.seen, events=tuple(events), stack=stack, functions=self.ledger.functions(),
+            calls=self.ledger.call_records(), ledger_note="; ".join(self.ledger.notes),
+            variables=self.replica_prints if isinstance(self.replica_prints, tuple) else ())
+
+
+# How often a run with a progress callback reports to it.
+PROGRESS_EVERY = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What the watch loop sees now, for a live status line
+    (``run(progress=...)``): ``elapsed`` seconds since the attempt started,
+    ``idle`` seconds since the last progress (a hang is declared when it
+    reaches ``timeout``), and per worker its last reported step (None: none
+    yet) and its state: ``running``, ``returned``, ``raised`` or ``exited``."""
+
+    attempt: int
+    elapsed: float
+    idle: float
+    timeout: float
+    steps: Tuple[Optional[int], ...]
+    states: Tuple[str, ...]
+
+
+class WatchLoop:
+    """The watch loop of one run; see the module docstring.  With
+    ``on_progress``, it also wakes every :data:`PROGRESS_EVERY` seconds to
+    hand it a :class:`Progress`."""
+
+    def __init__(self, workers: List[TrackedWorker], settings: RunSettings, start: float,
+                 on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0,
+                 network: Optional[RunNetwork] = None):
+        self.on_progress = on_progress
+        self.network = network or RunNetwork()   # for network faults' commands
+        self.attempt = attempt
+        self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
+        self.workers = workers
+        self.timeout = settings.timeout
+        self.run_grace = settings.grace
+        self.grace = min(settings.grace, settings.timeout)
+        self.start = start
+        self.last_progress = start
+        self.first_failure: Optional[float] = None   # when a worker first raised or died
+        # What faults asked the parent to do, each at its time.
+        self.actions: List[ParentAction] = []
+
+    def _failure_at(self, now: float) -> None:
+        """A worker raised or died: its peers' grace starts now, if it has not yet."""
+        if self.first_failure is None:
+            self.first_failure = now
+
+    def _receive(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        # What the worker recorded before it sent this comes first.
+        worker.read_records()
+        RECEIVERS.get(msg.kind, WatchLoop._on_phase)(self, worker, msg, now)
+        self.last_progress = now
+
+    def _on_ledger(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        worker.ledger.message(msg.kind, msg.data)
+        if msg.kind == protocol.LEDGER_OFF:
+            worker.note(ledger=None)
+
+    def _on_drain(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        """The worker's records were read above: nothing else to do."""
+
+    def _on_returned(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        worker.return_payload = msg.data
+        worker.note(returned=True, finish_time=now - self.start)
+
+    def _on_replicas(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        worker.replica_prints = msg.data
+
+    def _on_raised(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        worker.note(error=msg.data, finish_time=now - self.start)
+        self._failure_at(now)
+
+    def _on_fault(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        fault = msg.data
+        # The record keeps plain text: it must load without harness.faults.
+        worker.events.append(Event(now - self.start, msg.kind, msg.step, repr(fault)))
+        for delay, sig in fault.parent_signals(self.run_grace):
+            self.actions.append(ParentAction(now + delay, worker.index, signal=sig))
+        for delay, command in fault.network_commands():
+            self.actions.append(ParentAction(now + delay, worker.index, command=command))
+
+    def _on_phase(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
+        data = msg.data
+        if msg.kind == protocol.STRATEGY_CREATING:
+            if data is not None:
+                # The TF_CONFIG the worker really had: fn may have set it.
+                worker.note(tf_config=self.network.logical(data.get("tf_config")))
+            data = None
+        worker.events.append(Event(now - self.start, msg.kind, msg.step, data))
+
+    def _read_all_records(self) -> None:
+        """Read every worker's progress map; its newest record is progress."""
+        for worker in self.workers:
+            worker.read_records()
+            if worker.ledger.latest is not None and worker.ledger.latest > self.last_progress:
+                self.last_progress = worker.ledger.latest
+
+    def _drain(self, worker: TrackedWorker, now: float) -> None:
+        try:
+            while worker.channel_open and worker.handle.conn.poll(0):
+                self._receive(worker, worker.handle.conn.recv(), now)
+        except (EOFError, OSError):
+            worker.channel_open = False
+
+    def _collect_exit(self, worker: TrackedWorker, now: float) -> None:
+        worker.handle.join(0)
+        code = worker.handle.exitcode
+        if code is None:
+            return
+        self._drain(worker, now)
+        worker.note(exit_code=code, exit_time=now - self.start)
+        worker.channel_open = False
+        if not worker.finished:
+            self._failure_at(now)
+        self.last_progress = now
+
+    def _actions_due(self, now: float) -> None:
+        due = [a for a in self.actions if a.when <= now]
+        self.actions = [a for a in self.actions if a.when > now]
+        for action in due:
+            if action.command is not None:
+                self.network.command(action.command, action.worker)
+            else:
+                self._signal(action, now)
+
+    def _signal(self, action: "ParentAction", now: float) -> None:
+        worker = self.workers[action.worker]
+        if worker.seen.exit_code is not None:
+            return
+        if action.signal == signal.SIGKILL:
+            # A preempted worker that outlived its grace: the cluster
+            # manager takes the machine away, with all that runs on it.
+            worker.handle.kill_tree(worker.handle.descendants())
+        elif action.signal != signal.SIGCONT or worker.handle.is_stopped():
+            worker.handle.send_signal(action.signal)
+        elif now - action.when < 1.0:  # it has not stopped itself yet; look again soon
+            self.actions.append(dataclasses.replace(action, when=now + 0.02))
+
+    def _report_progress(self, now: float) -> None:
+        self._read_all_records()
+        steps, states = [], []
+        for worker in self.workers:
+            stepped = worker.ledger.step_events
+            steps.append(stepped[-1].step if stepped else None)
+            states.append("raised" if worker.seen.error is not None else "returned"
+                          if worker.seen.returned else "exited" if worker.seen.exit_code is not None
+                          else "running")
+        self.next_report = now + PROGRESS_EVERY
+        self.on_progress(Progress(self.attempt, now - self.start, now - self.last_progress,
+                                  self.timeout, tuple(steps), tuple(states)))
+
+    def loop(self) -> EndedBy:
+        while True:
+            pending = [w for w in self.workers if w.pending]
+            if not pending:
+                return EndedBy.ALL_FINISHED
+            now = time.monotonic()
+            if now >= self.next_report:
+                self._report_progress(now)
+            hang_at = self.last_progress + self.timeout
+            grace_at = (self.first_failure + self.grace if self.first_failure is not None
+                        else math.inf)
+            action_at = min((a.when for a in self.actions), default=math.inf)
+            if now >= action_at:
+                self._actions_due(now)
+                continue
+            if now >= hang_at:
+                # Steps and calls are in the progress maps, read only now:
+                # the parent does not wake for each of them.
+                self._read_all_records()
+                hang_at = self.last_progress + self.timeout
+            if now >= hang_at or now >= grace_at:
+                return EndedBy.GRACE_EXPIRED if grace_at <= hang_at else EndedBy.HANG
+            waitables: Dict[Any, tuple] = {}
+            for w in self.workers:
+                if w.channel_open and not w.finished:
+                    waitables[w.handle.conn] = ("conn", w)
+                if w.pending:
+                    waitables[w.handle.sentinel] = ("sentinel", w)
+            wake = min(hang_at, grace_at, action_at, self.next_report)
+            ready = connection.wait(list(waitables), timeout=max(0.0, wake - now))
+            now = time.monotonic()
+            for obj in ready:
+                what, worker = waitables[obj]
+                if what == "conn":
+                    self._drain(worker, now)
+                else:
+                    self._collect_exit(worker, now)
+
+
+RECEIVERS: Dict[str, Callable[..., None]] = {
+    **{kind: WatchLoop._on_ledger for kind in protocol.LEDGER_KINDS},
+    protocol.DRAIN: WatchLoop._on_drain,
+    protocol.RETURNED: WatchLoop._on_returned,
+    protocol.REPLICAS: WatchLoop._on_replicas,
+    protocol.RAISED: WatchLoop._on_raised,
+    protocol.FAULT: WatchLoop._on_fault,
+}

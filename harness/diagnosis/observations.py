@@ -1,0 +1,327 @@
+"""What the parent observed during a run: plain data, no TensorFlow.
+
+The controller fills these in while it watches the workers; the diagnosis
+(:mod:`harness.diagnosis`) reads them and nothing else.  Keeping them plain
+frozen data means a run can be recorded (``to_dict``), and the diagnosis
+tested and improved on recorded runs, without starting a process.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+from harness.core import protocol
+from harness.core.protocol import TextEnum, WorkerError
+
+class Outcome(TextEnum):
+    """What a run ends as, the diagnosis's first answer (precedence, from
+    the highest: crashed, failed, hang).  Each equals its text:
+    ``result.outcome == "hang"`` holds."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CRASHED = "crashed"
+    HANG = "hang"
+
+
+OUTCOMES = tuple(Outcome)
+
+
+class EndedBy(TextEnum):
+    """How a run's watch loop ended."""
+
+    ALL_FINISHED = "all_finished"    # every worker returned, raised or died
+    HANG = "hang"                    # no progress for ``timeout`` seconds
+    GRACE_EXPIRED = "grace_expired"  # a worker raised/died; its peers stayed blocked
+
+
+ALL_FINISHED, HANG, GRACE_EXPIRED = EndedBy.ALL_FINISHED, EndedBy.HANG, EndedBy.GRACE_EXPIRED
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One progress report, stamped with the parent's clock.
+
+    ``time`` is seconds since the run started (parent's monotonic clock);
+    ``kind`` is one of :mod:`harness.core.protocol`'s phase/event kinds.
+    """
+
+    time: float
+    kind: str
+    step: Optional[int] = None
+    data: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveOp:
+    """One collective a traced function launches, as it was traced.
+
+    In a graph TensorFlow packs tensors before it all-reduces them, so
+    ``shape`` is the shape of the pack (the gradients of a small model,
+    flattened and joined, say), not of one variable.  -1 is a dimension
+    unknown at trace time."""
+
+    kind: str                 # "all-reduce", "all-gather" or "broadcast"
+    shape: Tuple[int, ...]
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedFunction:
+    """A ``tf.function`` (or ``<eager KIND>``, one eager collective) and the
+    collectives its latest trace launches, in order."""
+
+    id: int
+    name: str
+    collectives: Tuple[CollectiveOp, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of a function that launches collectives, from the ledger.
+
+    ``number`` counts the calls of that function in this worker, from 1;
+    ``step`` is the step whose boundary was reported last when it began
+    (None outside ``steps()`` and the Keras callback); ``ended`` is None
+    while it has not returned (the worker is blocked in it).  At
+    ``ledger="collectives"``, ``launched`` and ``done`` list the indexes of
+    its collectives that were launched and that completed."""
+
+    function: int
+    number: int
+    step: Optional[int]
+    began: float
+    ended: Optional[float] = None
+    raised: bool = False
+    launched: Tuple[int, ...] = ()
+    done: Tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective a worker launched, from its ledger: the plain record
+    ``WorkerResult.collectives`` lists, for a test to assert on.
+
+    ``state`` is ``completed``; ``failed`` (its call raised); ``pending``
+    (its call had not returned when the run was decided: at the default
+    ledger level every collective of that call reads ``pending``, at
+    ``ledger="collectives"`` only the one launched and not completed);
+    or ``not launched`` (a later collective of a pending call, at
+    ``ledger="collectives"``)."""
+
+    function: str
+    call: int
+    index: int                # its place among its function's collectives
+    step: Optional[int]
+    kind: str
+    shape: Tuple[int, ...]
+    dtype: str
+    state: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerObservation:
+    """Everything the parent saw of one worker.
+
+    ``exit_code`` follows ``multiprocessing``: negative for death by a signal
+    (``-9`` for SIGKILL).  ``killed_by_harness`` is True when that signal came
+    from the harness's own cleanup after a hang or grace expiry, so it is not
+    mistaken for a crash.  ``stopped`` is True when the worker was found
+    stopped (SIGSTOP) at the end of the run: it could not dump a stack.
+    ``tf_config`` is the ``TF_CONFIG`` the worker had when it built its
+    strategy (what it was given, if it never did).  ``functions`` and
+    ``calls`` are its collective ledger; ``ledger`` the level it was kept at
+    (None: not kept), ``ledger_note`` why not, or what was lost.
+    ``variables`` are the fingerprints of its strategy's variables when
+    ``fn`` returned, when the run checked replicas or a reference.
+    """
+
+    index: int
+    tf_config: Optional[dict] = None
+    events: Tuple[Event, ...] = ()
+    returned: bool = False
+    error: Optional[WorkerError] = None
+    finish_time: Optional[float] = None   # when RETURNED or RAISED arrived
+    exit_code: Optional[int] = None
+    exit_time: Optional[float] = None     # when the parent saw the process end
+    killed_by_harness: bool = False
+    stopped: bool = False
+    stack: str = ""
+    functions: Tuple[TracedFunction, ...] = ()
+    calls: Tuple[Call, ...] = ()
+    ledger: Optional[str] = None
+    ledger_note: str = ""
+    variables: Tuple[protocol.VariablePrint, ...] = ()   # its fingerprints, when taken
+
+    @property
+    def steps(self) -> Tuple[int, ...]:
+        """The step boundaries the worker reported, in order."""
+        return tuple(e.step for e in self.events
+                     if e.kind == protocol.STEP and isinstance(e.step, int))
+
+    def collectives(self) -> Tuple[Collective, ...]:
+        """Every collective in the ledger, in launch order (see :class:`Collective`)."""
+        functions = {f.id: f for f in self.functions}
+        out = []
+        for c in self.calls:
+            f = functions.get(c.function)
+            if f is None:
+                continue
+            for i, op in enumerate(f.collectives):
+                if c.ended is not None:
+                    state = "failed" if c.raised else "completed"
+                elif self.ledger != "collectives":
+                    state = "pending"
+                else:
+                    state = ("completed" if i in c.done else "pending" if i in c.launched
+                             else "not launched")
+                out.append(Collective(f.name, c.number, i, c.step, op.kind, op.shape, op.dtype,
+                                      state))
+        return tuple(out)
+
+    @property
+    def last_seen(self) -> float:
+        """When the parent last saw this worker make progress (0.0: never):
+        an event, a call of its ledger, or its finishing."""
+        times = [0.0, *(e.time for e in self.events),
+                 *(t for c in self.calls for t in (c.began, c.ended) if t is not None)]
+        if self.finish_time is not None:
+            times.append(self.finish_time)
+        if self.died and self.exit_time is not None:
+            times.append(self.exit_time)
+        return max(times)
+
+    @property
+    def last_step(self) -> Optional[int]:
+        steps = self.steps
+        return steps[-1] if steps else None
+
+    @property
+    def finished(self) -> bool:
+        return self.returned or self.error is not None
+
+    @property
+    def died(self) -> bool:
+        """Ended without returning or raising, and not by the harness's hand."""
+        return (not self.finished and self.exit_code is not None
+                and not self.killed_by_harness)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaDivergence:
+    """The first variable on which the workers disagree.
+
+    ``sides`` groups the workers that agree with each other on it (within
+    the tolerance), largest group first; ``max_difference`` is the largest
+    absolute difference between any worker's value and the first side's
+    (None when the variables do not even have the same shape or are
+    missing on some workers); ``detail`` says it for a person."""
+
+    variable: str
+    sides: Tuple[Tuple[int, ...], ...]
+    max_difference: Optional[float]
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaCheck:
+    """What the replica check found: how many variables each worker
+    fingerprinted, the tolerance, the divergence if any, and notes (a
+    worker that could not fingerprint)."""
+
+    variables: Tuple[int, ...]
+    tolerance: float
+    divergence: Optional[ReplicaDivergence] = None
+    notes: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceCheck:
+    """What the single-worker reference check found (``run(reference=...)``):
+    the reference run's outcome, how many variables were compared, the
+    tolerance, and, when the run differs from the reference, what differs
+    (``what``: a variable, or fn's return value), by how much, and a
+    sentence for a person (``detail``)."""
+
+    reference_outcome: str
+    variables: int
+    tolerance: float
+    what: Optional[str] = None
+    max_difference: Optional[float] = None
+    detail: str = ""
+
+    @property
+    def differs(self) -> bool:
+        return self.reference_outcome != Outcome.COMPLETED or self.what is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunObservation:
+    """What the parent saw of one run (one attempt of a run with restarts).
+    ``replicas`` is the replica check's finding (``run(check_replicas=...)``),
+    None when the check was off or the workers did not all return;
+    ``reference`` the single-worker reference check's (``run(reference=...)``)."""
+
+    num_workers: int
+    timeout: float
+    grace: float
+    ended_by: str
+    duration: float
+    workers: Tuple[WorkerObservation, ...]
+    replicas: Optional[ReplicaCheck] = None
+    reference: Optional[ReferenceCheck] = None
+
+    @property
+    def last_progress_time(self) -> float:
+        """When the parent last saw progress from any worker (0.0: never)."""
+        return max([0.0, *(w.last_seen for w in self.workers)])
+
+    @property
+    def detection_delay(self) -> Optional[float]:
+        """For a run that ended as hung: seconds past ``timeout`` it took to
+        declare the hang (the watch loop's own latency)."""
+        if self.ended_by != HANG:
+            return None
+        return self.duration - self.last_progress_time - self.timeout
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunObservation":
+        workers = []
+        for w in d["workers"]:
+            w = dict(w)
+            w["events"] = tuple(Event(**e) for e in w.get("events", ()))
+            if w.get("error") is not None:
+                w["error"] = WorkerError(**w["error"])
+            w["functions"] = tuple(
+                TracedFunction(f["id"], f["name"], tuple(
+                    CollectiveOp(c["kind"], tuple(c["shape"]), c["dtype"])
+                    for c in f.get("collectives", ())))
+                for f in w.get("functions", ()))
+            w["calls"] = tuple(Call(**{**c, "launched": tuple(c.get("launched", ())),
+                                       "done": tuple(c.get("done", ()))})
+                               for c in w.get("calls", ()))
+            w["variables"] = tuple(protocol.VariablePrint(**{**v, "shape": tuple(v["shape"])})
+                                   for v in w.get("variables", ()))
+            workers.append(WorkerObservation(**w))
+        replicas = d.get("replicas")
+        if replicas is not None:
+            div = replicas.get("divergence")
+            replicas = ReplicaCheck(**{
+                **replicas, "variables": tuple(replicas["variables"]),
+                "notes": tuple(replicas.get("notes", ())),
+                "divergence": None if div is None else ReplicaDivergence(**{
+                    **div, "sides": tuple(tuple(s) for s in div["sides"])})})
+        reference = d.get("reference")
+        if reference is not None:
+            reference = ReferenceCheck(**reference)
+        return cls(**{**d, "workers": tuple(workers), "replicas": replicas,
+                      "reference": reference})

@@ -1,0 +1,204 @@
+"""The blame rules for a run that hung, or failed only with echoes: from
+direct evidence to circumstantial.  See :mod:`harness.diagnosis.rules`."""
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+from harness.core import protocol
+from harness.diagnosis.echoes import names_unhealthy, tasks_named
+from harness.diagnosis import ledger
+from harness.diagnosis.facts import PHASE_RANK, Facts, phase, reference_steps, where_stopped
+from harness.diagnosis.stacks import stack_kind, summarize_stack
+from harness.diagnosis.words import names, steps_text
+from harness.diagnosis.blame import Blame
+
+
+def stopped(f: Facts) -> Optional[Blame]:
+    """A worker found stopped (SIGSTOP) cannot take part in anything."""
+    found = [w for w in f.workers if w.stopped and not w.died]
+    if not found:
+        return None
+    return Blame([w.index for w in found], f"stopped (SIGSTOP) {where_stopped(found[0])}",
+                 found[0].last_step)
+
+
+def _counted(n: int) -> str:
+    return "no collective" if n == 0 else f"{n} collective{'s' if n != 1 else ''}"
+
+
+def collective_counts(f: Facts) -> Optional[Blame]:
+    """From the ledgers: who launched more or fewer collectives than the rest.
+
+    Where steps are known, the first step at which the workers launched
+    different numbers of collectives; the odd one out against a strict
+    majority (N >= 3), else the one whose count at that step differs from
+    its own usual count (a skipped step launches none, an extra all-reduce
+    one more), which names the culprit even with 2 workers.  Without steps,
+    totals: the minority against a strict majority, else it cannot tell.
+    Loops that legitimately vary (an epoch-end metric read) vary alike on
+    every worker, so they do not count as a difference.
+    """
+    comp = f.comparable
+    if len(comp) < 2 or any(w.ledger is None for w in comp) \
+            or not any(ledger.has_ledger(w) for w in comp):
+        return None
+    by_step = {w.index: ledger.counts_by_step(w) for w in comp}
+    if all(v is not None for v in by_step.values()) and all(w.steps for w in comp):
+        common = set.intersection(*(set(v) for v in by_step.values()))
+        differ = sorted(s for s in common if len({v[s] for v in by_step.values()}) > 1)
+        if not differ:
+            return None
+        s = differ[0]
+        at = {i: v[s] for i, v in by_step.items()}
+
+        def others(odd):   # what the rest launched at that step, grouped by count
+            rest = collections.defaultdict(list)
+            for i, n in at.items():
+                if i not in odd:
+                    rest[n].append(i)
+            return "; ".join(f"{names(idx)} launched {n}" for n, idx in sorted(rest.items()))
+        top, hits = collections.Counter(at.values()).most_common(1)[0]
+        if len(comp) >= 3 and 2 * hits > len(comp):
+            odd = sorted(i for i, n in at.items() if n != top)
+            return Blame(odd, f"launched {_counted(at[odd[0]])} in step {s}, where "
+                         f"{others(odd)}", s)
+        usual = {i: ledger.usual(by_step[i], s) for i in at}
+        deviants = [i for i, n in at.items() if usual[i] is not None and n != usual[i]]
+        if len(deviants) == 1:
+            i = deviants[0]
+            return Blame([i], f"launched {_counted(at[i])} in step {s}, and {usual[i]} in each of "
+                         f"its other steps; in step {s} {others([i])}", s)
+        told = "; ".join(f"{names([i])} launched {n}" for i, n in sorted(at.items()))
+        return Blame(sorted(at), f"the workers launched different numbers of collectives in "
+                     f"step {s} ({told}), and it cannot tell which count is wrong", s,
+                     ambiguous=True)
+    totals = {w.index: ledger.total_launched(w) for w in comp}
+    if len(set(totals.values())) == 1:
+        return None
+    told = "; ".join(f"{names([i])} launched {n}" for i, n in sorted(totals.items()))
+    top, hits = collections.Counter(totals.values()).most_common(1)[0]
+    if len(comp) >= 3 and 2 * hits > len(comp):
+        odd = sorted(i for i, n in totals.items() if n != top)
+        return Blame(odd, f"launched {totals[odd[0]]} collectives where the others launched "
+                     f"{top} ({told})", f.worker(odd[0]).last_step)
+    return Blame(sorted(totals), "the workers launched different numbers of collectives and, "
+                 "with no steps to place them and no majority, it cannot tell a missing one "
+                 f"from an extra one ({told})", None, ambiguous=True)
+
+
+def _split(f: Facts) -> bool:
+    """At least two comparable workers, not all at the same point."""
+    return len(f.comparable) >= 2 and len(f.signature_counts) > 1
+
+
+def majority(f: Facts) -> Optional[Blame]:
+    """With N >= 3, the minority against a strict majority of state signatures."""
+    if not _split(f):
+        return None
+    parts, sig = f.comparable, f.signatures
+    top, top_n = f.signature_counts.most_common(1)[0]
+    if not (len(parts) >= 3 and 2 * top_n > len(parts)):
+        return None
+    maj = next(w for w in parts if sig[w.index] == top)
+    odd = [w for w in parts if sig[w.index] != top]
+    c = odd[0]
+    ran = steps_text(c.steps, top[1])
+    if not top[0] and sig[c.index][0]:
+        why = f"missing from the collective {where_stopped(maj)}: it finished after {ran}"
+        step = maj.last_step   # where the others wait for it
+    elif top[0]:
+        why = (f"blocked {where_stopped(c)} after the others returned with the same steps: it "
+               "made a collective call they did not (e.g. an extra all-reduce)"
+               if c.steps == top[1]
+               else f"blocked {where_stopped(c)} after the others returned; it ran {ran}")
+        step = c.last_step
+    else:
+        why = f"out of step: blocked {where_stopped(c)} while the others are blocked " \
+              f"{where_stopped(maj)}"
+        step = c.last_step
+    return Blame([w.index for w in odd], why, step)
+
+
+def behind(f: Facts) -> Optional[Blame]:
+    """With every comparable worker waiting, the one(s) whose progress stopped earliest."""
+    if not _split(f):
+        return None
+    parts, sig = f.comparable, f.signatures
+    if any(s[0] for s in sig.values()):
+        return None
+    pos = {w.index: (PHASE_RANK.get(sig[w.index][2], -1), len(sig[w.index][1]),
+                     w.last_step if w.last_step is not None else -1) for w in parts}
+    low = min(pos.values())
+    late = [i for i, p in pos.items() if p == low]
+    if len(late) == len(parts):
+        return None
+    # Peers that went on past a collective this worker had to join did not
+    # wait for it: with nothing else, being behind proves nothing (a worker
+    # that skipped a collective is "ahead" of the one it left waiting).  It
+    # is evidence only when the one behind is not in TensorFlow at all.
+    if any(stack_kind(f.worker(i).stack) != "other" for i in late):
+        return None
+    w = next(x for x in parts if x.index == late[0])
+    ahead = next(x for x in parts if pos[x.index] != low)
+    return Blame(late, f"behind: its progress stopped {where_stopped(w)} while the others "
+                 f"went on and are blocked {where_stopped(ahead)}", w.last_step)
+
+
+def split(f: Facts) -> Optional[Blame]:
+    """Workers at different points and no rule above could say which is wrong:
+    every side is named, ambiguous."""
+    if not _split(f):
+        return None
+    parts, sig = f.comparable, f.signatures
+    ref = reference_steps(parts)
+    desc = "; ".join(f"{names([w.index])} ran {steps_text(w.steps, ref)}, and "
+                     f"{'returned' if sig[w.index][0] else 'is blocked ' + where_stopped(w)}"
+                     for w in parts)
+    waiting = [w for w in parts if not sig[w.index][0]]
+    why = ("with 2 workers it cannot tell a skipped step on one from an extra collective on "
+           "the other: " if len(parts) == 2 else "the workers split with no majority, so it "
+           "cannot tell which side is wrong: ") + desc
+    return Blame([w.index for w in parts], why,
+                 waiting[0].last_step if waiting else None, ambiguous=True)
+
+
+def heartbeat(f: Facts) -> Optional[Blame]:
+    """The task the peers' "unhealthy" (stopped heartbeats) errors name most."""
+    votes: collections.Counter = collections.Counter()
+    for w in f.workers:
+        msg = (w.error.message or "") if w.error is not None else ""
+        if names_unhealthy(msg):
+            votes.update(set(tasks_named(msg)) - {w.index})
+    top = max(votes.values(), default=0)
+    named = [i for i, c in votes.items() if c == top and 0 <= i < len(f.workers)]
+    if not named:
+        return None
+    return Blame(named, "named as unhealthy (stopped sending heartbeats) by its peers",
+                 f.worker(named[0]).last_step)
+
+
+def outside_tensorflow(f: Facts) -> Optional[Blame]:
+    """A live worker whose stack is not in TensorFlow while another's is."""
+    live = [w for w in f.workers if not w.finished]
+    kinds = {w.index: stack_kind(w.stack) for w in live}
+    # One that has left its loop and lingers in Python is no more to blame
+    # than one that made an extra collective and waits in TensorFlow for it:
+    # the two look the same from here, so only mid-loop counts.
+    outside = [i for i, k in kinds.items()
+               if k == "other" and phase(f.worker(i)) != protocol.STEPS_DONE]
+    if not (outside and "tf" in kinds.values()):
+        return None
+    w = next(x for x in live if x.index == outside[0])
+    return Blame(outside, f"not in TensorFlow ({summarize_stack(w.stack)}) while the "
+                 "others wait in a TensorFlow call", w.last_step)
+
+
+def no_evidence(f: Facts) -> Optional[Blame]:
+    """Nothing stands out: every worker that did not return is a candidate,
+    ambiguous.  (Who raised first is no evidence: when every error is an
+    echo, every worker reports the same failure, and their order is a
+    matter of milliseconds.)"""
+    pool = [w for w in f.workers if not (w.returned and w.error is None)] or list(f.workers)
+    return Blame([w.index for w in pool], "no worker stands out: all stopped at the same point "
+                 f"({where_stopped(pool[0])})", pool[0].last_step, ambiguous=True)

@@ -1,0 +1,246 @@
+"""The local backend: workers are processes of this machine.
+
+:class:`LocalLauncher` has two start methods:
+
+``forkserver`` (default for CPU)
+    A server process imports TensorFlow once (:mod:`harness.worker.preload`); each
+    worker is a ``fork()`` of it.  After the first run a 2-worker cluster
+    starts in a fraction of a second.  The server lives as long as the
+    pytest process and exits when pytest does, even on SIGKILL (its
+    "alive" pipe closes).
+``spawn``
+    A fresh interpreter per worker, which imports TensorFlow itself: 5-10 s
+    per run, but nothing is shared.  Used for GPUs, where forking a process
+    that has loaded CUDA libraries is not shown safe.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import tempfile
+import threading
+import warnings
+from typing import List, Optional, Sequence
+
+import multiprocess
+import psutil
+
+from harness.core.protocol import WorkerSpec
+from harness.errors import PreloadWarning, SettingError
+from harness.launch.base import Backend, Launcher
+
+START_METHODS = ("forkserver", "spawn")
+
+
+def kill_tree(pid: int, known: Sequence[psutil.Process] = ()) -> None:
+    """SIGKILL process ``pid``, its process group and every descendant.
+
+    Descendants are listed before the kill (and ``known`` ones, listed
+    earlier, are added): once ``pid`` is dead its children are re-parented
+    and can no longer be found from it.  The process group catches those the
+    listing raced with; a worker's reaper (see :mod:`harness.worker`) catches
+    the rest.  The group kill only applies when ``pid`` leads its group, as
+    every worker does.
+    """
+    try:
+        descendants = list(known) + psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = list(known)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)   # no such group unless pid leads one
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+class ProcessHandle:
+    """One worker process of this machine: a :class:`~harness.launch.base.WorkerHandle`."""
+
+    def __init__(self, index: int, process, conn):
+        self.index = index
+        self.process = process
+        self.conn = conn  # parent's end of the duplex channel
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def sentinel(self):
+        return self.process.sentinel
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self.process.exitcode
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        self.process.join(timeout)
+
+    def send_signal(self, sig: int) -> bool:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, sig)
+            return True
+        return False
+
+    def is_stopped(self) -> bool:
+        """True when the worker is stopped by SIGSTOP (it cannot dump a stack)."""
+        try:
+            return psutil.Process(self.pid).status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            return False
+
+    def descendants(self) -> List[psutil.Process]:
+        """The worker's live descendants (it is a child subreaper, so orphans
+        of a double fork are among them)."""
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def kill_tree(self, known: Sequence[psutil.Process] = ()) -> None:
+        """SIGKILL the worker with all it started; see :func:`kill_tree`."""
+        kill_tree(self.pid, known)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        with contextlib.suppress(Exception):
+            self.process.close()
+
+
+_forkserver_lock = threading.Lock()
+# What the forkserver was asked to import, and where it reports what failed:
+# one server per pytest process, so one of each.
+_preload_report: Optional[str] = None
+_preload_warned = False
+
+
+def _forkserver_context(preload: Sequence[str] = ()):
+    global _preload_report
+    ctx = multiprocess.get_context("forkserver")
+    with _forkserver_lock:
+        if _preload_report is None:
+            # Read by harness.worker.preload in the server, which inherits
+            # this process's environment when it starts.
+            fd, _preload_report = tempfile.mkstemp(prefix="pytest-mwms-preload-")
+            os.close(fd)
+            atexit.register(_remove, _preload_report)
+            os.environ["MWMS_PRELOAD_REPORT"] = _preload_report
+            os.environ["MWMS_PRELOAD"] = ",".join(preload)
+        ctx.set_forkserver_preload(["harness.worker.preload"])
+    return ctx
+
+
+# Read by TensorFlow when it is imported, so it would decide for every worker
+# of the session which Keras ``tensorflow.keras`` is: the server starts
+# without it, and each run's workers choose with their own environment.
+_KERAS_CHOICE = "TF_USE_LEGACY_KERAS"
+
+
+def _ensure_forkserver() -> None:
+    from multiprocess import forkserver
+    with _forkserver_lock:
+        saved = os.environ.pop(_KERAS_CHOICE, None)
+        try:
+            forkserver.ensure_running()
+        finally:
+            if saved is not None:
+                os.environ[_KERAS_CHOICE] = saved
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _warn_about_preload() -> None:
+    """Once the server is up: warn of each module it could not preload."""
+    global _preload_warned
+    if _preload_warned or _preload_report is None:
+        return
+    try:
+        with open(_preload_report) as f:
+            problems = [line for line in f.read().splitlines() if line]
+    except OSError:
+        return
+    _preload_warned = True
+    for problem in problems:
+        warnings.warn(PreloadWarning(f"mwms_preload: {problem}; the forkserver runs without "
+                                     f"it (each worker imports it as usual)"), stacklevel=3)
+
+
+def forkserver_pid() -> Optional[int]:
+    """The pid of this process's forkserver, if one is running."""
+    from multiprocess import forkserver
+    return forkserver._forkserver._forkserver_pid
+
+
+class LocalLauncher(Launcher):
+    """``preload``: modules the forkserver imports once before it forks
+    workers (``mwms_preload``), besides TensorFlow, pytest and hypothesis."""
+
+    def __init__(self, start_method: str = "forkserver", preload: Sequence[str] = ()):
+        if start_method not in START_METHODS:
+            raise SettingError(f"start_method: one of {', '.join(START_METHODS)}, got {start_method!r}")
+        self.start_method = start_method
+        self.preload = tuple(preload)
+
+    def _context(self):
+        if self.start_method == "forkserver":
+            return _forkserver_context(self.preload)
+        return multiprocess.get_context("spawn")
+
+    def prewarm(self) -> None:
+        """Start the forkserver (and its TensorFlow import) in the background.
+
+        ``ensure_running`` only spawns the server; it does not wait for the
+        import, so calling it at collection time overlaps TensorFlow's
+        import with the rest of pytest's start-up.
+        """
+        if self.start_method == "forkserver":
+            self._context()
+            _ensure_forkserver()
+
+    def start(self, specs: Sequence[WorkerSpec]) -> List[ProcessHandle]:
+        from harness.worker import worker_main   # the worker side's one entry point
+        ctx = self._context()
+        if self.start_method == "forkserver":
+            _ensure_forkserver()
+        handles: List[ProcessHandle] = []
+        try:
+            for spec in specs:
+                parent_conn, child_conn = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=worker_main, args=(spec, child_conn),
+                                   name=f"mwms-worker-{spec.index}")
+                proc.start()
+                child_conn.close()
+                handles.append(ProcessHandle(spec.index, proc, parent_conn))
+            if self.start_method == "forkserver":
+                _warn_about_preload()
+        except BaseException:
+            for h in handles:
+                h.kill_tree()
+                h.join(5)
+                h.close()
+            raise
+        return handles
+
+
+
+
+def _prewarm(settings) -> None:
+    LocalLauncher(settings.start_method, settings.preload).prewarm()
+
+
+BACKEND = Backend(
+    name="local",
+    launcher=lambda settings: LocalLauncher(settings.start_method, settings.preload),
+    check=lambda settings, option: None,
+    no_network_namespace=None,
+    where=lambda settings: None,
+    prewarm=_prewarm,
+    close_session=lambda: None)

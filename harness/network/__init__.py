@@ -1,0 +1,125 @@
+"""How a run's workers are networked (``--mwms-network``), chosen by one
+function, :func:`choose_network`, before any process starts.
+
+- ``namespace``: a network namespace per cluster (:class:`Namespace`), or
+  one per worker on a bridge (:class:`Switch`) for network faults;
+- ``proxy``: the TCP proxy between workers, for ``Latency`` and
+  ``ResetPeers``, run as its own process in the bridge's namespace.
+
+It may import :mod:`harness.core`, :mod:`harness.errors` and
+:mod:`harness.faults`; nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+from harness.errors import SettingError
+from harness.faults import Fault, needs_network
+from harness.network.namespace import Namespace, Switch, available, needs_proxy, switch_available
+
+NETWORK_MODES = ("auto", "isolated", "host")
+
+
+def isolation(mode: str) -> Tuple[bool, str]:
+    """``(isolated?, why not)`` for a ``--mwms-network`` value on this machine."""
+    if mode == "host":
+        return False, "--mwms-network=host"
+    return available()
+
+
+def check_mode(mode: str, where: str) -> None:
+    """A SettingError when ``mode`` asks for isolation this machine cannot give."""
+    if mode == "isolated":
+        ok, why = available()
+        if not ok:
+            raise SettingError(f"{where}: 'isolated': this machine cannot give a cluster a "
+                               f"network namespace of its own ({why}); use auto or host")
+
+
+def header(mode: str) -> str:
+    """Where this session's clusters run, for pytest's header."""
+    isolated, why = isolation(mode)
+    if isolated:
+        return "network isolated (a network namespace per cluster)"
+    return f"network host loopback ({why})"
+
+
+class RunNetwork:
+    """The network of one run, as the controller uses it: the same calls
+    whether the workers are on the host, in one namespace, or each in its
+    own on a switch."""
+
+    def __init__(self, namespace=None) -> None:
+        self.namespace = namespace   # None, a Namespace or a Switch
+        self.switch: Optional[Switch] = namespace if isinstance(namespace, Switch) else None
+
+    def hosts(self, placed: Optional[Tuple[str, ...]]) -> Optional[Sequence[str]]:
+        """The workers' addresses in ``TF_CONFIG``: the switch's, or where
+        the launcher placed them."""
+        return self.switch.hosts if self.switch is not None else placed
+
+    def new_attempt(self, configs: List[Optional[dict]]) -> List[Optional[dict]]:
+        """Every link up and unthrottled again; each worker's view of the cluster."""
+        if self.switch is None:
+            return configs
+        self.switch.reset()
+        return self.switch.route(configs)
+
+    def logical(self, config: Optional[dict]) -> Optional[dict]:
+        """A worker's ``TF_CONFIG`` with the proxy's addresses mapped back:
+        the harness's plumbing must never read as a wrong port."""
+        return self.switch.logical(config) if self.switch is not None else config
+
+    def command(self, command: str, index: int) -> None:
+        """A network fault's command, on worker ``index``'s link."""
+        if self.switch is not None:
+            self.switch.command(command, index)
+
+    def worker_namespaces(self, n: int) -> Optional[tuple]:
+        """Per worker, the (user, network) namespaces it joins (None: the host's)."""
+        if self.switch is not None:
+            return tuple(self.switch.paths(i) for i in range(n))
+        if self.namespace is not None:
+            return (self.namespace.paths,) * n
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkChoice:
+    """What :func:`choose_network` decided: ``kind`` is ``host``, ``shared``
+    (one namespace for the cluster) or ``switched`` (one per worker)."""
+
+    kind: str
+    proxied: bool = False
+
+    @contextlib.contextmanager
+    def open(self, num_workers: int, ports: Sequence[int]) -> Iterator[RunNetwork]:
+        """The run's network for as long as the run lasts; gone after."""
+        if self.kind == "host":
+            yield RunNetwork()
+            return
+        made = (Switch(num_workers, ports if self.proxied else None)
+                if self.kind == "switched" else Namespace())
+        with made as namespace:
+            yield RunNetwork(namespace)
+
+
+def choose_network(mode: str, no_namespace: Optional[str],
+                   plan: Sequence[Fault]) -> NetworkChoice:
+    """How a run with fault ``plan`` is networked under ``mode``, or a
+    SettingError; ``no_namespace`` is why the backend cannot have a
+    namespace (None: it can)."""
+    isolate, why = (False, no_namespace) if no_namespace else isolation(mode)
+    if mode == "isolated" and not isolate:
+        raise SettingError(f"network='isolated': this machine cannot give a cluster a "
+                           f"network namespace of its own ({why})")
+    if not needs_network(plan):
+        return NetworkChoice("shared" if isolate else "host")
+    able, why = switch_available() if isolate else (False, why)
+    if not able:
+        raise SettingError(f"network faults need a network namespace per worker, and "
+                           f"this run has none ({why})")
+    commands = [command for fault in plan for _, command in fault.network_commands()]
+    return NetworkChoice("switched", needs_proxy(commands))

@@ -1,0 +1,309 @@
+"""Parent side: a network namespace per cluster (``--mwms-network``).
+
+TensorFlow's gRPC server listens on every interface whatever ``TF_CONFIG``
+says, so a worker on the host's network is an unauthenticated TensorFlow
+server for as long as a run lasts.  Isolated, a run's workers share a
+network namespace of their own, holding only a loopback interface: they
+reach each other on ``127.0.0.1`` as before, and nothing outside reaches
+them (the host gets "connection refused" on those ports).
+
+The namespace is made without privileges: ``unshare -Urn`` starts an
+*anchor* process in a new user and network namespace, which brings ``lo``
+up and then waits on its stdin.  Workers join both namespaces at the top
+of their entry point (:func:`harness.core.linux.enter_namespaces`), while still
+single-threaded, so the forkserver's warm start is kept.  The anchor holds
+the namespace for the run; the run closes its stdin at the end, and if
+pytest dies the pipe closes all the same: the anchor exits, and the
+namespace goes with the last process in it (the workers die with their
+parent).  Nothing named is created, so nothing can be left behind.
+
+Where user namespaces are not allowed (some distributions restrict them;
+containers often block ``unshare``), ``auto`` runs on the host's loopback
+and says why once; ``isolated`` is then a usage error.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# The anchor: bring lo up, say so, then hold the namespaces until stdin closes.
+ANCHOR = "ip link set lo up && echo ready && exec cat >/dev/null"
+START_WAIT = 5.0
+
+_probed: Optional[Tuple[bool, str]] = None
+
+
+def start_anchor(script: str, env: Optional[dict] = None) -> subprocess.Popen:
+    """``script`` (sh) in a new user and network namespace, its stdin, stdout
+    and stderr pipes to this process."""
+    return subprocess.Popen(["unshare", "-Urn", "sh", "-c", script], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, close_fds=True)
+
+
+def end_anchor(anchor: subprocess.Popen) -> None:
+    """Close its stdin (it exits, and what it holds with it); kill it if it lingers."""
+    if anchor.poll() is None:
+        try:
+            anchor.stdin.close()
+            anchor.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            anchor.kill()
+            anchor.wait()
+    for stream in (anchor.stdin, anchor.stdout, anchor.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+
+
+def anchor_failed(anchor: subprocess.Popen, default: str) -> OSError:
+    """An anchor that did not say "ready": ended first (a live one could hold
+    stderr open for ever), then the last line of what it said, as an error."""
+    anchor.kill()
+    anchor.wait()
+    why = (anchor.stderr.read() or b"").decode(errors="replace").strip()
+    end_anchor(anchor)
+    return OSError(why.splitlines()[-1] if why else default)
+
+
+class Namespace:
+    """A user + network namespace held by an anchor process; a context manager."""
+
+    def __init__(self) -> None:
+        self.anchor = start_anchor(ANCHOR)
+        if self.anchor.stdout.readline().strip() != b"ready":
+            raise anchor_failed(self.anchor, "unshare -Urn did not start")
+
+    @property
+    def paths(self) -> Tuple[str, str]:
+        """Where a worker joins: the anchor's user and network namespaces."""
+        return (f"/proc/{self.anchor.pid}/ns/user", f"/proc/{self.anchor.pid}/ns/net")
+
+    def close(self) -> None:
+        """End the anchor: the namespace goes with the last process in it."""
+        end_anchor(self.anchor)
+
+    def __enter__(self) -> "Namespace":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# The switched topology: the anchor's namespace holds a bridge; each worker
+# gets a network namespace of its own (held by a "holder" process the
+# anchor starts, which dies with the anchor), joined to the bridge by a
+# veth pair, at 10.77.0.(i+1).  The anchor then reads commands on stdin:
+# "down I" / "up I" (worker I's link) and "rate I KBPS" (a token bucket
+# both ways), and ends its holders when stdin closes.  The bridge itself is
+# at SUBNET.254: where the proxy (harness.network.proxy) listens when a run has one.
+SUBNET = "10.77.0"
+BRIDGE_HOST = SUBNET + ".254"
+SWITCH = r"""
+ip link set lo up && ip link add br0 type bridge && ip link set br0 up || exit 1
+ip addr add SUBNET.254/24 dev br0 || exit 1
+pids=""
+trap 'kill $pids 2>/dev/null' EXIT
+mine=$(readlink /proc/$$/ns/net)
+i=0
+while [ $i -lt $N ]; do
+  setpriv --pdeathsig KILL unshare -n sh -c 'ip link set lo up; exec sleep 2147483647' &
+  pid=$!
+  pids="$pids $pid"
+  eval "pid_$i=$pid"
+  while [ "$(readlink /proc/$pid/ns/net)" = "$mine" ]; do sleep 0.005; done
+  ip link add v$i type veth peer name eth0 netns $pid || exit 1
+  ip link set v$i master br0 up || exit 1
+  nsenter -t $pid -n sh -c "ip addr add SUBNET.$((i + 1))/24 dev eth0 && ip link set eth0 up" \
+    || exit 1
+  echo "holder $i $pid"
+  i=$((i + 1))
+done
+echo ready
+while read -r cmd i arg; do
+  eval "pid=\$pid_$i"
+  case "$cmd" in
+    down) ip link set v$i down ;;
+    up) ip link set v$i up ;;
+    rate) tc qdisc replace dev v$i root tbf rate "${arg}kbit" burst 16kb latency 50ms
+          nsenter -t $pid -n tc qdisc replace dev eth0 root tbf rate "${arg}kbit" burst 16kb \
+            latency 50ms ;;
+    clear) ip link set v$i up; tc qdisc del dev v$i root 2>/dev/null
+           nsenter -t $pid -n tc qdisc del dev eth0 root 2>/dev/null ;;
+  esac
+done
+""".replace("SUBNET", SUBNET)
+
+
+# Commands the proxy carries out (the rest act on a link); "clear" goes to both.
+PROXY_VERBS = ("delay", "reset")
+# Proxy port of the pair (src, dst): PROXY_BASE + src * MAX_WORKERS + dst.  The
+# proxy listens in the bridge's namespace, where no other process binds.
+PROXY_BASE = 20000
+MAX_WORKERS = 200
+
+
+def needs_proxy(commands) -> bool:
+    """Whether any of these network commands is the proxy's."""
+    return any(command.split()[0] in PROXY_VERBS for command in commands)
+
+
+class Switch:
+    """Workers in network namespaces of their own on one bridge, for
+    network faults: a worker's link can be cut (``down``/``up``) or slowed
+    (``rate``).  ``paths(i)`` is where worker ``i`` joins; ``hosts`` its
+    address in ``TF_CONFIG``.
+
+    With ``proxied_ports`` (the workers' ports), a TCP proxy
+    (:mod:`harness.network.proxy`) also stands between every two workers, for
+    ``delay`` and ``reset``: :meth:`route` gives each worker its view of
+    the cluster (its peers at their proxy ports), :meth:`logical` maps a
+    view back, so the diagnosis reads the cluster a worker was meant to
+    see, never the harness's plumbing."""
+
+    def __init__(self, workers: int, proxied_ports: Optional[Sequence[int]] = None) -> None:
+        if workers > MAX_WORKERS:
+            raise ValueError(f"network faults take at most {MAX_WORKERS} workers")
+        self.workers = workers
+        self.proxy: Optional[subprocess.Popen] = None
+        self.proxied: Dict[str, str] = {}    # proxy address -> the worker address behind it
+        self.anchor = start_anchor(SWITCH, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                                            "N": str(workers)})
+        self.holders: Dict[int, int] = {}
+        while True:
+            line = self.anchor.stdout.readline().decode(errors="replace").split()
+            if line[:1] == ["holder"]:
+                self.holders[int(line[1])] = int(line[2])
+                continue
+            if line == ["ready"]:
+                break
+            raise anchor_failed(self.anchor, "the switched namespace did not start")
+        if proxied_ports is not None:
+            try:
+                self._start_proxy(list(proxied_ports))
+            except BaseException:
+                self.close()
+                raise
+
+    def _start_proxy(self, ports: List[int]) -> None:
+        self.addresses = [f"{host}:{port}" for host, port in zip(self.hosts, ports)]
+        routes = [[BRIDGE_HOST, self._proxy_port(src, dst), self.hosts[dst], ports[dst], src, dst]
+                  for src in range(self.workers) for dst in range(self.workers) if src != dst]
+        self.proxied = {f"{BRIDGE_HOST}:{self._proxy_port(src, dst)}": self.addresses[dst]
+                        for src, dst in ((r[4], r[5]) for r in routes)}
+        self.proxy = subprocess.Popen(
+            [sys.executable, "-m", "harness.network.proxy", f"/proc/{self.anchor.pid}/ns/user",
+             f"/proc/{self.anchor.pid}/ns/net"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, close_fds=True)
+        self.proxy.stdin.write((json.dumps(routes) + "\n").encode())
+        self.proxy.stdin.flush()
+        if self.proxy.stdout.readline().strip() != b"ready":
+            raise anchor_failed(self.proxy, "the proxy did not start")
+
+    @staticmethod
+    def _proxy_port(src: int, dst: int) -> int:
+        return PROXY_BASE + src * MAX_WORKERS + dst
+
+    @property
+    def hosts(self) -> List[str]:
+        return [f"{SUBNET}.{i + 1}" for i in range(self.workers)]
+
+    def route(self, configs: List[Optional[dict]]) -> List[Optional[dict]]:
+        """Each worker's ``TF_CONFIG`` with its peers' addresses replaced by
+        their proxy ports (unchanged without a proxy).  A worker's own
+        address stays: it is where it listens."""
+        if self.proxy is None:
+            return configs
+        out: List[Optional[dict]] = []
+        for src, config in enumerate(configs):
+            workers = (config or {}).get("cluster", {}).get("worker")
+            if isinstance(workers, list):
+                config = copy.deepcopy(config)
+                config["cluster"]["worker"] = [
+                    f"{BRIDGE_HOST}:{self._proxy_port(src, self.addresses.index(a))}"
+                    if a in self.addresses and a != self.addresses[src] else a for a in workers]
+            out.append(config)
+        return out
+
+    def logical(self, config: Optional[dict]) -> Optional[dict]:
+        """A worker's ``TF_CONFIG`` as it would be without the proxy."""
+        if not self.proxied or not isinstance(config, dict) \
+                or not isinstance(config.get("cluster", {}).get("worker"), list):
+            return config
+        config = copy.deepcopy(config)
+        config["cluster"]["worker"] = [self.proxied.get(a, a) for a in config["cluster"]["worker"]]
+        return config
+
+    def paths(self, index: int) -> Tuple[str, str]:
+        return (f"/proc/{self.anchor.pid}/ns/user", f"/proc/{self.holders[index]}/ns/net")
+
+    def command(self, command: str, index: int) -> None:
+        """``down``, ``up``, ``rate KBPS`` or ``clear`` on worker ``index``'s
+        link; ``delay MS JITTER`` or ``reset`` on its proxied connections."""
+        verb, *args = command.split()
+        line = f"{verb} {index} {' '.join(args)}\n".encode()
+        targets = ([self.proxy] if verb in PROXY_VERBS else
+                   [self.anchor, self.proxy] if verb == "clear" else [self.anchor])
+        for process in targets:
+            if process is None:
+                continue
+            try:
+                process.stdin.write(line)
+                process.stdin.flush()
+            except OSError:
+                pass   # it is gone: the run is ending
+
+    def reset(self) -> None:
+        """Every link up and unthrottled (a new attempt of a run)."""
+        for i in range(self.workers):
+            self.command("clear", i)
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            end_anchor(self.proxy)
+        end_anchor(self.anchor)
+
+    __enter__ = Namespace.__enter__
+    __exit__ = Namespace.__exit__
+
+
+def available() -> Tuple[bool, str]:
+    """Whether this machine lets this user make a network namespace per
+    cluster, and why not; tried once per process."""
+    global _probed
+    if _probed is None:
+        if not shutil.which("unshare") or not shutil.which("ip"):
+            _probed = (False, "the unshare and ip commands are not installed")
+        else:
+            try:
+                Namespace().close()
+                _probed = (True, "")
+            except OSError as e:
+                _probed = (False, f"unshare -Urn failed: {e}")
+    return _probed
+
+
+_switch_probed: Optional[Tuple[bool, str]] = None
+
+
+def switch_available() -> Tuple[bool, str]:
+    """Whether network faults can be done here (a namespace per worker on a
+    bridge, :class:`Switch`), and why not; tried once per process."""
+    global _switch_probed
+    if _switch_probed is None:
+        ok, why = available()
+        missing = [tool for tool in ("setpriv", "nsenter", "tc") if not shutil.which(tool)]
+        if not ok:
+            _switch_probed = (False, why)
+        elif missing:
+            _switch_probed = (False, f"{', '.join(missing)} not installed")
+        else:
+            try:
+                Switch(1).close()
+                _switch_probed = (True, "")
+            except OSError as e:
+                _switch_probed = (False, f"a bridged namespace could not be made: {e}")
+    return _switch_probed
