@@ -19,7 +19,7 @@ from harness.worker.context import WorkerContext, context
 __all__ = ["context", "WorkerContext", "WorkerError", "faults", "RunResult", "WorkerResult",
            "Cluster", "HarnessError", "SettingError", "FaultError", "SerializationError",
            "StateDirError", "NotInWorkerError", "InjectedFault", "SecondStrategyError",
-           "StepDesyncError", "ReplicaCheck", "ReplicaDivergence"]
+           "StepDesyncError", "ReplicaCheck", "DivergentVariable"]
 
 
 def __getattr__(name):
@@ -28,7 +28,7 @@ def __getattr__(name):
     if name in ("RunResult", "WorkerResult"):
         from harness import result
         return getattr(result, name)
-    if name in ("ReplicaCheck", "ReplicaDivergence"):
+    if name in ("ReplicaCheck", "DivergentVariable"):
         from harness.diagnosis import observations
         return getattr(observations, name)
     if name == "Cluster":

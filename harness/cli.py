@@ -31,7 +31,7 @@ import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
-from harness.diagnosis.observations import OUTCOMES
+from harness.diagnosis.observations import OUTCOMES, Outcome
 from harness.errors import HarnessError, UsageError
 from harness.report.pytest_report import timeline_stem, wants_timeline
 from harness.settings import OPTIONS, Option, RunSettings, parse_choice, read_settings
@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--check-replicas", action="store_true",
                    help="when the script returns, check that every worker holds the same "
                         "model (see run(check_replicas=True))")
-    p.add_argument("--expect", default="completed", metavar="|".join(OUTCOMES),
+    p.add_argument("--expect", default=Outcome.COMPLETED, metavar="|".join(OUTCOMES),
                    help="the outcome that makes the exit status 0 (default completed)")
     p.add_argument("-m", "--module", metavar="MODULE",
                    help="run this module as `python -m MODULE` does, instead of a script")
@@ -243,7 +243,7 @@ def run_command(argv: Sequence[str]) -> int:
         print(f"harness: error: {e}", file=sys.stderr)
         return 2
     status.close()
-    print(result.diagnosis if result.outcome == "completed" else result.report())
+    print(result.diagnosis if result.outcome == Outcome.COMPLETED else result.report())
     if settings.report_dir and wants_timeline(result, settings.report):
         for path in result.timeline(timeline_stem(settings.report_dir, what, 1)):
             print(f"harness: timeline: {path}")

@@ -10,9 +10,11 @@ The diagnosis never reads the fault plan: it works out the culprit from
 what it observed, as it must for a user's real bug.  Faults only exist to
 prove that it does.
 
-Adding a fault kind is two edits: its class here (fields, and ``check`` for
-what its fields must hold), and a row in the worker's action table
-(:data:`harness.worker.actions.ACTIONS`) saying what it does there.  What a
+Adding a fault kind is three edits: its class here (fields, and ``check``
+for what its fields must hold), its name in :data:`FAULT_TYPES` (what
+``--fault`` and the documentation list), and, for a step-keyed fault, a
+row in the worker's action table (:data:`harness.worker.actions.ACTIONS`)
+saying what it does there.  What a
 fault does in the parent is declared on the class: ``edit_configs`` (a
 ``TF_CONFIG`` fault), ``parent_signals`` (a pause the parent ends, a
 preempted worker the parent kills when its grace is over) and

@@ -16,6 +16,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Optional, Tuple
 
+from harness.diagnosis.observations import Outcome
 from harness.errors import SettingError
 from harness.launch.backends import BACKEND_NAMES, DEFAULT_BACKEND, backend_of
 from harness.launch.devices import DEVICES, gpu_assignment, visible_gpus
@@ -101,7 +102,7 @@ def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
 
 # What a restart can follow: the names ``run(restart_on=...)`` takes, and
 # the outcome each stands for.
-RESTART_ON = {"crash": "crashed", "fail": "failed", "hang": "hang"}
+RESTART_ON = {"crash": Outcome.CRASHED, "fail": Outcome.FAILED, "hang": Outcome.HANG}
 DEFAULT_RESTART_ON = "crash,fail"
 
 
@@ -401,5 +402,25 @@ def apply_marker(settings: RunSettings, kwargs: dict, args: tuple = ()) -> RunSe
                                                   else "command line"))
 
 
+def write_options_page(path: str) -> bool:
+    """Put :func:`options_markdown` between the ``options:start`` and
+    ``options:end`` markers of ``path``; True when it changed."""
+    start, end = "<!-- options:start -->\n", "\n<!-- options:end -->"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start.strip()} ... {end.strip()} region")
+    head, rest = text.split(start, 1)
+    new = head + start + options_markdown() + end + rest.split(end, 1)[1]
+    if new != text:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new)
+    return new != text
+
+
 if __name__ == "__main__":
-    print(options_markdown())
+    import sys
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        print(sys.argv[2] + (" updated" if write_options_page(sys.argv[2]) else " up to date"))
+    else:
+        print(options_markdown())

@@ -11,12 +11,8 @@
 """
 from __future__ import annotations
 
-import time
-
-import psutil
 import pytest
 
-from harness.core import linux
 from scenarios.meta import culprit_check_of, declared
 
 _LAST_RESULT = "_mwms_scenario_last_result"
@@ -92,27 +88,9 @@ def pytest_runtest_call(item):
     return outcome
 
 
-def _tensorflow_pids():
-    """This pytest's descendants with TensorFlow loaded, but its forkserver.
-
-    Only descendants: other pytest sessions on the same machine may have
-    workers of their own running.
-    """
-    from harness.launch.local import forkserver_pid
-    server = forkserver_pid()
-    return linux.tensorflow_pids(p for p in psutil.Process().children(recursive=True)
-                                 if p.pid != server)
-
-
 @pytest.fixture(autouse=True)
-def _no_worker_left_behind():
-    yield
-    left = _tensorflow_pids()
-    deadline = time.monotonic() + 3
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = [p for p in left if linux.alive(p)]
-    assert not left, f"TensorFlow worker processes outlived the test: {left}"
+def _no_worker_left_behind(no_leftover_workers):
+    """Every scenario: no TensorFlow process of it outlives it (conftest.py at the root)."""
 
 
 @pytest.fixture(autouse=True)

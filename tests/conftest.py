@@ -1,9 +1,6 @@
 import os
 
-import pytest
 from hypothesis import HealthCheck, settings
-
-from helpers import tensorflow_pids, wait_gone
 
 pytest_plugins = ["pytester"]
 
@@ -15,11 +12,3 @@ _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("mwms-ci", max_examples=8, derandomize=True, database=None, **_common)
 settings.register_profile("thorough", max_examples=150, **_common)
 settings.load_profile(os.environ.get("MWMS_HYPOTHESIS_PROFILE", "mwms-ci"))
-
-
-@pytest.fixture
-def no_leftover_workers():
-    """Fail the test if a TensorFlow process it started outlives it."""
-    yield
-    left = wait_gone(tensorflow_pids(), seconds=2)
-    assert not left, f"TensorFlow processes outlived the test: {left}"

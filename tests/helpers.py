@@ -1,6 +1,6 @@
 """Shared helpers for the harness's own tests (no TensorFlow at import)."""
 import os
-import time
+import uuid
 
 import psutil
 
@@ -11,17 +11,19 @@ from harness.launch.local import forkserver_pid
 from harness.workloads import allreduce_loop as allreduce_steps, variable_loop  # noqa: F401
 
 
-_SESSION_START = time.time()
+# Every process this pytest process starts inherits the mark, forked
+# workers included (the forkserver starts after this module is imported),
+# and keeps it when it is orphaned: "ours" means started by this session,
+# whoever its parent is now.  Each process sets its own (pytest-xdist's
+# workers import this file too), so sessions side by side never count
+# each other's workers.
+SESSION_MARK = "MWMS_TEST_SESSION"
+os.environ[SESSION_MARK] = uuid.uuid4().hex
 
 
-def _ours(proc):
-    """Started by this pytest process: a descendant of it, or an orphan
-    (re-parented to init) born since this test session began.  Other pytest
-    sessions running beside this one are not ours."""
+def _ours(proc: psutil.Process) -> bool:
     try:
-        if os.getpid() in {p.pid for p in proc.parents()}:
-            return True
-        return proc.ppid() == 1 and proc.create_time() >= _SESSION_START - 1
+        return proc.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]
     except psutil.Error:
         return False
 
@@ -36,8 +38,3 @@ def tensorflow_pids(exclude=()):
     skip = {os.getpid(), forkserver_pid(), *exclude}
     return linux.tensorflow_pids(p for p in psutil.process_iter(["pid"])
                                  if p.pid not in skip and _ours(p))
-
-
-def wait_gone(pids, seconds=10.0):
-    """Wait until none of ``pids`` is alive (zombies count as gone); return the survivors."""
-    return linux.wait_gone(pids, seconds)

@@ -10,7 +10,8 @@ import psutil
 import pytest
 
 from harness.network import namespace as netns
-from helpers import tensorflow_pids, wait_gone
+from harness.core.linux import wait_gone
+from helpers import tensorflow_pids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,7 +85,7 @@ def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     t0 = time.monotonic()
-    left = wait_gone(pids, seconds=10)
+    left = wait_gone(pids, 10)
     assert not left, f"still alive {time.monotonic() - t0:.1f}s after SIGKILL: {left}"
 
 
@@ -104,7 +105,7 @@ def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
-    left = wait_gone(pids, seconds=10)
+    left = wait_gone(pids, 10)
     assert not left, f"still alive after SIGKILL: {[(p, _cmdline(p)) for p in left]}"
 
 
@@ -120,7 +121,7 @@ def test_ctrl_c_stops_the_run_and_its_workers(pytester, tmp_path):
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=30)[0]
     assert "KeyboardInterrupt" in out
-    left = wait_gone(pids, seconds=5)
+    left = wait_gone(pids, 5)
     assert not left, left
 
 
@@ -130,7 +131,7 @@ def test_pytest_timeout_backstop_cleans_up(pytester, tmp_path):
     proc, pids = _start_inner(pytester, tmp_path, test_timeout=8, harness_timeout=100)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 1 and "Timeout" in out, out
-    left = wait_gone(pids, seconds=5)
+    left = wait_gone(pids, 5)
     assert not left, left
 
 
@@ -143,7 +144,7 @@ def test_harness_hang_kills_grandchildren(mwms_cluster, tmp_path, monkeypatch):
     assert result.outcome == "hang"
     pids = [int(x) for f in tmp_path.iterdir() for x in f.read_text().split()]
     assert len(pids) == 2 * mwms_cluster.num_workers
-    assert not wait_gone(pids, seconds=3)
+    assert not wait_gone(pids, 3)
     assert not wait_gone(tensorflow_pids(), seconds=2)
 
 

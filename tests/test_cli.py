@@ -4,7 +4,6 @@ Real runs go through a subprocess, as a user's shell would start them (each
 starts its own forkserver: about 3 s of TensorFlow import); parsing is
 tested in-process.
 """
-import dataclasses
 import io
 import subprocess
 import sys
@@ -12,10 +11,7 @@ import textwrap
 
 import pytest
 
-from harness import faults as F
 from harness import SettingError
-from harness.cli import (PLAIN_EVERY, StatusLine, UsageError, format_progress, parse_fault,
-                         split_command)
 from harness.controller import Progress
 from harness.settings import OPTIONS, parse_choice, parse_restarts, parse_seconds, parse_workers
 
@@ -159,59 +155,10 @@ def test_help_lists_the_plugin_options(tmp_path):
     assert "-n N" in proc.stdout and "--fault" in proc.stdout and "--expect" in proc.stdout
 
 
-@pytest.mark.parametrize("fault", [
-    F.SkipStep(worker=1, step=2), F.ExtraCollective(0, 3), F.Crash(1, 5, how="kill"),
-    F.RaiseError(0, 1, "it's \"quoted\""), F.Pause(1, 2), F.Pause(1, 2, seconds=0.5),
-    F.Delay(0, 1, 2), F.BadTFConfig(1, "swapped"), F.Preempt(1, 3), F.Preempt(0, 2, grace=1.5),
-    F.Crash(1, 2, attempt=1), F.Partition(1, 2), F.Partition(0, 1, seconds=2.5),
-    F.Bandwidth(1, 3, kbps=500), F.Latency(0, 2, ms=30, jitter_ms=5.5), F.ResetPeers(1, 4),
-    F.ResetPeers(1, 4, after=0.25),
-])
-def test_a_fault_parses_back_from_how_it_prints(fault):
-    assert parse_fault(repr(fault)) == fault
-
-
-@pytest.mark.parametrize("text", [
-    "__import__('os').system('true')",
-    "Crash(worker=__import__('os').getpid(), step=1)",
-    "Crash.__init__.__globals__",
-    "harness.faults.Crash(worker=1, step=1)",
-    "Crash(*[1, 2])",
-    "Crash(**{'worker': 1, 'step': 2})",
-    "Crash(worker=1, step=1) or open('x', 'w')",
-    "print(1)",
-    "[Crash(worker=1, step=1)]",
-    "lambda: 0",
-    "Crash(worker=1 +",
-    "Crash(wrker=1, step=1)",
-])
-def test_anything_but_a_literal_fault_call_is_refused(text):
-    with pytest.raises(UsageError, match="--fault"):
-        parse_fault(text)
-
-
-@pytest.mark.parametrize("argv, expected", [
-    (["-n", "3", "--timeout", "30", "--fault", "Crash(worker=1, step=5)", "train.py", "--",
-      "--epochs", "2"],
-     (["-n", "3", "--timeout", "30", "--fault", "Crash(worker=1, step=5)"], "train.py", None,
-      ["--epochs", "2"])),
-    (["train.py", "--timeout", "5"], ([], "train.py", None, ["--timeout", "5"])),
-    (["--timeout=5", "-m", "pkg.train", "--", "--x"], (["--timeout=5"], None, "pkg.train",
-                                                       ["--x"])),
-    (["-n", "2", "--", "train.py", "-v"], (["-n", "2"], "train.py", None, ["-v"])),
-    (["--workers", "2"], (["--workers", "2"], None, None, [])),
-])
-def test_split_command_finds_where_the_script_starts(argv, expected):
-    assert split_command(argv) == expected
-
-
 PROGRESS = Progress(attempt=0, elapsed=12.34, idle=0.25, timeout=30.0, steps=(41, None, 7),
                     states=("running", "running", "returned"))
 
 
-def test_the_status_line_says_each_workers_step_and_the_idle_time():
-    assert format_progress(PROGRESS) == ("harness: attempt 0 | 12.3s | w0 step 41, w1 started, "
-                                         "w2 returned | idle 0.2s of 30s")
 
 
 class _Stream(io.StringIO):
@@ -221,27 +168,3 @@ class _Stream(io.StringIO):
 
     def isatty(self):
         return self._tty
-
-
-def test_on_a_terminal_the_line_is_redrawn_in_place_and_wiped():
-    stream = _Stream(tty=True)
-    status = StatusLine(stream)
-    status(PROGRESS)
-    status(dataclasses.replace(PROGRESS, steps=(42, 1, 7)))
-    status.close()
-    out = stream.getvalue()
-    assert "\n" not in out and out.count("\r") == 4 and out.endswith("\r")
-    assert "w0 step 42" in out
-
-
-def test_elsewhere_plain_lines_at_most_every_few_seconds():
-    now = [100.0]
-    stream = _Stream(tty=False)
-    status = StatusLine(stream, clock=lambda: now[0])
-    for _ in range(5):
-        status(PROGRESS)
-        now[0] += 1.0
-    now[0] += PLAIN_EVERY
-    status(PROGRESS)
-    status.close()
-    assert stream.getvalue().splitlines() == [format_progress(PROGRESS)] * 2

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import harness
-from helpers import wait_gone
+from harness.core.linux import wait_gone
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]
 
@@ -71,7 +71,7 @@ def test_child_process_that_would_outlive_the_worker_is_killed(mwms_cluster, tmp
     result = mwms_cluster.run(spawner)
     result.assert_completed()
     pids = [p for pair in result.return_values for p in pair]
-    assert not wait_gone(pids, seconds=3)
+    assert not wait_gone(pids, 3)
 
 
 def test_stray_thread_does_not_hold_the_run(mwms_cluster):

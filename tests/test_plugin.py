@@ -228,3 +228,11 @@ def test_reports_junit_properties_timelines_and_the_session_summary(pytester, xd
                 props["mwms_ambiguous"], props["mwms_workers"]) == ("hang", "1", "4", "false",
                                                                       "2")
         assert float(props["mwms_duration"]) > 2.0
+
+
+def test_every_option_reaches_pytest_help(pytester):
+    from harness.settings import OPTIONS
+    result = pytester.runpytest_subprocess("--help")
+    out = result.stdout.str()
+    for option in OPTIONS:
+        assert option.flag in out and option.ini in out

@@ -8,7 +8,8 @@ from hypothesis import example, given, note
 from harness.launch.ports import bindable
 from harness import faults as F
 from plans import Plan, fault_plans, replay
-from helpers import tensorflow_pids, variable_loop, wait_gone
+from harness.core.linux import wait_gone
+from helpers import tensorflow_pids, variable_loop
 from oracle import expect
 
 GRACE = 2.0

@@ -18,7 +18,7 @@ from harness import faults as F
 from harness.controller import Cluster
 from harness.settings import RunSettings, SettingError, check_backend, parse_marker
 from harness.workloads import allreduce_loop
-from helpers import wait_gone
+from harness.core.linux import wait_gone
 
 from harness.launch.ray import launcher as raylaunch  # noqa: E402 - imports nothing of Ray
 
@@ -222,7 +222,7 @@ def test_joining_a_running_cluster_by_address_leaves_it_running():
         session = raylaunch.session(held.address, 2, ())
         agents = [psutil.Process(pid) for pid in session.agent_pids()]
         raylaunch.close_session()
-        assert wait_gone([a.pid for a in agents], seconds=20) == []
+        assert wait_gone([a.pid for a in agents], 20) == []
         assert not glob.glob(os.path.join(held.tmpdir, "mwms-agent-*", "*")), \
             "a worker's directory outlived the session"
         assert held.holder.poll() is None

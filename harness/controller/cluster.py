@@ -24,6 +24,7 @@ from harness.controller.request import RunRequest, make_request
 from harness.controller.scripts import script_main
 from harness.controller.watch import Progress
 from harness.core import tfconfig
+from harness.diagnosis.observations import Outcome
 from harness.launch.backends import DEFAULT_BACKEND, launcher_for
 from harness.launch.base import Launcher
 from harness.launch.devices import worker_environments
@@ -155,7 +156,7 @@ class Cluster:
                     if attempts[-1].verdict.outcome not in request.restart_on:
                         break
                 if request.reference_tolerance is not None and \
-                        attempts[-1].outcome == "completed":
+                        attempts[-1].outcome == Outcome.COMPLETED:
                     attempts[-1] = self._against_reference(job, attempts[-1], plan, files,
                                                            tmpdir, placement.ports[0])
             finally:

@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness.errors import SettingError
 from harness.core.protocol import VariablePrint
-from harness.diagnosis.observations import ReferenceCheck, ReplicaCheck, ReplicaDivergence
+from harness.diagnosis.observations import DivergentVariable, Outcome, ReferenceCheck, ReplicaCheck
 
 # allclose's atol and rtol both, for check_replicas=True.
 DEFAULT_TOLERANCE = 1e-6
@@ -64,7 +64,7 @@ def compare_reference(worker, returned, load, ref_outcome: str, ref_text: str, r
     single-worker reference (the same, ``ref_*``).  Variables first, in the
     order of creation; then the return values, when both are numbers or
     arrays of numbers of one shape."""
-    if ref_outcome != "completed" or ref_worker is None:
+    if ref_outcome != Outcome.COMPLETED or ref_worker is None:
         first = (ref_text.splitlines() or [""])[0]
         return ReferenceCheck(ref_outcome, 0, tolerance,
                               detail=f"the single-worker reference run itself ended "
@@ -76,7 +76,7 @@ def compare_reference(worker, returned, load, ref_outcome: str, ref_text: str, r
     if found is not None:
         how = ("is not the same variable" if found.max_difference is None
                else f"differs by up to {found.max_difference:.3g}")
-        return ReferenceCheck("completed", len(mine), tolerance, found.variable,
+        return ReferenceCheck(Outcome.COMPLETED, len(mine), tolerance, found.variable,
                               found.max_difference,
                               f"{found.variable} {how} from the single-worker reference "
                               f"(tolerance {tolerance:g})"
@@ -84,10 +84,10 @@ def compare_reference(worker, returned, load, ref_outcome: str, ref_text: str, r
                                  f": {found.detail}"))
     difference = _returned_difference(returned, ref_returned, tolerance)
     if difference is not None:
-        return ReferenceCheck("completed", len(mine), tolerance, "fn's return value", difference,
+        return ReferenceCheck(Outcome.COMPLETED, len(mine), tolerance, "fn's return value", difference,
                               f"fn's return value differs by up to {difference:.3g} from the "
                               f"single-worker reference's (tolerance {tolerance:g})")
-    return ReferenceCheck("completed", len(mine), tolerance)
+    return ReferenceCheck(Outcome.COMPLETED, len(mine), tolerance)
 
 
 def _returned_difference(a, b, tolerance: float) -> Optional[float]:
@@ -111,7 +111,7 @@ def _sides(groups: List[List[int]]) -> Tuple[Tuple[int, ...], ...]:
     return tuple(tuple(g) for g in sorted(groups, key=lambda g: (-len(g), g)))
 
 
-def _layout_divergence(prints: Dict[int, Tuple[VariablePrint, ...]]) -> Optional[ReplicaDivergence]:
+def _layout_divergence(prints: Dict[int, Tuple[VariablePrint, ...]]) -> Optional[DivergentVariable]:
     """Workers that created different variables (number, names, shapes, dtypes)."""
     workers = sorted(prints)
     longest = max((len(p) for p in prints.values()), default=0)
@@ -129,7 +129,7 @@ def _layout_divergence(prints: Dict[int, Tuple[VariablePrint, ...]]) -> Optional
             parts.append(f"{_names(ws)}: " + ("none (created fewer variables)" if key is None
                                               else f"{key[0]!r} shape {key[1]} {key[2]}"))
         first = next(prints[w][k] for w in workers if k < len(prints[w]))
-        return ReplicaDivergence(
+        return DivergentVariable(
             variable=first.label, sides=_sides(list(groups.values())), max_difference=None,
             detail=f"the workers created different variables; variable #{k} is "
                    + "; ".join(parts))
@@ -176,7 +176,7 @@ def compare(prints: Dict[int, Tuple[VariablePrint, ...]],
                       f"{_names(side)} agree" if len(side) > 1 else f"{_names(side)} alone"
                       for side in sides))
         return ReplicaCheck(counts, tolerance,
-                            ReplicaDivergence(label, sides, biggest, detail), tuple(notes))
+                            DivergentVariable(label, sides, biggest, detail), tuple(notes))
     return ReplicaCheck(counts, tolerance, None, tuple(notes))
 
 

@@ -23,6 +23,7 @@ class TextEnum(str, enum.Enum):
 
     __str__ = str.__str__
     __format__ = str.__format__
+    __repr__ = str.__repr__
 
 
 class Kind(TextEnum):

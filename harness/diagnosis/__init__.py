@@ -63,7 +63,7 @@ def diagnose(obs: RunObservation) -> Verdict:
     # blamed on a worker that raised before the deaths.
     errs = f.errors
     error = None
-    if errs and (f.outcome == "failed" or (f.outcome == "crashed" and errs[0].index in culprits
+    if errs and (f.outcome == Outcome.FAILED or (f.outcome == Outcome.CRASHED and errs[0].index in culprits
                                            and not is_echo(errs[0].error))):
         error = short_type(errs[0].error.type_name)
     elif rule == "replicas":

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Counter, Dict, List, Optional, Sequence, Tuple
 
 from harness.core import protocol
-from harness.diagnosis.observations import HANG, RunObservation, WorkerObservation
+from harness.diagnosis.observations import EndedBy, Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.configs import config_issues
 from harness.diagnosis.echoes import is_echo, is_end_of_input
 
@@ -20,11 +20,11 @@ from harness.diagnosis.echoes import is_echo, is_end_of_input
 PHASE_RANK = {phase: rank for rank, phase in enumerate(protocol.PHASES)}
 
 # Which situations a rule can apply to (the ``when`` column of the table):
-COMPLETED = "completed"
-CRASHED = "crashed"
-FAILED = "failed"             # a worker raised, and some error is a cause
+COMPLETED = Outcome.COMPLETED
+CRASHED = Outcome.CRASHED
+FAILED = Outcome.FAILED       # a worker raised, and some error is a cause
 FAILED_ECHOES = "failed_echoes"  # a worker raised, but every error is an echo
-HANG_ = "hang"
+HANG_ = Outcome.HANG
 DIVERGED = "diverged"         # every worker returned, but their replicas disagree
 SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, HANG_, DIVERGED)
 
@@ -71,19 +71,19 @@ def reference_steps(ws: Sequence[WorkerObservation]) -> Tuple[int, ...]:
     return max(counts, key=lambda s: (counts[s], len(s))) if counts else ()
 
 
-def outcome_of(obs: RunObservation) -> str:
+def outcome_of(obs: RunObservation) -> Outcome:
     """Strict precedence: crashed, then failed, then hang, else completed;
     a run whose workers all returned but disagree (the replica check) failed."""
     ws = obs.workers
     if any(w.died for w in ws):
-        return "crashed"
+        return Outcome.CRASHED
     if any(w.error is not None for w in ws):
-        return "failed"
-    if obs.ended_by == HANG or not all(w.returned for w in ws):
-        return "hang"
+        return Outcome.FAILED
+    if obs.ended_by == EndedBy.HANG or not all(w.returned for w in ws):
+        return Outcome.HANG
     if diverged(obs):
-        return "failed"
-    return "completed"
+        return Outcome.FAILED
+    return Outcome.COMPLETED
 
 
 def diverged(obs: RunObservation) -> bool:
@@ -131,9 +131,9 @@ def facts_of(obs: RunObservation) -> Facts:
     raised = [w for w in obs.workers if w.error is not None]
     roots = tuple(sorted((w for w in raised if not is_echo(w.error)),
                          key=lambda w: or_inf(w.finish_time)))
-    if outcome == "failed" and not raised:
+    if outcome == Outcome.FAILED and not raised:
         situation = DIVERGED
-    elif outcome == "failed":
+    elif outcome == Outcome.FAILED:
         situation = FAILED if roots else FAILED_ECHOES
     else:
         situation = outcome

@@ -214,7 +214,7 @@ class WorkerObservation:
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplicaDivergence:
+class DivergentVariable:
     """The first variable on which the workers disagree.
 
     ``sides`` groups the workers that agree with each other on it (within
@@ -237,7 +237,7 @@ class ReplicaCheck:
 
     variables: Tuple[int, ...]
     tolerance: float
-    divergence: Optional[ReplicaDivergence] = None
+    divergence: Optional[DivergentVariable] = None
     notes: Tuple[str, ...] = ()
 
 
@@ -318,7 +318,7 @@ class RunObservation:
             replicas = ReplicaCheck(**{
                 **replicas, "variables": tuple(replicas["variables"]),
                 "notes": tuple(replicas.get("notes", ())),
-                "divergence": None if div is None else ReplicaDivergence(**{
+                "divergence": None if div is None else DivergentVariable(**{
                     **div, "sides": tuple(tuple(s) for s in div["sides"])})})
         reference = d.get("reference")
         if reference is not None:

@@ -8,7 +8,7 @@ import collections
 from typing import Dict, List, Sequence, Tuple
 
 from harness.core import protocol
-from harness.diagnosis.observations import HANG, WorkerObservation
+from harness.diagnosis.observations import EndedBy, Outcome, WorkerObservation
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import exit_text, is_echo, short_type, tasks_named
 from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
@@ -84,15 +84,15 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     ws = obs.workers
     who = f"culprit{'s' if len(culprits) > 1 else ''}: {names(culprits)}"
     reason = "ambiguous, see below" if blame.ambiguous else blame.reason
-    if outcome == "completed":
+    if outcome == Outcome.COMPLETED:
         head = f"COMPLETED: all {len(ws)} workers returned in {obs.duration:.1f}s"
     elif blame.headline:
         head = f"{outcome.upper()}: {blame.headline}"
-    elif outcome == "hang":
-        cause = (f"no progress for {obs.timeout:.1f}s" if obs.ended_by == HANG
+    elif outcome == Outcome.HANG:
+        cause = (f"no progress for {obs.timeout:.1f}s" if obs.ended_by == EndedBy.HANG
                  else "not every worker finished")
         head = f"HANG: {cause}; {who} ({reason})"
-    elif outcome == "failed" and errs:
+    elif outcome == Outcome.FAILED and errs:
         kinds = "/".join(sorted({short_type(w.error.type_name) for w in errs}))
         head = f"FAILED: {names([w.index for w in errs])} raised {kinds}; {who} ({reason})"
     else:
@@ -106,11 +106,11 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
         mark = "  <- culprit" if w.index in culprits else ""
         groups[worker_line(w, ref) + mark].append(w.index)
     lines += [f"  {names(idx)}: {text}" for text, idx in groups.items()]
-    if outcome != "completed":
+    if outcome != Outcome.COMPLETED:
         lines += ledger_lines(ws)
-    if outcome == "completed" and len({w.steps for w in ws}) > 1:
+    if outcome == Outcome.COMPLETED and len({w.steps for w in ws}) > 1:
         lines.append("note: the workers ran different steps")
-    if outcome in ("completed", "crashed"):   # else the config is the blame, said above
+    if outcome in (Outcome.COMPLETED, Outcome.CRASHED):   # else the config is the blame, said above
         lines += [f"note: TF_CONFIG of {names([i])}: {'; '.join(v)}"
                   for i, v in sorted(issues.items())]
     if obs.replicas is not None:
@@ -127,7 +127,7 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     if errs and not is_echo(errs[0].error):
         lines.append(f"root error: {errs[0].error}{where_raised(errs[0].error.traceback)}")
     elif errs:
-        lines.append(("the errors are TensorFlow reporting the death" if outcome == "crashed" else
+        lines.append(("the errors are TensorFlow reporting the death" if outcome == Outcome.CRASHED else
                       "no root error: every error is TensorFlow reporting a peer's failure")
                      + f" (first: {errs[0].error})")
     lines = [ln if len(ln) <= MAX_WIDTH else ln[:MAX_WIDTH - 3] + "..." for ln in lines]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from harness.core import protocol
-from harness.diagnosis.observations import WorkerObservation
+from harness.diagnosis.observations import Outcome, WorkerObservation
 from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.facts import Facts, or_inf, where_stopped
 from harness.diagnosis.words import names
@@ -14,7 +14,7 @@ from harness.diagnosis.blame import Blame, SIMULTANEOUS
 
 def nothing_to_blame(f: Facts) -> Optional[Blame]:
     """A run that completed, or had no workers, blames nobody."""
-    if f.outcome == "completed" or not f.workers:
+    if f.outcome == Outcome.COMPLETED or not f.workers:
         return Blame((), "")
     return None
 

@@ -20,6 +20,8 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from harness.diagnosis.observations import OUTCOMES, Outcome
+
 SLOWEST_SHOWN = 5
 # --mwms-report: which runs get a timeline in --mwms-report-dir.
 REPORT_MODES = ("failed", "all")
@@ -41,7 +43,7 @@ def junit_properties(runs: Sequence) -> List[Tuple[str, str]]:
 
 def wants_timeline(run, mode: str) -> bool:
     """Whether ``--mwms-report=mode`` writes a timeline for ``run``."""
-    return mode == "all" or run.outcome != "completed"
+    return mode == "all" or run.outcome != Outcome.COMPLETED
 
 
 def timeline_stem(directory: str, nodeid: str, number: int) -> str:
@@ -60,14 +62,14 @@ def report_sections(runs: Sequence, timelines: Dict[int, Tuple[str, ...]],
     out = []
     for number, run in enumerate(runs, 1):
         files = timelines.get(number, ())
-        if run.outcome == "completed" and not files:
+        if run.outcome == Outcome.COMPLETED and not files:
             continue
         tag = f"mwms run {number}" if len(runs) > 1 else "mwms run"
         said = test_failed and number == len(runs)
         text = "\n".join(([] if said else [run.diagnosis]) + [f"timeline: {p}" for p in files])
         if text:
             out.append((f"{tag}: {run.outcome}", text))
-        if run.outcome == "completed":
+        if run.outcome == Outcome.COMPLETED:
             continue
         for w in run.workers:
             if w.returned:
@@ -94,9 +96,9 @@ def summary_lines(runs: Sequence[dict], report_dir: Optional[str] = None,
     if not runs:
         return []
     by_outcome = collections.Counter(r["outcome"] for r in runs)
-    order = ("completed", "failed", "crashed", "hang")
+    order = OUTCOMES
     counts = ", ".join(f"{by_outcome.get(o, 0)} {o}" for o in order)
-    blamed = [r for r in runs if r["outcome"] != "completed"]
+    blamed = [r for r in runs if r["outcome"] != Outcome.COMPLETED]
     one = sum(1 for r in blamed if len(r["culprits"]) == 1 and not r["ambiguous"])
     unsure = sum(1 for r in blamed if r["ambiguous"])
     lines = [f"{len(runs)} cluster run{'s' if len(runs) != 1 else ''}: {counts}",

@@ -26,13 +26,13 @@ import dataclasses
 import json
 import math
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 from xml.sax.saxutils import escape
 
 from harness.core import protocol
 from harness.diagnosis import ledger as ledger_facts
 from harness.diagnosis.echoes import exit_text
-from harness.diagnosis.observations import RunObservation, WorkerObservation
+from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 
 # Call boxes by how the call ended (the SVG's fill, the trace's colour name).
 CALL_COLOURS = {"completed": ("#7fbf7f", "good"), "raised": ("#e06666", "terrible"),
@@ -235,7 +235,7 @@ def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
     """Draw one panel from ``top``; return the y below it."""
     scale = (WIDTH - LEFT - RIGHT) / max(p.duration, 1e-3)
     x = lambda t: LEFT + max(0.0, min(t, p.duration)) * scale   # noqa: E731
-    colour = {"completed": "#2e7d32", "hang": "#b26a00"}.get(p.outcome, "#c62828")
+    colour = {Outcome.COMPLETED: "#2e7d32", Outcome.HANG: "#b26a00"}.get(p.outcome, "#c62828")
     out.append(f'<text x="8" y="{top + 16}" class="title" fill="{colour}">'
                f'attempt {p.attempt}: {escape(p.outcome.upper())}</text>')
     out.append(f'<text x="8" y="{top + 34}" class="head">{escape(_clip(p.headline, 190))}</text>')

@@ -2,7 +2,10 @@
 
 :data:`ACTIONS` maps each step-keyed fault class to what it does in the
 worker at its step's boundary.  A row marked ``replaces_step`` acts instead
-of the step: the step is not reported and the loop does not yield it.
+of the step's body: under ``ctx.steps()`` the boundary is reported and the
+loop does not yield the step, as a ``continue`` at the top of the body
+would; with automatic steps the ``tf.function`` call does not happen and
+does not count, so the next call is the same step.
 Everything here runs inside a worker process and may import TensorFlow.
 """
 from __future__ import annotations

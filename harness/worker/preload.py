@@ -1,5 +1,5 @@
 """Imported once by the forkserver, so that every worker forked from it
-starts with TensorFlow already loaded (4-10 s saved per worker).
+starts with TensorFlow already loaded (5-10 s saved per worker).
 
 The forkserver only serves ``--mwms-devices=cpu`` runs, so it hides GPUs
 before TensorFlow could look for them.  It is Keras-neutral: tf_keras is not

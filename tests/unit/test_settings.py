@@ -135,11 +135,3 @@ def test_validate_returns_plan():
     assert faults.validate(plan, 4) == tuple(plan)
     assert faults.validate(faults.Delay(1, 0, 0.5), 2) == (faults.Delay(1, 0, 0.5),)
     assert faults.validate(None, 2) == ()
-
-
-def test_every_option_reaches_pytest_help(pytester):
-    from harness.settings import OPTIONS
-    result = pytester.runpytest_subprocess("--help")
-    out = result.stdout.str()
-    for option in OPTIONS:
-        assert option.flag in out and option.ini in out

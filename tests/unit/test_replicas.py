@@ -9,7 +9,7 @@ import pytest
 from harness.diagnosis import diagnose
 from harness.errors import SettingError
 from harness.core.protocol import VariablePrint
-from harness.diagnosis.observations import (ReferenceCheck, ReplicaCheck, ReplicaDivergence, RunObservation,
+from harness.diagnosis.observations import (ReferenceCheck, ReplicaCheck, DivergentVariable, RunObservation,
                             WorkerObservation)
 from harness.controller.replicas import (DEFAULT_REFERENCE_TOLERANCE, DEFAULT_TOLERANCE, compare,
                               compare_reference, parse_check_replicas, parse_reference)
@@ -102,7 +102,7 @@ def test_parse_check_replicas_rejects(value):
 
 def _diverged(n, sides, variable="'kernel:0' (variable #0, shape (2, 3), float32)"):
     obs = run(*(returned(i, n) for i in range(n)))
-    div = ReplicaDivergence(variable, sides, 0.25, f"variable {variable} differs by up to 0.25")
+    div = DivergentVariable(variable, sides, 0.25, f"variable {variable} differs by up to 0.25")
     return RunObservation(**{**obs.__dict__, "replicas": ReplicaCheck((1,) * n, 1e-6, div)})
 
 

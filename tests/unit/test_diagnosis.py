@@ -19,7 +19,7 @@ from harness.diagnosis.observations import Event, RunObservation, WorkerObservat
 from observations import (HOST, SKIP5, STACK_CREATE, STACK_SLEEP, STACK_TF, UNHEALTHY, blocked,
                           config, died, events, raised, returned, run, shape_error)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- outcomes
