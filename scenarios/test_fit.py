@@ -241,15 +241,17 @@ def test_save_weights_chief_and_temporary_paths(mwms_cluster, tmp_path):
 
 
 @pytest.mark.timeout(60)
-@scenario(outcome="completed", source="tensorflow#38635")
+@scenario(outcome="completed", source="tensorflow#38635",
+          fixed_by="test_save_weights_chief_and_temporary_paths")
 def test_model_save_keras_file_to_the_same_path(mwms_cluster, tmp_path):
-    """Fixed upstream, as far as seen here: every worker calls
-    ``model.save`` with the same ``.keras`` path.
+    """Every worker calls ``model.save`` with the same ``.keras`` path: the
+    run completes, and the file is whichever write landed last, or corrupt.
 
-    TensorFlow: on 2.21 the ``.keras`` writer writes a whole zip at once,
-    and in repeated runs the workers' overlapping saves left one valid file
-    (the saved model loads).  A race all the same: nothing orders the
-    writes, so do not rely on it.
+    TensorFlow: on 2.21 the ``.keras`` writer writes a whole zip at once and
+    the workers' writes overlap, unordered.  Most runs leave one valid file,
+    but one catalogue run here left an archive whose
+    ``metadata.json`` failed its CRC check.  Every worker returns, so no
+    verdict can see it; only the file is at stake.
 
     Source: tensorflow#38635.
 
@@ -259,6 +261,5 @@ def test_model_save_keras_file_to_the_same_path(mwms_cluster, tmp_path):
     result = mwms_cluster.run(fit_job, args=("save_same", str(tmp_path)), timeout=20,
                               env=TF_KERAS)
     result.assert_completed()
-    import zipfile
-    with zipfile.ZipFile(tmp_path / "model.keras") as archive:
-        assert archive.testzip() is None and "model.weights.h5" in archive.namelist()
+    # What is certain: a file is there.  Whether it is whole is the race's.
+    assert (tmp_path / "model.keras").is_file()

@@ -4,7 +4,6 @@ Real runs go through a subprocess, as a user's shell would start them (each
 starts its own forkserver: about 3 s of TensorFlow import); parsing is
 tested in-process.
 """
-import io
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,6 @@ import textwrap
 import pytest
 
 from harness import SettingError
-from harness.controller import Progress
 from harness.settings import OPTIONS, parse_choice, parse_restarts, parse_seconds, parse_workers
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leftover_workers")]
@@ -153,18 +151,3 @@ def test_help_lists_the_plugin_options(tmp_path):
     for o in OPTIONS:
         assert o.flag.replace("--mwms-", "--") in proc.stdout
     assert "-n N" in proc.stdout and "--fault" in proc.stdout and "--expect" in proc.stdout
-
-
-PROGRESS = Progress(attempt=0, elapsed=12.34, idle=0.25, timeout=30.0, steps=(41, None, 7),
-                    states=("running", "running", "returned"))
-
-
-
-
-class _Stream(io.StringIO):
-    def __init__(self, tty):
-        super().__init__()
-        self._tty = tty
-
-    def isatty(self):
-        return self._tty

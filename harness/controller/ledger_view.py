@@ -49,22 +49,22 @@ class LedgerView:
             t = r.time - self.start
             self.latest = r.time if self.latest is None else max(self.latest, r.time)
             if r.kind == progress.STEP:
-                self.step_events.append(Event(t, protocol.STEP, r.a))
+                self.step_events.append(Event(t, protocol.STEP, r.number))
             elif r.kind == progress.CALL_BEGAN:
-                self.calls[(r.function, r.a)] = {
-                    "function": r.function, "number": r.a, "began": t,
-                    "step": None if r.b == progress.NO_STEP else r.b}
+                self.calls[(r.function, r.number)] = {
+                    "function": r.function, "number": r.number, "began": t,
+                    "step": None if r.detail == progress.NO_STEP else r.detail}
             elif r.kind == progress.CALL_ENDED:
-                call = self.calls.get((r.function, r.a))
-                if r.b == progress.CALL_NOT_RUN:   # skipped before it reached the cluster
-                    self.calls.pop((r.function, r.a), None)
+                call = self.calls.get((r.function, r.number))
+                if r.detail == progress.CALL_NOT_RUN:   # skipped before it reached the cluster
+                    self.calls.pop((r.function, r.number), None)
                 elif call is not None:
-                    call.update(ended=t, raised=r.b == progress.CALL_RAISED)
+                    call.update(ended=t, raised=r.detail == progress.CALL_RAISED)
             elif r.kind in (progress.COLLECTIVE_LAUNCHED, progress.COLLECTIVE_DONE):
-                call = self.calls.get((r.function, r.a))
+                call = self.calls.get((r.function, r.number))
                 if call is not None:
                     key = "launched" if r.kind == progress.COLLECTIVE_LAUNCHED else "done"
-                    call[key] = call.get(key, ()) + (r.b,)
+                    call[key] = call.get(key, ()) + (r.detail,)
 
     def lost(self, count: int) -> None:
         if count:

@@ -16,7 +16,7 @@ Layout (little-endian).  A header, then ``capacity`` records of
 :data:`RECORD` each::
 
     header: magic u32, version u32, written u64, read u64, nudged u64
-    record: kind u8, pad[3], function i32, a i64, b i64, time f64
+    record: kind u8, pad[3], function i32, number i64, detail i64, time f64
 
 ``written`` counts the records the worker has written (record ``i`` lives in
 slot ``i % capacity``); ``read`` is how far the parent has read.  The
@@ -55,12 +55,12 @@ HEADER_SIZE = 64
 DEFAULT_CAPACITY = 1 << 16   # 2 MiB of records per worker
 
 # Record kinds.  ``function`` is the id of a traced function (see
-# FunctionInfo), or -1.  ``a`` and ``b`` depend on the kind:
-STEP = 1             # a: the step number
-CALL_BEGAN = 2       # a: call number of that function (from 1); b: the step, or -1
-CALL_ENDED = 3       # a: call number; b: CALL_RETURNED, CALL_RAISED or CALL_NOT_RUN
-COLLECTIVE_LAUNCHED = 4   # a: call number; b: the collective's index in the function
-COLLECTIVE_DONE = 5       # a: call number; b: index
+# FunctionInfo), or -1.  ``number`` and ``detail`` depend on the kind:
+STEP = 1             # number: the step number
+CALL_BEGAN = 2       # number: call number of that function (from 1); detail: the step, or -1
+CALL_ENDED = 3       # number: call number; detail: CALL_RETURNED, CALL_RAISED or CALL_NOT_RUN
+COLLECTIVE_LAUNCHED = 4   # number: call number; detail: the collective's index in the function
+COLLECTIVE_DONE = 5       # number: call number; detail: the index
 KIND_NAMES = {STEP: "step", CALL_BEGAN: "call_began", CALL_ENDED: "call_ended",
               COLLECTIVE_LAUNCHED: "collective_launched", COLLECTIVE_DONE: "collective_done"}
 NO_STEP = -1
@@ -73,8 +73,8 @@ class Record:
 
     kind: int
     function: int
-    a: int
-    b: int
+    number: int
+    detail: int
     time: float
 
     @property
@@ -120,8 +120,8 @@ class Writer:
         self._nudge = nudge
         self._half = max(1, self._capacity // 2)
 
-    def write(self, kind: int, function: int = -1, a: int = 0, b: int = 0) -> None:
-        self.copy(kind, function, a, b, time.monotonic())
+    def write(self, kind: int, function: int = -1, number: int = 0, detail: int = 0) -> None:
+        self.copy(kind, function, number, detail, time.monotonic())
 
     @property
     def capacity(self) -> int:
@@ -132,12 +132,12 @@ class Writer:
         read, = struct.unpack_from("<Q", self._view, _READ_AT)
         return self._written - read
 
-    def copy(self, kind: int, function: int, a: int, b: int, at: float) -> None:
+    def copy(self, kind: int, function: int, number: int, detail: int, at: float) -> None:
         """Append a record made elsewhere, at its time ``at`` (:mod:`harness.launch.ray.link`)."""
         with self._lock:
             i = self._written
             RECORD.pack_into(self._view, HEADER_SIZE + (i % self._capacity) * RECORD.size,
-                             kind, function, a, b, at)
+                             kind, function, number, detail, at)
             self._written = i + 1
             struct.pack_into("<Q", self._view, _WRITTEN_AT, i + 1)
             if self._nudge is not None and (i + 1) % self._half == 0:
@@ -171,9 +171,9 @@ class Reader:
             start = end - self._capacity
         out = []
         for i in range(start, end):
-            kind, function, a, b, t = RECORD.unpack_from(
+            kind, function, number, detail, t = RECORD.unpack_from(
                 self._view, HEADER_SIZE + (i % self._capacity) * RECORD.size)
-            out.append(Record(kind, function, a, b, t))
+            out.append(Record(kind, function, number, detail, t))
         self._read = end
         struct.pack_into("<Q", self._view, _READ_AT, end)
         return out

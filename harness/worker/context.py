@@ -55,7 +55,7 @@ class WorkerContext:
     ``keras_batches`` counts the batches the Keras callback has seen (its
     step numbers run across epochs), ``current_step`` is the step whose
     boundary was reported last (the ledger files calls under it),
-    ``record`` writes the progress map (:mod:`harness.core.progress`);
+    ``progress_map`` writes the progress map (:mod:`harness.core.progress`);
     ``explicit_steps`` turns True when ``fn`` reports steps itself (else
     ``automatic_steps`` counts the calls of collective-launching functions
     as steps, see :meth:`automatic_step`; ``step_function`` names the one
@@ -69,7 +69,7 @@ class WorkerContext:
 
     def __init__(self, index: int, num_workers: int, tf_config: Optional[dict],
                  send: Callable[..., None], faults: Tuple[Fault, ...] = (),
-                 sync_check: bool = False, record: Optional[progress.Writer] = None,
+                 sync_check: bool = False, progress_map: Optional[progress.Writer] = None,
                  step_function: Optional[str] = None, attempt: int = 0,
                  check_replicas: bool = False, reference_workers: int = 0):
         self.index = index
@@ -92,7 +92,7 @@ class WorkerContext:
         self.in_boundary = False
         self.acted: set = set()
         self.send = send
-        self.record = record
+        self.progress_map = progress_map
         # (name, variable) for each variable the strategy creates, when the
         # run checks its replicas (see harness.worker.replicas); else None.
         self.replica_variables: Optional[list] = [] if check_replicas else None
@@ -156,8 +156,8 @@ class WorkerContext:
         self.in_boundary = True
         try:
             self.current_step = step
-            if self.record is not None:
-                self.record.write(progress.STEP, a=step)
+            if self.progress_map is not None:
+                self.progress_map.write(progress.STEP, number=step)
             else:
                 self.send(protocol.STEP, step=step)
             if self.sync_check and self.strategy is not None:

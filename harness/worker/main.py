@@ -80,10 +80,10 @@ class Channel:
             pass
 
 
-def start_ledger(ctx, record: progress.Writer, level: str, send) -> None:
+def start_ledger(ctx, progress_map: progress.Writer, level: str, send) -> None:
     """Hook TensorFlow to keep the collective ledger; never fail the run for it."""
     try:
-        why = ledger_module.install(ledger_module.Ledger(record, send, level, ctx))
+        why = ledger_module.install(ledger_module.Ledger(progress_map, send, level, ctx))
     except Exception as e:   # a TensorFlow whose internals moved in a way not foreseen
         why = f"{type(e).__name__}: {e}"
     if why is not None:
@@ -131,11 +131,11 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         os.environ["TF_CONFIG"] = json.dumps(spec.tf_config)
 
     channel = Channel(conn, spec.index)
-    record = None
+    progress_map = None
     if spec.progress_path:
-        record = progress.Writer(spec.progress_path, nudge=lambda: channel.send(protocol.DRAIN))
+        progress_map = progress.Writer(spec.progress_path, nudge=lambda: channel.send(protocol.DRAIN))
     ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
-                                       channel.send, spec.faults, spec.sync_check, record,
+                                       channel.send, spec.faults, spec.sync_check, progress_map,
                                        spec.step_function, spec.attempt,
                                        bool(spec.replicas_path), spec.reference_workers)
     context_module.activate(ctx)
@@ -144,8 +144,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         if netns_error is not None:
             raise HarnessError(f"could not join the cluster's network namespace: {netns_error}")
         install_strategy_hook(ctx)
-        if spec.ledger and record is not None:
-            start_ledger(ctx, record, spec.ledger, channel.send)
+        if spec.ledger and progress_map is not None:
+            start_ledger(ctx, progress_map, spec.ledger, channel.send)
         fn, args, kwargs = serialize.loads(spec.payload)
         channel.send(protocol.STARTED)
         value = fn(*args, **(kwargs or {}))

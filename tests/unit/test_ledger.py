@@ -16,16 +16,16 @@ def test_records_round_trip_through_the_map_and_a_slow_reader_counts_losses(tmp_
     progress.create(path, capacity=8)
     nudges = []
     writer, reader = progress.Writer(path, nudge=lambda: nudges.append(1)), progress.Reader(path)
-    writer.write(progress.STEP, a=3)
+    writer.write(progress.STEP, number=3)
     writer.write(progress.CALL_BEGAN, 0, 1, 3)
     got = reader.drain()
-    assert [(r.kind, r.function, r.a, r.b) for r in got] == [(progress.STEP, -1, 3, 0),
+    assert [(r.kind, r.function, r.number, r.detail) for r in got] == [(progress.STEP, -1, 3, 0),
                                                              (progress.CALL_BEGAN, 0, 1, 3)]
     assert reader.drain() == []
     for k in range(20):   # more than the ring holds, unread: the writer nudged
-        writer.write(progress.STEP, a=k)
+        writer.write(progress.STEP, number=k)
     assert nudges
-    assert [r.a for r in reader.drain()] == list(range(12, 20)) and reader.lost == 12
+    assert [r.number for r in reader.drain()] == list(range(12, 20)) and reader.lost == 12
 
 
 def test_the_file_is_private_and_checked(tmp_path):

@@ -41,12 +41,12 @@ def test_records_go_before_the_message_that_follows_them(link):
     reader = progress.Reader(str(ctrl / "w.progress"))
     before = time.monotonic()
     for step in range(5):
-        writer.write(progress.STEP, a=step)
+        writer.write(progress.STEP, number=step)
     worker_end.send(protocol.Message(0, protocol.RETURNED, time.time()))
     msg = ctrl_link.conn.recv()                 # the watch loop wakes for the message...
     records = reader.drain()                    # ...and reads the map first: all there
     assert msg.kind == protocol.RETURNED
-    assert [r.a for r in records] == list(range(5))
+    assert [r.number for r in records] == list(range(5))
     # The node's clock shifted by the offset measured at start (here 100 s).
     assert all(before + 100 <= r.time <= time.monotonic() + 100 for r in records)
     ctrl_link.conn.send(protocol.RELEASE)       # and the other way

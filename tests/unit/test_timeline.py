@@ -69,7 +69,7 @@ def test_the_chrome_trace_has_the_expected_events():
 
 
 def test_the_picture_is_svg_with_the_culprit_and_the_blocked_collective():
-    root = _svg_tree(timeline.svg(timeline.panels_of(_skip_hang())))
+    root = svg_tree(timeline.svg(timeline.panels_of(_skip_hang())))
     texts = ["".join(t.itertext()) for t in root.iter(SVG + "text")]
     assert "worker 1 ← culprit" in texts and "worker 0" in texts
     assert any(t.startswith("blocked: in call 10 of `step`") for t in texts)
@@ -84,7 +84,7 @@ def test_an_ambiguous_verdict_marks_candidates_not_a_culprit():
     obs = run(blocked(0, 2, steps=range(5)), blocked(1, 2, steps=range(5)), ended_by="hang")
     r = _result(obs)
     assert r.ambiguous
-    texts = ["".join(t.itertext()) for t in _svg_tree(timeline.svg(timeline.panels_of(r)))
+    texts = ["".join(t.itertext()) for t in svg_tree(timeline.svg(timeline.panels_of(r)))
              .iter(SVG + "text")]
     assert "worker 0 ? candidate" in texts and not any("← culprit" in t for t in texts)
 
@@ -97,7 +97,7 @@ def test_every_attempt_is_a_panel_and_a_process(tmp_path):
     trace = json.load(open(trace_path))
     procs = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
     assert procs == ["attempt 0: hang", "attempt 1: completed"]
-    texts = ["".join(t.itertext()) for t in _svg_tree(open(svg_path).read()).iter(SVG + "text")]
+    texts = ["".join(t.itertext()) for t in svg_tree(open(svg_path).read()).iter(SVG + "text")]
     assert "attempt 0: HANG" in texts and "attempt 1: COMPLETED" in texts
 
 
@@ -107,7 +107,7 @@ def test_ticks_are_round():
     assert timeline._ticks(0) == [0.0]
 
 
-def _svg_tree(text):
+def svg_tree(text):
     root = ET.fromstring(text)
     assert root.tag == SVG + "svg"
     return root

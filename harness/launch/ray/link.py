@@ -25,7 +25,7 @@ started (exact on one machine but for the call's latency, a few
 milliseconds), so the controller compares it with its own.
 
 Frames (pickled tuples): ``("msg", bytes)`` both ways, ``("records",
-[(kind, function, a, b, time), ...])`` and ``("file", name, offset,
+[(kind, function, number, detail, time), ...])`` and ``("file", name, offset,
 data)`` for ``name`` in :data:`FILES`.  Nothing here imports Ray or
 TensorFlow.
 """
@@ -102,7 +102,7 @@ class NodeLink:
             return
         records = self.reader.drain()
         if records:
-            self.sock.send(("records", [(r.kind, r.function, r.a, r.b, r.time + self.offset)
+            self.sock.send(("records", [(r.kind, r.function, r.number, r.detail, r.time + self.offset)
                                         for r in records]))
         for name, path in self.paths.items():
             try:
