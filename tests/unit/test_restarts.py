@@ -124,13 +124,24 @@ def test_faults_that_never_acted_in_an_earlier_attempt_are_kept():
     assert r.faults_never_acted == never
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"on_return": "leave"}, "on_return"), ({"progress": 3}, "progress"),
-    ({"restart_on": "crashed"}, "restart_on"), ({"restarts": -1}, "restarts"),
-    ({"check_replicas": "yes"}, "check_replicas"), ({"reference": -1}, "reference"),
-])
-def test_bad_run_arguments_fail_before_any_process_starts(kwargs, message):
+@pytest.mark.parametrize("kwargs", [
+    {"on_return": "leave"}, {"progress": 3}, {"restart_on": "crashed"}, {"restarts": -1},
+    {"check_replicas": "yes"}, {"reference": -1}, {"timeout": 0}, {"grace": "soon"},
+    {"ledger": "everything"}, {"step_fn": ""}, {"env": {"TF_CONFIG": "{}"}}, {"env": {"A": 1}},
+], ids=lambda kwargs: next(iter(kwargs)))
+def test_bad_run_arguments_fail_before_any_process_starts(kwargs):
+    """Each is a SettingError naming the argument, raised by the request's
+    validators: no port is reserved and no process started."""
     from harness.controller import Cluster
     from harness.settings import RunSettings
-    with pytest.raises((ValueError, SettingError), match=message):
+    name = next(iter(kwargs))
+    with pytest.raises(SettingError, match=rf"run\({name}=\.\.\.\)"):
         Cluster(RunSettings()).run(lambda: None, **kwargs)
+
+
+def test_every_checked_argument_of_run_has_one_validator():
+    import inspect
+    from harness.controller import Cluster
+    from harness.controller.request import VALIDATORS
+    given_whole = {"self", "fn", "args", "kwargs", "faults", "sync_check", "env"}
+    assert set(inspect.signature(Cluster.run).parameters) - given_whole == set(VALIDATORS)

@@ -135,3 +135,24 @@ def test_validate_returns_plan():
     assert faults.validate(plan, 4) == tuple(plan)
     assert faults.validate(faults.Delay(1, 0, 0.5), 2) == (faults.Delay(1, 0, 0.5),)
     assert faults.validate(None, 2) == ()
+
+
+@pytest.mark.parametrize("place, named", [
+    ("command line", "--mwms-timeout"), ("ini", "ini mwms_timeout"), ("cli", "--timeout")])
+def test_one_pipeline_names_where_a_bad_value_came_from(place, named):
+    from harness.settings import read_settings
+    with pytest.raises(SettingError, match=rf"^{named}: 'soon' is not a number of seconds"):
+        read_settings(lambda o: ("soon" if o.name == "timeout" else o.default, place))
+
+
+def test_one_pipeline_gives_the_defaults_and_chooses_the_start_method_by_device():
+    from harness.settings import RunSettings, read_settings
+    assert read_settings(lambda o: (o.default, "ini")) == RunSettings()
+
+
+def test_the_marker_takes_exactly_the_options_marked_for_it():
+    from harness.settings import MARKER_KEYS, OPTIONS, RunSettings, apply_marker
+    assert MARKER_KEYS == tuple(o.field for o in OPTIONS if "marker" in o.places)
+    assert apply_marker(RunSettings(), {"workers": "3", "grace": 0}).workers == 3
+    with pytest.raises(SettingError, match=r"@pytest.mark.mwms\(timeout=\.\.\.\): 0 is out"):
+        apply_marker(RunSettings(), {"timeout": 0})
