@@ -47,7 +47,9 @@ class InjectedFault(HarnessError, RuntimeError):
 
 
 class SecondStrategyError(HarnessError, RuntimeError):
-    """``fn`` created a second MultiWorkerMirroredStrategy in one process."""
+    """``fn`` created another MultiWorkerMirroredStrategy on a changed cluster
+    (``TF_CONFIG``'s cluster or task differs from the first strategy's).
+    More strategies on the same cluster run."""
 
 
 def odd_ones_out(steps: Sequence[int]) -> Optional[Tuple[int, ...]]:

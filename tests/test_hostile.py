@@ -90,14 +90,46 @@ def test_fn_without_a_strategy_completes(mwms_cluster):
     assert result.return_values == [2 * i for i in range(mwms_cluster.num_workers)]
 
 
-def test_second_strategy_is_a_clear_failure_not_a_hang(mwms_cluster):
-    def two_strategies():
-        _with_strategy()
-        _with_strategy()
-    result = mwms_cluster.run(two_strategies, timeout=20)
+def _strategies(count, change_cluster=False):
+    """``count`` strategies, one after another, each with a variable and an
+    all-reduce; with ``change_cluster``, TF_CONFIG's ports move before the second."""
+    import json
+    import os
+
+    import tensorflow as tf
+    sums = []
+    for k in range(count):
+        if change_cluster and k == 1:
+            config = json.loads(os.environ["TF_CONFIG"])
+            config["cluster"]["worker"] = [f"{a.rsplit(':', 1)[0]}:{int(a.rsplit(':', 1)[1]) + 1}"
+                                           for a in config["cluster"]["worker"]]
+            os.environ["TF_CONFIG"] = json.dumps(config)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            tf.Variable(float(k), name=f"v{k}")
+        sums.append(float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)),
+                                          axis=None)))
+    return sums
+
+
+def test_more_strategies_on_the_same_cluster_run_and_the_harness_follows_the_newest(
+        mwms_cluster):
+    """TensorFlow 2.21, measured: strategies made one after another on one
+    TF_CONFIG all-reduce correctly; the replica check reads the last one's
+    variables."""
+    n = mwms_cluster.num_workers
+    result = mwms_cluster.run(_strategies, args=(3,), timeout=20, check_replicas=True)
+    result.assert_completed()
+    assert result.return_values == [[float(n)] * 3] * n
+    assert result.replicas.variables == (1,) * n and result.replicas.divergence is None
+    assert [p.name for p in result.observation.workers[0].variables] == ["v2:0"]
+
+
+def test_a_strategy_on_a_changed_cluster_is_a_clear_failure_not_a_hang(mwms_cluster):
+    result = mwms_cluster.run(_strategies, args=(2, True), timeout=20)
     assert result.outcome == "failed", result.report()
     assert result.error == "SecondStrategyError"
-    assert "one strategy per process" in result.workers[0].exception.message
+    assert "changed cluster" in result.workers[0].exception.message
 
 
 def test_fifty_runs_keep_parent_memory_and_fds_flat(mwms_cluster):

@@ -38,7 +38,8 @@ class Cluster:
     ``num_workers`` is N.  :meth:`run` calls ``fn(*args, **kwargs)`` in each
     of N fresh worker processes whose ``TF_CONFIG`` makes them one cluster,
     and returns a :class:`~harness.result.RunResult`.  Each call is a new
-    cluster on new ports: one strategy per process is all TensorFlow allows.
+    cluster on new ports: TensorFlow configures collective ops once per process,
+    for one cluster (more strategies on it run; one on another is refused).
     ``runs`` lists the results of every call so far.
     """
 

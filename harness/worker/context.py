@@ -83,6 +83,7 @@ class WorkerContext:
         self.faults = tuple(f for f in faults if f.worker == index)
         self.strategy = None
         self.creating_strategy = False
+        self.strategy_tf_config: Optional[dict] = None   # the TF_CONFIG ctx.strategy was made with
         self.keras_batches = 0
         self.traced: Dict[str, Callable] = {}
         self.current_step: Optional[int] = None

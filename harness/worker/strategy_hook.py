@@ -53,6 +53,42 @@ def wait_for_chief(tf_config, limit: float = CHIEF_WAIT) -> None:
             time.sleep(0.005)
 
 
+def cluster_of(tf_config: Optional[dict]) -> tuple:
+    """What makes two ``TF_CONFIG`` values the same cluster to TensorFlow:
+    the cluster's tasks and this process's place in it."""
+    config = tf_config or {}
+    return (json.dumps(config.get("cluster"), sort_keys=True),
+            json.dumps(config.get("task"), sort_keys=True))
+
+
+def refuse_changed_cluster(first: Optional[dict], now: Optional[dict]) -> None:
+    """A strategy after the first, on a cluster other than the first's, or
+    a SecondStrategyError: TensorFlow configures collective ops once per
+    process, for the first strategy's cluster, and a strategy on another
+    waits for ever (with nothing but a warning, "Enabling collective ops
+    after program startup may cause error").  On the same cluster a new
+    strategy works, and the harness follows it."""
+    if cluster_of(first) != cluster_of(now):
+        raise SecondStrategyError(
+            "a second MultiWorkerMirroredStrategy on a changed cluster: TF_CONFIG's "
+            "cluster or task differs from the first strategy's, and TensorFlow configures "
+            "collective ops once per process, for the first cluster, so this one would hang "
+            "silently. Keep TF_CONFIG as it was for every strategy of the process.")
+
+
+def adopt(ctx, strategy, tf_config: Optional[dict]) -> None:
+    """``strategy`` is the worker's strategy from now on: the fault actions'
+    and sync check's functions are traced again for it, and the replica
+    check fingerprints its variables, not an earlier strategy's."""
+    ctx.strategy = strategy
+    ctx.strategy_tf_config = tf_config
+    ctx.traced.clear()
+    if ctx.replica_variables is not None:
+        from harness.worker.replicas import watch_variables
+        ctx.replica_variables.clear()
+        watch_variables(strategy, ctx.replica_variables)
+
+
 def install_strategy_hook(ctx) -> None:
     """Report strategy creation to the parent and keep the instance on ``ctx``.
 
@@ -60,7 +96,9 @@ def install_strategy_hook(ctx) -> None:
     (and its ``experimental`` alias, a subclass) tells the parent that a
     worker is blocked *in strategy creation*, which is where a bad
     ``TF_CONFIG`` hangs, and how many replicas the worker ended up with.
-    The patch lives only in this worker process.
+    A later strategy on the same cluster is followed (:func:`adopt`); one
+    on a changed cluster is refused (:func:`refuse_changed_cluster`).  The
+    patch lives only in this worker process.
     """
     from tensorflow.python.distribute import collective_all_reduce_strategy
 
@@ -71,17 +109,11 @@ def install_strategy_hook(ctx) -> None:
 
     def __init__(self, *args, **kwargs):
         outermost = not ctx.creating_strategy
+        used = tf_config_from_env() if outermost else None
         if outermost and ctx.strategy is not None:
-            # TensorFlow would block here for ever with nothing but a
-            # warning ("Enabling collective ops after program startup may
-            # cause error"): say what is wrong at once instead.
-            raise SecondStrategyError(
-                "a second MultiWorkerMirroredStrategy in one worker process: TensorFlow "
-                "configures collective ops once per process and hangs silently on a second "
-                "strategy. Create one strategy per process and reuse it.")
+            refuse_changed_cluster(ctx.strategy_tf_config, used)
         if outermost:
             ctx.creating_strategy = True
-            used = tf_config_from_env()
             ctx.send(protocol.STRATEGY_CREATING, data={"tf_config": used})
             wait_for_chief(used)
         try:
@@ -90,10 +122,7 @@ def install_strategy_hook(ctx) -> None:
             if outermost:
                 ctx.creating_strategy = False
         if outermost:
-            ctx.strategy = self
-            if ctx.replica_variables is not None:
-                from harness.worker.replicas import watch_variables
-                watch_variables(self, ctx.replica_variables)
+            adopt(ctx, self, used)
             ctx.send(protocol.STRATEGY_CREATED, data=int(self.num_replicas_in_sync))
 
     __init__._mwms_hooked = True
