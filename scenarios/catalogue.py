@@ -8,7 +8,7 @@ without starting any worker or importing TensorFlow.
     python scenarios/catalogue.py --write    # rewrite docs/scenarios.md's region
     python scenarios/catalogue.py --check    # exit 1 if the page or metadata is off
 
-``tests/test_catalogue.py`` runs the same checks.
+``tests/unit/test_catalogue.py`` runs the same checks.
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def render(entries: Optional[Iterable[Entry]] = None) -> str:
         f"{len(entries)} scenarios in {files} files ({broken} broken variants, "
         f"{len(entries) - broken} fixed), with the outcome each gets on {MEASURED_WITH}, "
         "with 2 to 4 workers. Generated from each test's `@scenario(...)` by "
-        "`python scenarios/catalogue.py --write`; `tests/test_catalogue.py` fails when it "
+        "`python scenarios/catalogue.py --write`; `tests/unit/test_catalogue.py` fails when it "
         "differs, and each scenario test fails when its run ends otherwise.",
         "",
         "| Scenario | Test | Variant | Outcome | Source |",

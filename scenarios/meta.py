@@ -35,7 +35,7 @@ symmetric, that the diagnosis cannot tell and names exactly the candidates
 Every scenario test's docstring has a first line (the mistake, or for a
 fixed variant what it does right) and three labelled paragraphs:
 ``TensorFlow:`` (what TensorFlow does), ``Source:`` (where users hit it)
-and ``Fix:``.  ``tests/test_catalogue.py`` enforces all of this.
+and ``Fix:``.  ``tests/unit/test_catalogue.py`` enforces all of this.
 """
 from __future__ import annotations
 

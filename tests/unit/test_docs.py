@@ -44,8 +44,7 @@ def test_options_table_is_generated_from_the_one_declaration():
     from harness.settings import options_markdown
     region = _region(_read(DOCS / "options.md"), "options")
     assert region == options_markdown(), (
-        "docs/options.md's table is stale: put the output of  python -m harness.settings  "
-        "between its options:start and options:end markers")
+        "docs/options.md's table is stale: run  python -m harness.settings --write docs/options.md")
 
 
 def test_every_option_has_a_row_in_the_options_table():
