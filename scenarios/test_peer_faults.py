@@ -255,7 +255,10 @@ def test_paused_worker_never_resumes(mwms_cluster):
 
     TensorFlow: its sockets stay open, so the others wait in the all-reduce
     of step 5 indefinitely (the coordination service's heartbeat only fails
-    them after about 10 s, longer than this test's 3 s hang timeout).
+    them after about 10 s, longer than this test's 3 s hang timeout).  A
+    peer can also be caught still in step 4: the paused worker's step 4
+    can end before a peer has taken the last part of its all-reduce (seen
+    once in a CI run under load), and that peer then waits there.
 
     Source: the MWMS fault-tolerance guide.
 
@@ -267,7 +270,8 @@ def test_paused_worker_never_resumes(mwms_cluster):
     last = _last(mwms_cluster)
     result = mwms_cluster.run(train_loop, timeout=3, faults=[Pause(last, AT)])
     result.assert_hang(culprits=[last])
-    assert all(w.last_step == AT for w in result.workers)
+    assert result.workers[last].last_step == AT
+    assert all(w.last_step in (AT - 1, AT) for w in result.workers[:last])
 
 
 _PAUSE_TIMEOUT_RUN = dict(kwargs={"collective_timeout": COLLECTIVE_TIMEOUT}, timeout=20, grace=2)

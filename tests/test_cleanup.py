@@ -4,6 +4,8 @@ import os
 import signal
 import subprocess
 import sys
+import shutil
+import tempfile
 import time
 
 import psutil
@@ -11,6 +13,8 @@ import pytest
 
 from harness.network import namespace as netns
 from harness.core.linux import wait_gone
+from harness.launch import scratch
+from harness.launch.state_dir import default_state_dir
 from helpers import tensorflow_pids
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,14 +53,26 @@ def _name(pid):
         return None
 
 
-def _start_inner(pytester, tmp_path, test_timeout=300, harness_timeout=200, workers=2,
+@pytest.fixture
+def inner_tmp():
+    """The inner pytest's temp directory.  Short: the forkserver's socket
+    lives in it, and a socket's path is at most 107 bytes."""
+    path = tempfile.mkdtemp(prefix="mwms-inner-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_inner(pytester, tmp_path, inner_tmp, test_timeout=300, harness_timeout=200, workers=2,
                  faults="()"):
     piddir = tmp_path / "pids"
     piddir.mkdir()
     pytester.makepyfile(test_inner=HUNG.replace("TEST_TIMEOUT", str(test_timeout))
                         .replace("HARNESS_TIMEOUT", str(harness_timeout))
                         .replace("FAULTS", faults))
-    env = dict(os.environ, MWMS_PIDDIR=str(piddir))
+    # The inner pytest's temp directory is its own, to be found empty once it
+    # is gone; its ports are reserved among everyone else's.
+    env = dict(os.environ, MWMS_PIDDIR=str(piddir), TMPDIR=inner_tmp,
+               MWMS_STATE_DIR=os.environ.get("MWMS_STATE_DIR") or default_state_dir())
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
          f"--mwms-workers={workers}", "test_inner.py"],
@@ -76,10 +92,10 @@ def _start_inner(pytester, tmp_path, test_timeout=300, harness_timeout=200, work
     return proc, sorted(set(pids))
 
 
-def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path):
+def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path, inner_tmp):
     """Workers, their grandchildren, the forkserver and, where the run is
     isolated, the anchor holding its network namespace (see harness.network.namespace)."""
-    proc, pids = _start_inner(pytester, tmp_path)
+    proc, pids = _start_inner(pytester, tmp_path, inner_tmp)
     if netns.available()[0]:
         assert any(_name(p) == "cat" for p in pids), "no namespace anchor to watch"
     proc.send_signal(signal.SIGKILL)
@@ -87,15 +103,25 @@ def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path):
     t0 = time.monotonic()
     left = wait_gone(pids, 10)
     assert not left, f"still alive {time.monotonic() - t0:.1f}s after SIGKILL: {left}"
+    assert_temp_directory_emptied(inner_tmp)
+
+
+def assert_temp_directory_emptied(path, seconds=10 + scratch.QUIET_SECONDS):
+    """What the inner pytest left in its temp directory is gone within
+    ``seconds`` (the sweeper's work when pytest was killed)."""
+    deadline = time.monotonic() + seconds
+    while os.listdir(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.listdir(path), sorted(os.listdir(path))
 
 
 @pytest.mark.skipif(not netns.switch_available()[0], reason=f"no namespace per worker here: "
                     f"{netns.switch_available()[1]}")
-def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path):
+def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path, inner_tmp):
     """A run with network faults (a namespace per worker on a bridge, and
     the proxy between them): the anchor, the holder of every worker's
     namespace and the proxy go too."""
-    proc, pids = _start_inner(pytester, tmp_path, faults=(
+    proc, pids = _start_inner(pytester, tmp_path, inner_tmp, faults=(
         "[__import__('harness.faults').faults.Partition(1, 99), "
         "__import__('harness.faults').faults.Latency(0, 99, ms=1)]"))
     try:
@@ -107,6 +133,7 @@ def test_sigkill_of_pytest_takes_a_switched_network_down(pytester, tmp_path):
         proc.communicate(timeout=30)
     left = wait_gone(pids, 10)
     assert not left, f"still alive after SIGKILL: {[(p, _cmdline(p)) for p in left]}"
+    assert_temp_directory_emptied(inner_tmp)
 
 
 def _cmdline(pid):
@@ -116,23 +143,25 @@ def _cmdline(pid):
         return []
 
 
-def test_ctrl_c_stops_the_run_and_its_workers(pytester, tmp_path):
-    proc, pids = _start_inner(pytester, tmp_path)
+def test_ctrl_c_stops_the_run_and_its_workers(pytester, tmp_path, inner_tmp):
+    proc, pids = _start_inner(pytester, tmp_path, inner_tmp)
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=30)[0]
     assert "KeyboardInterrupt" in out
     left = wait_gone(pids, 5)
     assert not left, left
+    assert_temp_directory_emptied(inner_tmp)
 
 
-def test_pytest_timeout_backstop_cleans_up(pytester, tmp_path):
+def test_pytest_timeout_backstop_cleans_up(pytester, tmp_path, inner_tmp):
     """pytest-timeout firing inside run() (harness timeout longer than the
     test's) still leaves nothing behind."""
-    proc, pids = _start_inner(pytester, tmp_path, test_timeout=8, harness_timeout=100)
+    proc, pids = _start_inner(pytester, tmp_path, inner_tmp, test_timeout=8, harness_timeout=100)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 1 and "Timeout" in out, out
     left = wait_gone(pids, 5)
     assert not left, left
+    assert_temp_directory_emptied(inner_tmp)
 
 
 def test_harness_hang_kills_grandchildren(mwms_cluster, tmp_path, monkeypatch):
@@ -151,21 +180,22 @@ def test_harness_hang_kills_grandchildren(mwms_cluster, tmp_path, monkeypatch):
 def test_nothing_left_in_the_temp_directory_after_a_run(mwms_cluster):
     """Logs, stacks and what TensorFlow writes to the temp directory (autograph
     makes a file per traced function per worker) go with the run's own
-    0700 directory; fn sees that directory as its TMPDIR."""
-    import tempfile
+    0700 directory, in this process's scratch directory; fn sees it as its
+    TMPDIR.  After the run the scratch directory holds only what lasts the
+    session: the forkserver's socket directory and its preload report."""
     from harness.workloads import allreduce_loop
-
-    def mine():
-        return {name for name in os.listdir(tempfile.gettempdir())
-                if name.startswith(("__autograph_generated_file", "pytest-mwms-"))}
 
     def where():
         import tempfile as worker_tempfile
         return worker_tempfile.gettempdir(), allreduce_loop(3)
 
-    before = mine()
     result = mwms_cluster.run(where, timeout=60)
     result.assert_completed()
     run_dirs = {d for d, _ in result.return_values}
-    assert len(run_dirs) == 1 and os.path.basename(run_dirs.pop()).startswith("pytest-mwms-")
-    assert mine() <= before, mine() - before
+    assert len(run_dirs) == 1
+    run_dir = run_dirs.pop()
+    assert os.path.dirname(run_dir) == scratch.scratch_dir(), run_dir
+    assert os.path.basename(run_dir).startswith("run-")
+    assert not os.path.exists(run_dir)
+    left = sorted(os.listdir(scratch.scratch_dir()))
+    assert all(name == "preload-report" or name.startswith("pymp-") for name in left), left

@@ -1,12 +1,12 @@
 """Restarts, preemption and the replica check against real TensorFlow workers."""
 import glob
 import os
-import tempfile
 
 import pytest
 
 import harness
 from harness.faults import Crash, Pause, Preempt, RaiseError
+from harness.launch import scratch
 from harness.launch.state_dir import default_state_dir
 from harness.workloads import seed_training_loop
 
@@ -40,7 +40,7 @@ def _outcomes(result):
 
 
 def _run_dirs():
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "pytest-mwms-*")))
+    return set(glob.glob(os.path.join(scratch.scratch_dir(), "run-*")))
 
 
 def test_a_crash_restarts_the_whole_cluster_at_the_same_addresses(mwms_cluster):

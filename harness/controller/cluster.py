@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import tempfile
 import time
 from typing import Callable, List, Optional, Sequence
 
@@ -27,6 +26,7 @@ from harness.core import tfconfig
 from harness.diagnosis.observations import Outcome
 from harness.launch.backends import DEFAULT_BACKEND, launcher_for
 from harness.launch.base import Launcher
+from harness.launch import scratch
 from harness.launch.devices import worker_environments
 from harness.result import RunResult
 from harness.settings import DEFAULT_RESTART_ON, RunSettings
@@ -133,11 +133,12 @@ class Cluster:
         attempts: List[RunResult] = []
         with self.launcher.place(n, settings.state_dir) as placement, \
                 request.network.open(n, placement.ports) as network:
-            # 0700, holds the logs; removed after the run.  It is also the
-            # workers' TMPDIR (unless env= sets one), so what TensorFlow and fn
-            # leave in the temp directory (autograph's generated files: one
-            # per traced function per worker) goes with it.
-            tmpdir = tempfile.mkdtemp(prefix="pytest-mwms-")
+            # 0700, holds the logs; removed after the run, and by the
+            # scratch directory's sweeper if this process is killed.  It is
+            # also the workers' TMPDIR (unless env= sets one), so what
+            # TensorFlow and fn leave in the temp directory (autograph's
+            # generated files: one per traced function per worker) goes too.
+            tmpdir = scratch.make_dir("run-")
             envs = tuple({**e, "TMPDIR": tmpdir, **dict(request.env)}
                          for e in worker_environments(n, settings.devices))
             job = Job(request, envs, network, network.worker_namespaces(n))

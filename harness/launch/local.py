@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import signal
@@ -29,6 +28,7 @@ import psutil
 
 from harness.core.protocol import WorkerSpec
 from harness.errors import PreloadWarning, SettingError
+from harness.launch import scratch
 from harness.launch.base import Backend, Launcher
 
 START_METHODS = ("forkserver", "spawn")
@@ -126,9 +126,9 @@ def _forkserver_context(preload: Sequence[str] = ()):
         if _preload_report is None:
             # Read by harness.worker.preload in the server, which inherits
             # this process's environment when it starts.
-            fd, _preload_report = tempfile.mkstemp(prefix="pytest-mwms-preload-")
-            os.close(fd)
-            atexit.register(_remove, _preload_report)
+            _preload_report = os.path.join(scratch.scratch_dir(), "preload-report")
+            open(_preload_report, "w").close()
+            _sweep_multiprocess_temp_dir()
             os.environ["MWMS_PRELOAD_REPORT"] = _preload_report
             os.environ["MWMS_PRELOAD"] = ",".join(preload)
         ctx.set_forkserver_preload(["harness.worker.preload"])
@@ -152,9 +152,12 @@ def _ensure_forkserver() -> None:
                 os.environ[_KERAS_CHOICE] = saved
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def _sweep_multiprocess_temp_dir() -> None:
+    """``multiprocess``'s temp directory (the forkserver's socket) goes with
+    the scratch directory even when this process is killed; its own
+    clean-up runs only at a normal exit."""
+    from multiprocess import util
+    scratch.remove_at_end(util.get_temp_dir())   # made once per process
 
 
 def _warn_about_preload() -> None:

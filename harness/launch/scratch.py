@@ -1,0 +1,118 @@
+"""This process's scratch directory, and the sweeper that removes it.
+
+Everything the harness puts in the temp directory for one pytest process
+goes in one directory, ``<tempdir>/pytest-mwms-session-XXXXXXXX``: each
+run's directory (logs, the workers' ``TMPDIR``), the forkserver's preload
+report.  ``multiprocess``'s own temp directory (the forkserver's socket)
+stays where it makes it, since a socket's path must be short, and the
+sweeper is told of it.
+
+Removing it at exit is not enough: a pytest that is SIGKILLed (by a CI
+runner, by the OOM killer, by pytest-timeout's ``signal`` method on a
+child) runs no ``atexit``.  So the first use also starts a sweeper,
+``python -I harness/launch/scratch.py DIR``, standard library only: it reads
+its stdin, a pipe whose write end only this process holds, and when that
+closes (this process exited or died: the kernel closes it all the same)
+it removes the directory (and what it was told of on that pipe), then
+keeps removing what dying workers still write there, until nothing has
+come back for a while.  It runs in a
+session of its own, so a Ctrl-C at the terminal (SIGINT to the whole
+foreground group) leaves it to do its job.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Optional
+
+PREFIX = "pytest-mwms-session-"
+# What dying workers may still write after the sweeper first removed the
+# directory: they die by PR_SET_PDEATHSIG within a fraction of a second.
+QUIET_SECONDS = 1.0
+GIVE_UP_SECONDS = 30.0
+
+_lock = threading.Lock()
+_dir: Optional[str] = None
+_owner = 0           # the pid that made _dir: a forked child makes its own
+_sweeper: Optional[subprocess.Popen] = None
+
+
+def scratch_dir() -> str:
+    """This process's scratch directory (0700), made and watched on first use."""
+    with _lock:
+        if _dir is None or _owner != os.getpid():
+            _adopt(tempfile.mkdtemp(prefix=PREFIX))
+        return _dir
+
+
+def _adopt(path: str) -> None:
+    global _dir, _sweeper, _owner
+    _dir, _owner = path, os.getpid()
+    # This file run as a script, isolated (-I): it needs only the standard
+    # library, so nothing of the user's environment can stop it sweeping.
+    _sweeper = subprocess.Popen(
+        [sys.executable, "-I", os.path.abspath(__file__), path], stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    atexit.register(close)
+
+
+def make_dir(prefix: str) -> str:
+    """A new directory in the scratch directory, for its caller to remove."""
+    return tempfile.mkdtemp(prefix=prefix, dir=scratch_dir())
+
+
+def remove_at_end(path: str) -> None:
+    """Have the sweeper remove ``path`` too (something made outside the
+    scratch directory, such as a socket's directory that must stay short)."""
+    scratch_dir()
+    with _lock:
+        _sweeper.stdin.write(os.fsencode(path) + b"\n")
+        _sweeper.stdin.flush()
+
+
+def close() -> None:
+    """Remove the scratch directory now and let the sweeper go."""
+    global _dir, _sweeper
+    with _lock:
+        if _dir is not None and _owner == os.getpid():
+            shutil.rmtree(_dir, ignore_errors=True)
+            if _sweeper is not None:
+                _sweeper.stdin.close()
+                _sweeper.wait()
+        _dir = _sweeper = None
+
+
+def sweep(paths, quiet: float = QUIET_SECONDS, give_up: float = GIVE_UP_SECONDS) -> None:
+    """Remove ``paths`` until they have stayed gone for ``quiet`` seconds."""
+    deadline = time.monotonic() + give_up
+    gone_since = None
+    while time.monotonic() < deadline:
+        left = [p for p in paths if os.path.lexists(p)]
+        if left:
+            for path in left:
+                shutil.rmtree(path, ignore_errors=True)
+            gone_since = None
+        elif gone_since is None:
+            gone_since = time.monotonic()
+        elif time.monotonic() - gone_since >= quiet:
+            return
+        time.sleep(0.05)
+
+
+def main(argv) -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    paths = [argv[0]]
+    for line in sys.stdin.buffer:
+        paths.append(os.fsdecode(line.rstrip(b"\n")))
+    sweep(paths)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,78 @@
+"""The scratch directory goes with its pytest, however that pytest ends."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+import pytest
+
+from harness.launch import scratch
+
+pytestmark = pytest.mark.timeout(60)
+
+OWNER = """
+import os, sys, tempfile, time
+from harness.launch import scratch
+outside = tempfile.mkdtemp(prefix="pymp-")
+scratch.remove_at_end(outside)
+run = scratch.make_dir("run-")
+open(os.path.join(run, "log"), "w").write("x")
+print(scratch.scratch_dir(), outside, run, flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(0)
+time.sleep(1000)
+"""
+
+
+@pytest.fixture
+def temp_dir():
+    path = tempfile.mkdtemp(prefix="mwms-scratch-test-")
+    yield path
+    os.rmdir(path)       # fails the test's teardown if anything was left
+
+
+def _owner(temp_dir, how):
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, how], stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, TMPDIR=temp_dir))
+    paths = proc.stdout.readline().split()
+    assert len(paths) == 3, paths
+    sweepers = [c for c in psutil.Process(proc.pid).children() if "scratch.py" in " ".join(c.cmdline())]
+    return proc, paths, sweepers
+
+
+def _gone_within(paths, seconds):
+    deadline = time.monotonic() + seconds
+    while any(os.path.lexists(p) for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in paths if os.path.lexists(p)]
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_everything_is_removed_when_the_owner_ends(temp_dir, how):
+    proc, paths, sweepers = _owner(temp_dir, how)
+    assert len(sweepers) == 1
+    assert os.path.dirname(paths[0]) == temp_dir and os.path.dirname(paths[2]) == paths[0]
+    if how == "sigkill":
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert not _gone_within(paths, 5 + scratch.QUIET_SECONDS)
+    # The sweeper leaves once its work is done.
+    gone, alive = psutil.wait_procs(sweepers, timeout=5 + scratch.QUIET_SECONDS)
+    assert not alive
+
+
+def test_what_comes_back_after_the_first_removal_is_removed_too(tmp_path):
+    target = tmp_path / "scratch"
+    target.mkdir()
+    sweeping = threading.Thread(target=scratch.sweep, args=([str(target)],),
+                                kwargs=dict(quiet=5.0))
+    sweeping.start()
+    assert not _gone_within([str(target)], 5)
+    (target / "worker-0").mkdir(parents=True)      # a dying worker's last write
+    sweeping.join(timeout=30)
+    assert not sweeping.is_alive() and not target.exists()
