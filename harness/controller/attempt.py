@@ -63,11 +63,14 @@ def read_capped(path: str, head: int = LOG_HEAD, tail: int = LOG_TAIL) -> str:
 
 def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
                  plan: Sequence[Fault], files: str) -> List[protocol.WorkerSpec]:
-    """Each worker's spec for this attempt; its files go in ``files``."""
+    """Each worker's spec for this attempt; its files go in ``files``.  The
+    payload carries this process's multiprocessing authkeys, which a worker
+    takes before it unpickles ``fn`` and its arguments."""
     req = job.request
     n = req.settings.workers
+    payload = serialize.with_authkeys(req.payload)
     return [protocol.WorkerSpec(
-        index=i, num_workers=n, payload=req.payload, tf_config=configs[i], env=job.envs[i],
+        index=i, num_workers=n, payload=payload, tf_config=configs[i], env=job.envs[i],
         log_path=os.path.join(files, f"worker-{i}.log"),
         stack_path=os.path.join(files, f"worker-{i}.stack"),
         faults=faults_module.for_worker(plan, i), sync_check=req.sync_check,

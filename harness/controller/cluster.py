@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Sequence
 
 from harness import faults as faults_module
 from harness.controller.attempt import Job, load_value, run_attempt
-from harness.controller.outcome import combine_attempts, judge
+from harness.controller.outcome import certain_to_recur, combine_attempts, judge
 from harness.controller.replicas import compare_reference
 from harness.controller.request import RunRequest, make_request
 from harness.controller.scripts import script_main
@@ -71,6 +71,14 @@ class Cluster:
         Every argument is checked before any process starts; a bad one is a
         :class:`~harness.errors.SettingError` naming it.
 
+        - ``args``, ``kwargs``: pickled once, with dill, for every worker.
+          A ``multiprocessing`` (or ``multiprocess``) manager's proxies work
+          in the workers, as in a child the library starts (a dict, list,
+          ``Event``, ``Barrier``, ``Queue`` of ``Manager()``), and so do
+          locks, semaphores, conditions and events made by a ``spawn`` or
+          ``forkserver`` context; what only a forked or inherited child
+          could use is refused before any process starts, naming the
+          manager's counterpart (:mod:`harness.core.serialize`).
         - ``timeout``: the hang timeout (seconds without progress) for this run.
         - ``grace``: how long peers get once one worker has raised or died.
         - ``faults``: a plan of :mod:`harness.faults` values.
@@ -97,6 +105,10 @@ class Cluster:
           every process of the attempt before is gone.  ``fn`` reads
           ``context().attempt``; a fault acts in the attempt it names.  The
           result is the last attempt's, every attempt in ``RunResult.attempts``.
+          An attempt that failed in a way every attempt would is not
+          restarted (a worker raised before ``fn`` ran: ``fn`` or its
+          arguments could not be unpickled; or one raised ``SettingError``),
+          and the diagnosis ends with ``not restarted:`` and why.
         - ``check_replicas``: ``True`` (1e-6) or a tolerance (``atol`` and
           ``rtol``; ``0``: bit for bit) fingerprints the mirrored variables
           on every worker when ``fn`` returns; workers that disagree fail
@@ -131,6 +143,7 @@ class Cluster:
         settings, n = request.settings, request.settings.workers
         launched = time.monotonic()
         attempts: List[RunResult] = []
+        not_restarted: Optional[str] = None
         with self.launcher.place(n, settings.state_dir) as placement, \
                 request.network.open(n, placement.ports) as network:
             # 0700, holds the logs; removed after the run, and by the
@@ -157,13 +170,17 @@ class Cluster:
                     attempts.append(run_attempt(self.launcher, job, attempt, configs, plan, files))
                     if attempts[-1].verdict.outcome not in request.restart_on:
                         break
+                    if attempt < settings.restarts:
+                        not_restarted = certain_to_recur(attempts[-1].observation.workers)
+                        if not_restarted:
+                            break
                 if request.reference_tolerance is not None and \
                         attempts[-1].outcome == Outcome.COMPLETED:
                     attempts[-1] = self._against_reference(job, attempts[-1], plan, files,
                                                            tmpdir, placement.ports[0])
             finally:
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        return combine_attempts(attempts, request.plan, time.monotonic() - launched)
+        return combine_attempts(attempts, request.plan, time.monotonic() - launched, not_restarted)
 
     def run_script(self, path=None, argv: Sequence[str] = (), *, module: Optional[str] = None,
                    env: Optional[dict] = None, faults: Sequence = (),

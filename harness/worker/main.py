@@ -9,7 +9,9 @@ over the channel of :mod:`harness.core.protocol`:
 2. sends stdout and stderr to its log file;
 3. arms ``faulthandler``: :data:`~harness.core.protocol.DUMP_SIGNAL` dumps every
    thread's Python stack to the stack file, and fatal signals dump to the log;
-4. sets ``TF_CONFIG`` and the environment, then runs ``fn`` with
+4. sets ``TF_CONFIG`` and the environment, unpickles ``fn`` and its
+   arguments holding the parent's multiprocessing authkeys (a failure there
+   is a ``SerializationError``, before STARTED), then runs ``fn`` with
    ``harness.context()`` available;
 5. fingerprints the strategy's variables when the run checks replicas, then
    reports RETURNED and waits for the parent's RELEASE (or its SIGKILL), so a
@@ -29,7 +31,7 @@ import time
 import traceback
 
 from harness.core import linux, progress, protocol, serialize
-from harness.errors import HarnessError
+from harness.errors import HarnessError, SerializationError
 from harness.core.protocol import Message, WorkerError, WorkerSpec
 from harness.worker import context as context_module
 from harness.worker.process import flush_output, redirect_output, start_group_reaper
@@ -101,6 +103,17 @@ def send_replicas(ctx, path: str, send) -> None:
     send(protocol.REPLICAS, data=data)
 
 
+def load_call(payload: bytes):
+    """``fn``, its arguments and keyword arguments, unpickled here; what
+    fails is a :class:`SerializationError`, which no restart cures (the
+    parent sends the same bytes to every attempt)."""
+    try:
+        return serialize.load_call(payload)
+    except Exception as e:
+        raise SerializationError(f"fn or its arguments could not be unpickled in this worker: "
+                                 f"{type(e).__name__}: {e}") from e
+
+
 def worker_main(spec: WorkerSpec, conn) -> None:
     # The cluster's own network first: joining a user namespace needs a
     # single-threaded process, and it changes credentials, which would
@@ -146,7 +159,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         install_strategy_hook(ctx)
         if spec.ledger and progress_map is not None:
             start_ledger(ctx, progress_map, spec.ledger, channel.send)
-        fn, args, kwargs = serialize.loads(spec.payload)
+        fn, args, kwargs = load_call(spec.payload)
         channel.send(protocol.STARTED)
         value = fn(*args, **(kwargs or {}))
         flush_output()
