@@ -5,8 +5,8 @@ else (no fault plan, no TensorFlow, no clock, no I/O), so every rule can be
 tested on hand-built or recorded runs.  It works in three parts:
 
 * :mod:`.facts`: what the rules need, worked out once (outcome, steps,
-  phases, ``TF_CONFIG`` issues from :mod:`.configs`, root errors and echoes
-  from :mod:`.echoes`, stacks from :mod:`.stacks`);
+  phases, ``TF_CONFIG`` issues from :mod:`.configs`, root errors, collective
+  mismatches and echoes from :mod:`.echoes`, stacks from :mod:`.stacks`);
 * :mod:`.rules`: the table of blame rules (the functions in
   ``rules_any``, ``rules_failed`` and ``rules_stuck``); the first that
   applies and answers wins, and the verdict names it (``Verdict.rule``);

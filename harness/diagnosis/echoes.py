@@ -4,6 +4,13 @@ When one worker fails, TensorFlow tells its peers in errors of its own
 ("Collective ops is aborted by", "tasks are unhealthy", "Socket closed"):
 *echoes*.  An echo is never a cause, so it is never blamed over an error
 that is not one, whatever the timestamps.
+
+A *collective mismatch* is a cause that names no one: the members of one
+collective disagree (in shape, in type or dtype, in who broadcasts), and
+every worker that hears of it reports it, the one that noticed and the
+peers it aborted alike.  No peer failed, so it is no echo, whatever wraps
+it ("Collective ops is aborted by", a "remote target"); nor does it say
+which side is wrong, so the rules look to the ledgers and the steps.
 """
 from __future__ import annotations
 
@@ -21,6 +28,16 @@ _DEADLINE_ECHO = ("heartbeat", "collective has timed out")
 # Config errors are causes even when TensorFlow wraps them in derived text.
 _ROOT_MARKERS = ("is joining a group with", "could not start grpc server")
 _TASK_RE = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+# The sentences of TensorFlow's collective_param_resolver_local.cc for a
+# collective whose members disagree (the first two measured on 2.15.1 and 2.21).
+_MISMATCH_RES = (
+    re.compile(r"Shape mismatch in the collective instance \d+\. Op at device \S+ expected shape "
+               r"\[[^\]]*\] but another member in the group expected shape \[[^\]]*\]"),
+    re.compile(r"Collective instance \d+ expected type \d+ and data_type \d+ but got type \d+ "
+               r"and data_type \d+"),
+    re.compile(r"Instance \d+ already has source \d+, received second claim from \d+"),
+    re.compile(r"Instance \d+ found no source for broadcast"),
+)
 
 
 def short_type(type_name: str) -> str:
@@ -33,11 +50,35 @@ def is_echo(error: Optional[WorkerError]) -> bool:
     if error is None:
         return False
     kind, msg = short_type(error.type_name), (error.message or "").lower()
-    if any(m in msg for m in _ROOT_MARKERS):
+    if any(m in msg for m in _ROOT_MARKERS) or is_collective_mismatch(error):
         return False
     if kind in _ECHO_TYPES or any(m in msg for m in _ECHO_MARKERS):
         return True
     return kind == "DeadlineExceededError" and any(m in msg for m in _DEADLINE_ECHO)
+
+
+def collective_mismatch(message: str) -> Optional[str]:
+    """TensorFlow's sentence saying that a collective's members disagree,
+    from an error message that holds one, else None."""
+    for pattern in _MISMATCH_RES:
+        found = pattern.search(message or "")
+        if found:
+            return found.group(0)
+    return None
+
+
+def is_collective_mismatch(error: Optional[WorkerError]) -> bool:
+    """Whether ``error`` reports a collective whose members disagree: a
+    cause, but not one that says which worker is wrong."""
+    return error is not None and collective_mismatch(error.message) is not None
+
+
+def error_text(error: WorkerError) -> str:
+    """The error as a line: ``TYPE: its first line``, or for a collective
+    mismatch ``TYPE: TensorFlow's sentence about it`` (its first line is
+    often only "Graph execution error:" or the op that aborted)."""
+    sentence = collective_mismatch(error.message)
+    return f"{short_type(error.type_name)}: {sentence}" if sentence else str(error)
 
 
 # A worker whose input ran out raises these; it is a cause only when nothing

@@ -2,8 +2,9 @@
 
 :class:`Facts` holds what the rules ask of a run again and again: the
 outcome, each worker's steps and phase, the ``TF_CONFIG`` issues, the root
-errors and their echoes, and the state signature by which workers are
-compared.  The helpers below answer the same questions of one worker.
+errors, the collective mismatches and the echoes, and the state signature
+by which workers are compared.  The helpers below answer the same
+questions of one worker.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Counter, Dict, List, Optional, Sequence, Tuple
 from harness.core import protocol
 from harness.diagnosis.observations import EndedBy, Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.configs import config_issues
-from harness.diagnosis.echoes import is_echo, is_end_of_input
+from harness.diagnosis.echoes import is_collective_mismatch, is_echo, is_end_of_input
 
 # Where each phase stands in a worker's life: who is behind whom.
 PHASE_RANK = {phase: rank for rank, phase in enumerate(protocol.PHASES)}
@@ -24,9 +25,12 @@ COMPLETED = Outcome.COMPLETED
 CRASHED = Outcome.CRASHED
 FAILED = Outcome.FAILED       # a worker raised, and some error is a cause
 FAILED_ECHOES = "failed_echoes"  # a worker raised, but every error is an echo
+# A worker raised, and every cause is a collective whose members disagree:
+# a cause that names no worker, so the evidence is the ledgers and steps.
+FAILED_MISMATCH = "failed_mismatch"
 HANG_ = Outcome.HANG
 DIVERGED = "diverged"         # every worker returned, but their replicas disagree
-SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, HANG_, DIVERGED)
+SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, FAILED_MISMATCH, HANG_, DIVERGED)
 
 
 def or_inf(t: Optional[float]) -> float:
@@ -106,7 +110,8 @@ class Facts:
     config_issues: Dict[int, List[str]]
     config_tie: bool
     errors: Tuple[WorkerObservation, ...]   # workers that raised, causes first, then by time
-    roots: Tuple[WorkerObservation, ...]    # workers whose error is a cause, by time
+    roots: Tuple[WorkerObservation, ...]    # workers whose error is a cause of their own, by time
+    mismatches: Tuple[WorkerObservation, ...]   # workers that reported a collective mismatch
     echoes: Tuple[WorkerObservation, ...]   # workers whose error is an echo
     comparable: Tuple[WorkerObservation, ...]   # neither stopped nor dead: compared by signature
     signatures: Dict[int, Signature]
@@ -129,20 +134,23 @@ def facts_of(obs: RunObservation) -> Facts:
     outcome = outcome_of(obs)
     issues, tie = config_issues(obs)
     raised = [w for w in obs.workers if w.error is not None]
-    roots = tuple(sorted((w for w in raised if not is_echo(w.error)),
+    mismatches = tuple(w for w in raised if is_collective_mismatch(w.error))
+    mismatched = {w.index for w in mismatches}
+    roots = tuple(sorted((w for w in raised if not is_echo(w.error) and w.index not in mismatched),
                          key=lambda w: or_inf(w.finish_time)))
     if outcome == Outcome.FAILED and not raised:
         situation = DIVERGED
     elif outcome == Outcome.FAILED:
-        situation = FAILED if roots else FAILED_ECHOES
+        situation = FAILED if roots else FAILED_MISMATCH if mismatches else FAILED_ECHOES
     else:
         situation = outcome
     comparable = tuple(w for w in obs.workers if not w.stopped and not w.died)
     signatures = {w.index: signature(w) for w in comparable}
     return Facts(
         obs=obs, outcome=outcome, situation=situation, config_issues=issues, config_tie=tie,
-        errors=tuple(sorted(raised, key=lambda w: (is_echo(w.error), is_end_of_input(w.error),
+        errors=tuple(sorted(raised, key=lambda w: (is_echo(w.error), w.index in mismatched,
+                                                   is_end_of_input(w.error),
                                                    or_inf(w.finish_time)))),
-        roots=roots, echoes=tuple(w for w in raised if is_echo(w.error)),
+        roots=roots, mismatches=mismatches, echoes=tuple(w for w in raised if is_echo(w.error)),
         comparable=comparable, signatures=signatures,
         signature_counts=collections.Counter(signatures.values()))

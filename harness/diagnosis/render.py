@@ -1,7 +1,9 @@
 """The verdict as text: a headline, then one line per group of workers in
 the same state, then notes (injected faults, the root error).  What a person
 reads first, so it is short: at most ``MAX_LINES`` lines of at most
-``MAX_WIDTH`` characters."""
+``MAX_WIDTH`` characters.  A worker's line is shortened in its error text
+(or where it waits) only: its ``<- culprit`` mark and its step tally are
+what it is read for, and are never cut."""
 from __future__ import annotations
 
 import collections
@@ -10,7 +12,8 @@ from typing import Dict, List, Sequence, Tuple
 from harness.core import protocol
 from harness.diagnosis.observations import EndedBy, Outcome, WorkerObservation
 from harness.diagnosis import ledger
-from harness.diagnosis.echoes import exit_text, is_echo, short_type, tasks_named
+from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
+                                      short_type, tasks_named)
 from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.stacks import summarize_stack, where_raised
@@ -21,29 +24,83 @@ MAX_WIDTH = 300
 MAX_FAULTS_LISTED = 5
 
 
-def worker_line(w: WorkerObservation, ref: Sequence[int]) -> str:
-    """What one worker did and where it stands, e.g. ``blocked at step 9: ...; ran 10 steps (0-9)``."""
-    now = state(w)
+CULPRIT_MARK = "  <- culprit"
+
+
+def worker_parts(w: WorkerObservation, ref: Sequence[int]) -> Tuple[str, str, str]:
+    """What one worker did and where it stands, as ``(lead, detail, rest)``:
+    ``blocked at step 9: `` + ``in call 10 of `step` (...)`` + ``; ran 10
+    steps (0-9)``.  ``detail`` (TensorFlow's error text, or where it waits)
+    is the one part that may be shortened."""
+    now, tally = state(w), f"; ran {steps_text(w.steps, ref)}"
     if now == "raised":
-        text = f"raised {where_stopped(w)}: {w.error}"
+        note = ""
         if is_echo(w.error):
             # The first line of "tasks are unhealthy" hides the task it names.
             named = sorted(set(tasks_named(w.error.message)) - {w.index})
-            text += f" (echo, naming {names(named)})" if named else " (echo)"
-    elif now == "returned":
-        text = "returned"
-    elif now == "died":
-        text = f"died ({exit_text(w.exit_code)}) {where_stopped(w)}"
-    elif now == "stopped":
-        text = f"stopped (SIGSTOP) {where_stopped(w)}, no stack"
-    else:
-        where = summarize_stack(w.stack) if w.stack.strip() else ""
-        where = where.replace(" (in strategy creation)", "")   # where_stopped says so already
-        pending = ledger.describe_pending(w)
-        if pending:   # the ledger knows better than "in a TensorFlow op"
-            where = where.split(" (in ", 1)[0] + f" {pending}" if where else pending
-        text = f"blocked {where_stopped(w)}" + (f": {where}" if where else ", no stack")
-    return f"{text}; ran {steps_text(w.steps, ref)}"
+            note = f" (echo, naming {names(named)})" if named else " (echo)"
+        return f"raised {where_stopped(w)}: ", error_text(w.error), note + tally
+    if now == "returned":
+        return "returned", "", tally
+    if now == "died":
+        return f"died ({exit_text(w.exit_code)}) {where_stopped(w)}", "", tally
+    if now == "stopped":
+        return f"stopped (SIGSTOP) {where_stopped(w)}, no stack", "", tally
+    where = summarize_stack(w.stack) if w.stack.strip() else ""
+    where = where.replace(" (in strategy creation)", "")   # where_stopped says so already
+    pending = ledger.describe_pending(w)
+    if pending:   # the ledger knows better than "in a TensorFlow op"
+        where = where.split(" (in ", 1)[0] + f" {pending}" if where else pending
+    if not where:
+        return f"blocked {where_stopped(w)}, no stack", "", tally
+    return f"blocked {where_stopped(w)}: ", where, tally
+
+
+def fit(lead: str, detail: str, rest: str, width: int = MAX_WIDTH) -> str:
+    """``lead + detail + rest`` in ``width`` characters where it can be,
+    shortening ``detail`` alone: ``lead`` and ``rest`` always stand whole."""
+    room = width - len(lead) - len(rest)
+    if len(detail) > room:
+        detail = detail[:max(room - 3, 0)] + "..."
+    return lead + detail + rest
+
+
+def worker_line(w: WorkerObservation, ref: Sequence[int], mark: str = "",
+                width: int = MAX_WIDTH) -> str:
+    """One worker's state and tally (and ``mark``), e.g. ``blocked at step 9:
+    ...; ran 10 steps (0-9)``, fitted to ``width`` by its detail alone."""
+    lead, detail, rest = worker_parts(w, ref)
+    return fit(lead, detail, rest + mark, width)
+
+
+def worker_lines(ws: Sequence[WorkerObservation], culprits: Sequence[int]) -> List[str]:
+    """One line per group of workers in the same state, culprits marked."""
+    ref = reference_steps(ws)
+    groups: Dict[Tuple[str, str, str], List[int]] = collections.defaultdict(list)
+    for w in ws:
+        lead, detail, rest = worker_parts(w, ref)
+        groups[(lead, detail, rest + (CULPRIT_MARK if w.index in culprits else ""))].append(w.index)
+    return [fit(f"  {names(idx)}: {lead}", detail, rest)
+            for (lead, detail, rest), idx in groups.items()]
+
+
+def error_lines(f: Facts) -> List[str]:
+    """The run's first error, said for what it is: a root error, a
+    collective whose members disagree, or TensorFlow reporting a failure."""
+    errs = f.errors
+    if not errs:
+        return []
+    first = errs[0]
+    if is_collective_mismatch(first.error):
+        what = error_text(first.error).split(". ", 1)[0]
+        return [f"root error: {what}{where_raised(first.error.traceback)}, reported by "
+                f"{names([w.index for w in f.mismatches])}: the members of a collective "
+                f"disagree, and the error does not say which worker is wrong"]
+    if not is_echo(first.error):
+        return [f"root error: {first.error}{where_raised(first.error.traceback)}"]
+    return [("the errors are TensorFlow reporting the death" if f.outcome == Outcome.CRASHED else
+             "no root error: every error is TensorFlow reporting a peer's failure")
+            + f" (first: {first.error})"]
 
 
 def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
@@ -79,40 +136,39 @@ def replica_lines(check) -> List[str]:
     return lines
 
 
-def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
-    obs, outcome, issues, errs = f.obs, f.outcome, f.config_issues, f.errors
-    ws = obs.workers
+def cut(line: str, width: int = MAX_WIDTH) -> str:
+    """A line that is not a worker's, cut at its end to ``width``."""
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+def headline(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
+    obs, outcome, errs = f.obs, f.outcome, f.errors
     who = f"culprit{'s' if len(culprits) > 1 else ''}: {names(culprits)}"
     reason = "ambiguous, see below" if blame.ambiguous else blame.reason
     if outcome == Outcome.COMPLETED:
-        head = f"COMPLETED: all {len(ws)} workers returned in {obs.duration:.1f}s"
-    elif blame.headline:
-        head = f"{outcome.upper()}: {blame.headline}"
-    elif outcome == Outcome.HANG:
+        return f"COMPLETED: all {len(obs.workers)} workers returned in {obs.duration:.1f}s"
+    if blame.headline:
+        return f"{outcome.upper()}: {blame.headline}"
+    if outcome == Outcome.HANG:
         cause = (f"no progress for {obs.timeout:.1f}s" if obs.ended_by == EndedBy.HANG
                  else "not every worker finished")
-        head = f"HANG: {cause}; {who} ({reason})"
-    elif outcome == Outcome.FAILED and errs:
+        return f"HANG: {cause}; {who} ({reason})"
+    if outcome == Outcome.FAILED and errs:
         kinds = "/".join(sorted({short_type(w.error.type_name) for w in errs}))
-        head = f"FAILED: {names([w.index for w in errs])} raised {kinds}; {who} ({reason})"
-    else:
-        head = f"{outcome.upper()}: {who} ({reason})"
-    lines = [head]
-    if blame.ambiguous:
-        lines.append(f"ambiguous: {blame.reason}")
-    ref = reference_steps(ws)
-    groups: Dict[str, List[int]] = collections.defaultdict(list)
-    for w in ws:
-        mark = "  <- culprit" if w.index in culprits else ""
-        groups[worker_line(w, ref) + mark].append(w.index)
-    lines += [f"  {names(idx)}: {text}" for text, idx in groups.items()]
-    if outcome != Outcome.COMPLETED:
-        lines += ledger_lines(ws)
+        return f"FAILED: {names([w.index for w in errs])} raised {kinds}; {who} ({reason})"
+    return f"{outcome.upper()}: {who} ({reason})"
+
+
+def note_lines(f: Facts) -> List[str]:
+    """What follows the workers' lines: the ledgers, notes, the checks,
+    the injected faults, and the run's first error."""
+    obs, outcome, ws = f.obs, f.outcome, f.obs.workers
+    lines = ledger_lines(ws) if outcome != Outcome.COMPLETED else []
     if outcome == Outcome.COMPLETED and len({w.steps for w in ws}) > 1:
         lines.append("note: the workers ran different steps")
     if outcome in (Outcome.COMPLETED, Outcome.CRASHED):   # else the config is the blame, said above
         lines += [f"note: TF_CONFIG of {names([i])}: {'; '.join(v)}"
-                  for i, v in sorted(issues.items())]
+                  for i, v in sorted(f.config_issues.items())]
     if obs.replicas is not None:
         lines += replica_lines(obs.replicas)
     if obs.reference is not None and not obs.reference.differs:
@@ -124,13 +180,15 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
         lines.append(f"injected: {names([i])}{at}: {e.data}")
     if len(faults) > MAX_FAULTS_LISTED:
         lines.append(f"injected: ... and {len(faults) - MAX_FAULTS_LISTED} more")
-    if errs and not is_echo(errs[0].error):
-        lines.append(f"root error: {errs[0].error}{where_raised(errs[0].error.traceback)}")
-    elif errs:
-        lines.append(("the errors are TensorFlow reporting the death" if outcome == Outcome.CRASHED else
-                      "no root error: every error is TensorFlow reporting a peer's failure")
-                     + f" (first: {errs[0].error})")
-    lines = [ln if len(ln) <= MAX_WIDTH else ln[:MAX_WIDTH - 3] + "..." for ln in lines]
+    return lines + error_lines(f)
+
+
+def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
+    lines = [cut(headline(f, blame, culprits))]
+    if blame.ambiguous:
+        lines.append(cut(f"ambiguous: {blame.reason}"))
+    lines += worker_lines(f.obs.workers, culprits)
+    lines += [cut(ln) for ln in note_lines(f)]
     if len(lines) > MAX_LINES:
         lines = lines[:MAX_LINES - 1] + [f"... {len(lines) - MAX_LINES + 1} more lines"]
     return "\n".join(lines)

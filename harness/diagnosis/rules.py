@@ -17,7 +17,9 @@ The order of the table is the order of trust:
   ledgers, which every worker has, from 3 workers up), the sync check
   names who is out of step
   (``sync_check``), else the root error does (``root_error``);
-* in a hang, or a failure where every error is an echo, the evidence goes
+* in a hang, or a failure whose errors name no worker (every one an echo,
+  or a collective mismatch: the members of a collective disagree, and the
+  error does not say which is wrong), the evidence goes
   from direct to circumstantial: a stopped process; the collective ledgers
   (``collective_counts``: who launched a collective the others did not, or
   did not launch one they did); the odd one out by state among three or
@@ -51,8 +53,8 @@ import dataclasses
 from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 
 from harness.diagnosis.blame import Blame
-from harness.diagnosis.facts import (CRASHED, DIVERGED, FAILED, FAILED_ECHOES, HANG_, SITUATIONS,
-                                     Facts)
+from harness.diagnosis.facts import (CRASHED, DIVERGED, FAILED, FAILED_ECHOES, FAILED_MISMATCH, HANG_,
+                                     SITUATIONS, Facts)
 from harness.diagnosis.rules_any import (config, coordinated_exit, crash, nothing_to_blame, reference,
                                          replicas, stopped_before_deaths, timed_out_abort)
 from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_mismatch, sync_check
@@ -68,9 +70,9 @@ class Rule:
 
 
 _ALL = frozenset(SITUATIONS)
-_TROUBLE = frozenset({FAILED, FAILED_ECHOES, HANG_})
-_FAILED_ANY = frozenset({FAILED, FAILED_ECHOES})
-_STUCK = frozenset({HANG_, FAILED_ECHOES})
+_TROUBLE = frozenset({FAILED, FAILED_ECHOES, FAILED_MISMATCH, HANG_})
+_FAILED_ANY = frozenset({FAILED, FAILED_ECHOES, FAILED_MISMATCH})
+_STUCK = frozenset({HANG_, FAILED_ECHOES, FAILED_MISMATCH})
 
 RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),

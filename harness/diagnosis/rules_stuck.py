@@ -1,5 +1,6 @@
-"""The blame rules for a run that hung, or failed only with echoes: from
-direct evidence to circumstantial.  See :mod:`harness.diagnosis.rules`."""
+"""The blame rules for a run that hung, or failed with errors that name no
+worker (echoes, collective mismatches): from direct evidence to
+circumstantial.  See :mod:`harness.diagnosis.rules`."""
 from __future__ import annotations
 
 import collections
@@ -197,8 +198,8 @@ def outside_tensorflow(f: Facts) -> Optional[Blame]:
 def no_evidence(f: Facts) -> Optional[Blame]:
     """Nothing stands out: every worker that did not return is a candidate,
     ambiguous.  (Who raised first is no evidence: when every error is an
-    echo, every worker reports the same failure, and their order is a
-    matter of milliseconds.)"""
+    echo or a collective mismatch, every worker reports the same failure,
+    and their order is a matter of milliseconds.)"""
     pool = [w for w in f.workers if not (w.returned and w.error is None)] or list(f.workers)
     return Blame([w.index for w in pool], "no worker stands out: all stopped at the same point "
                  f"({where_stopped(pool[0])})", pool[0].last_step, ambiguous=True)

@@ -61,7 +61,14 @@ def on_the_network(fault: StepFault, ctx) -> None:
 
 
 def raise_error(fault: RaiseError, ctx) -> None:
-    raise InjectedFault(fault.message)
+    error = InjectedFault(fault.message)
+    # A step can begin while a tf.function is traced (its first call, or
+    # every call of one made per step).  Autograph rewraps what a trace
+    # raises as StagingError, listing the harness's frames as "user code";
+    # an exception carrying ``ag_pass_through`` it lets through as itself
+    # (TensorFlow's own UnliftableError does so), with a plain traceback.
+    error.ag_pass_through = True
+    raise error
 
 
 def extra_collective(fault: ExtraCollective, ctx) -> None:

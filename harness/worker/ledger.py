@@ -32,6 +32,7 @@ import threading
 from typing import Dict, List, Optional, Tuple
 
 from harness.core import progress, protocol
+from harness.errors import InjectedFault
 
 LEVELS = ("calls", "collectives")
 # (module attribute, kind, how to read the shape and dtype from its arguments)
@@ -292,7 +293,15 @@ def install(ledger: Ledger, function_module=None, collective_ops=None) -> Option
     original_call = function_class.__call__
 
     def __call__(self, *args, **kwargs):
-        return ledger.call(self, original_call, args, kwargs)
+        try:
+            return ledger.call(self, original_call, args, kwargs)
+        except InjectedFault as e:
+            # A RaiseError acts at the boundary of the step this call
+            # begins: deep in the harness's code, and inside TensorFlow's
+            # when the call traces the function.  Raised again from here,
+            # where the user called, its traceback holds the user's frames
+            # and this hook's, none of those.
+            raise e.with_traceback(None) from None
 
     __call__._mwms_ledger = True
     function_class.__call__ = __call__

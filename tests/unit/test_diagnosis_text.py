@@ -1,0 +1,167 @@
+"""The diagnosis text: a worker's line is shortened in its error text only,
+never in its ``<- culprit`` mark or its step tally; a collective mismatch is
+a cause of the worker that reports it, not an echo.  The texts are
+TensorFlow 2.21's, measured on 2 workers (the frames TensorFlow lists after
+"defined at" are cut to the user's).  Fast, no TensorFlow."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness.core.protocol import WorkerError
+from harness.diagnosis import diagnose, is_echo
+from harness.diagnosis.echoes import collective_mismatch, error_text, is_collective_mismatch
+from harness.diagnosis.facts import FAILED_MISMATCH, facts_of
+from harness.diagnosis.render import CULPRIT_MARK, MAX_WIDTH, fit, worker_line
+from observations import UNHEALTHY, raised, run, with_ledger
+
+_REPEAT = "The error could be from a previous operation. Restart your program to reset."
+SHAPE = ("Shape mismatch in the collective instance 138. Op at device "
+         "/job:worker/replica:0/task:0/device:CPU:0 expected shape [43706] but another member in "
+         "the group expected shape []")
+TYPES = "Collective instance 140 expected type 0 and data_type 9 but got type 0 and data_type 1"
+
+# The MWMS custom-loop tutorial, worker 1 skipping step 7: worker 0 noticed
+# the shapes differ; worker 1 was aborted by it ("remote target" task 0).
+SHAPE_NOTICED = WorkerError("InvalidArgumentError", (
+    "Graph execution error:\n\nDetected at node rm_sprop/CollectiveReduceV2 defined at (most "
+    "recent call last):\n  File \"/work/main/scenarios/tutorial_jobs/ctl_checkpoint.py\", line "
+    f"142, in train_step\n\nCollective ops is aborted by: {SHAPE}. This is likely due to "
+    f"different input shapes at different members of the collective op.\n{_REPEAT}\n\t "
+    "[[{{node rm_sprop/CollectiveReduceV2}}]] [Op:__inference_train_step_1010]"))
+SHAPE_RELAYED = WorkerError("InvalidArgumentError", (
+    "{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1_device_/job:worker/"
+    "replica:0/task:1/device:CPU:0}} Collective ops is aborted by: Collective ops is aborted by: "
+    f"{SHAPE}. This is likely due to different input shapes at different members of the "
+    f"collective op.\n{_REPEAT}\nAdditional GRPC error information from remote target "
+    "/job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:\n:UNKNOWN:"
+    "Error received from peer  {grpc_status:3, grpc_message:\"Collective ops is aborted by: "
+    f"{SHAPE}. This is likely due to different input shapes at different members of the "
+    f"collective op.\\n{_REPEAT}\"}}\n{_REPEAT} [Op:CollectiveReduceV2] name: "))
+# tf_keras fit with uneven data: worker 0 (out of batches) all-reduces an
+# int64 counter while worker 1 all-reduces float32 gradients.
+TYPES_NOTICED = WorkerError("InternalError", (
+    "{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1_device_/job:worker/"
+    f"replica:0/task:0/device:CPU:0}}}} Collective ops is aborted by: {TYPES}\n{_REPEAT} "
+    "[Op:CollectiveReduceV2] name: "))
+TYPES_RELAYED = WorkerError("InternalError", (
+    "Graph execution error:\n\nDetected at node CollectiveReduceV2 defined at (most recent call "
+    "last):\n  File \"/work/main/scenarios/test_keras.py\", line 48, in fit\n\nCollective ops is "
+    f"aborted by: Collective ops is aborted by: {TYPES}\n{_REPEAT}\nAdditional GRPC error "
+    "information from remote target /job:worker/replica:0/task:0 while calling "
+    "/tensorflow.WorkerService/RecvBuf:\n:UNKNOWN:Error received from peer  {grpc_message:"
+    f"\"Collective ops is aborted by: {TYPES}\\n{_REPEAT}\", grpc_status:13}}\n{_REPEAT}\n\t "
+    "[[{{node CollectiveReduceV2}}]] [Op:__inference_train_function_1119]"))
+MEASURED = {"shape, noticed": (SHAPE_NOTICED, SHAPE), "shape, relayed": (SHAPE_RELAYED, SHAPE),
+            "types, noticed": (TYPES_NOTICED, TYPES), "types, relayed": (TYPES_RELAYED, TYPES)}
+
+
+# ---------------------------------------------------------------- mismatches
+
+@pytest.mark.parametrize("error,sentence", list(MEASURED.values()), ids=list(MEASURED))
+def test_a_measured_collective_mismatch_is_a_cause_not_an_echo(error, sentence):
+    assert is_collective_mismatch(error) and not is_echo(error)
+    assert collective_mismatch(error.message) == sentence
+    assert error_text(error) == f"{error.type_name}: {sentence}"
+
+
+@pytest.mark.parametrize("message", [
+    "Instance 7 already has source 0, received second claim from 1",
+    "Instance 7 found no source for broadcast.  This could mean that there were group_size=2 "
+    "BcastRecvs but no BcastSend.",
+])
+def test_a_broadcast_whose_members_disagree_is_a_mismatch_too(message):
+    assert is_collective_mismatch(WorkerError("InternalError", f"[_Derived_]{message}"))
+
+
+@pytest.mark.parametrize("type_name,message", [
+    ("UnavailableError", "Collective ops is aborted by: Socket closed"),
+    ("InternalError", "[_Derived_]Collective ops is aborted by: connection reset by peer"),
+    ("UnavailableError", UNHEALTHY.format(1)),
+])
+def test_a_peer_failure_reported_is_still_an_echo(type_name, message):
+    error = WorkerError(type_name, message)
+    assert is_echo(error) and not is_collective_mismatch(error)
+    assert error_text(error) == str(error)
+
+
+def _skipped_step(n: int, errors) -> tuple:
+    """``n`` workers of a custom loop in which the last skipped step 7: it
+    reached the epoch's metric read (one more collective) in step 8, while
+    the others ran step 9; ``errors[i]`` is what worker i raised."""
+    last = n - 1
+    ws = [with_ledger(raised(i, n, e.type_name, e.message, 1.0 + i / 100,
+                             steps=range(9 if i == last else 10)),
+                      {s: 2 if (i == last and s == 8) else 1 for s in range(9 if i == last else 10)})
+          for i, e in enumerate(errors)]
+    return run(*ws)
+
+
+def _line_of(text: str, index: int) -> str:
+    return next(ln for ln in text.splitlines()
+                if re.match(rf"  workers? (\d+,)*{index}(,\d+)*: ", ln))
+
+
+@pytest.mark.parametrize("errors", [(SHAPE_NOTICED, SHAPE_RELAYED), (TYPES_RELAYED, TYPES_NOTICED)],
+                         ids=["shapes", "types"])
+def test_a_skipped_step_names_the_skipper_and_keeps_every_line_whole(errors):
+    obs = _skipped_step(2, errors)
+    assert facts_of(obs).situation == FAILED_MISMATCH
+    v = diagnose(obs)
+    assert (v.outcome, v.culprits, v.ambiguous, v.rule) == ("failed", (1,), False,
+                                                          "collective_counts")
+    assert v.error == errors[0].type_name
+    for i, steps in ((0, "10 steps (0-9)"), (1, "9 steps (0-8)")):
+        line = _line_of(v.text, i)
+        assert line.endswith(f"; ran {steps}" + (CULPRIT_MARK if i == 1 else "")), line
+        assert collective_mismatch(errors[i].message) in line, line
+    assert "echo" not in v.text and "no root error" not in v.text, v.text
+    root = v.text.splitlines()[-1]
+    assert root.startswith("root error: ") and "reported by workers 0,1" in root, root
+    assert "the members of a collective disagree" in root
+    assert all(len(ln) <= MAX_WIDTH for ln in v.text.splitlines())
+
+
+def test_three_workers_with_a_skipped_step_name_the_skipper():
+    v = diagnose(_skipped_step(3, (SHAPE_NOTICED, SHAPE_RELAYED, SHAPE_RELAYED)))
+    assert (v.culprits, v.ambiguous) == ((2,), False)
+    assert _line_of(v.text, 2).endswith("; ran 9 steps (0-8)" + CULPRIT_MARK)
+    assert "echo" not in v.text
+
+
+def test_a_mismatch_beside_an_error_of_its_own_leaves_the_blame_to_that_error():
+    obs = run(raised(0, 2, "ValueError", "boom", 1.0),
+              raised(1, 2, SHAPE_RELAYED.type_name, SHAPE_RELAYED.message, 0.5))
+    v = diagnose(obs)
+    assert (v.culprits, v.rule, v.error) == ((0,), "root_error", "ValueError")
+    assert "root error: ValueError: boom" in v.text
+
+
+# ---------------------------------------------------------------- widths
+
+def test_fit_shortens_the_detail_alone():
+    assert fit("lead: ", "x" * 50, "; rest", width=30) == "lead: " + "x" * 15 + "...; rest"
+    assert fit("lead: ", "short", "; rest", width=30) == "lead: short; rest"
+    assert fit("a" * 20, "detail", "b" * 20, width=30) == "a" * 20 + "..." + "b" * 20
+
+
+def test_a_long_error_loses_its_text_not_its_mark_or_tally():
+    long_echo = WorkerError("UnavailableError",
+                            "x" * 2000 + " /job:worker/replica:0/task:0 stopped sending heartbeats")
+    ws = [raised(0, 2, "ValueError", "y" * 2000, 1.0, steps=range(10)),
+          raised(1, 2, long_echo.type_name, long_echo.message, 2.0, steps=range(10))]
+    v = diagnose(run(*ws))
+    assert v.culprits == (0,)
+    mine, echo = _line_of(v.text, 0), _line_of(v.text, 1)
+    assert mine.endswith("y...; ran 10 steps (0-9)" + CULPRIT_MARK), mine
+    assert echo.endswith("x... (echo, naming worker 0); ran 10 steps (0-9)"), echo
+    assert len(mine) == len(echo) == MAX_WIDTH
+
+
+def test_worker_line_fits_its_width_by_the_error_text():
+    w = raised(0, 2, "ValueError", "z" * 400, 1.0, steps=range(3))
+    line = worker_line(w, (0, 1, 2), CULPRIT_MARK, width=80)
+    assert re.fullmatch(r"raised at step 2: ValueError: z+\.\.\.; ran 3 steps \(0-2\)"
+                        + re.escape(CULPRIT_MARK), line), line
+    assert len(line) == 80
