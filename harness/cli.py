@@ -4,11 +4,13 @@
 
     python -m harness run -n 3 --timeout 30 --fault "Crash(worker=1, step=5)" train.py -- --epochs 2
     python -m harness run -m package.train -- --epochs 2
+    pip install "$(python -m harness keras2)"
 
 starts one cluster, runs the script (or module) on every worker as
 ``Cluster.run_script`` does, prints the diagnosis (and, unless the run
 completed, each failing worker's log tail), then one line saying where the
-run went.  It exits 0 only when the outcome is the one ``--expect`` names
+run went; ``keras2`` prints what gives Keras 2 beside the installed
+TensorFlow (tf_keras of the same minor; on 2.15 its own ``keras``).  ``run`` exits 0 only when the outcome is the one ``--expect`` names
 (``completed`` by default), 1 when it is another, and 2 for a usage error
 (a bad option value, a bad fault, a missing script), before any process
 starts.
@@ -258,13 +260,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     top = argparse.ArgumentParser(
         prog=PROG, usage=f"{PROG} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
         description="pytest-mwms outside pytest. `run` runs a script on an N-worker "
-                    "MultiWorkerMirroredStrategy cluster; `run --help` lists its options.")
+                    "MultiWorkerMirroredStrategy cluster; `run --help` lists its options. "
+                    "`keras2` prints what gives Keras 2 beside the installed TensorFlow "
+                    "(tf_keras of its minor).")
     if not argv or argv[0] in ("-h", "--help"):
         top.print_help()
         return 0 if argv else 2
+    if argv[0] == "keras2":
+        return keras2_command()
     if argv[0] != "run":
-        top.error(f"unknown command {argv[0]!r}; the command is `run`")
+        top.error(f"unknown command {argv[0]!r}; the commands are `run` and `keras2`")
     return run_command(argv[1:])
+
+
+def keras2_command() -> int:
+    """Print what gives Keras 2 beside the installed TensorFlow (tf_keras of
+    its minor; on 2.15 its own keras), for
+    ``pip install "$(python -m harness keras2)"``."""
+    from harness.core import versions
+    version = versions.installed_tensorflow()
+    if version is None:
+        print("harness: TensorFlow is not installed", file=sys.stderr)
+        return 2
+    print(versions.keras2_requirement(version))
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run as a script: make ``scenarios`` importable
     sys.path.insert(0, ROOT)
 
+from harness.core import versions  # noqa: E402
 from scenarios.meta import NO_FIX, DOC_LABELS, culprit_check_of, declared  # noqa: E402
 
 DOCS = os.path.join(ROOT, "docs", "scenarios.md")
@@ -86,7 +87,7 @@ def collect() -> List[Entry]:
     entries = []
     for filename in scenario_files():
         for fn in _tests(_module(filename)):
-            meta = declared(fn)
+            meta = declared(fn, versions.NEWEST)
             if meta is None:
                 continue
             entries.append(Entry(
@@ -107,7 +108,7 @@ def problems() -> List[str]:
         tests = {fn.__name__: fn for fn in _tests(_module(filename))}
         for name, fn in tests.items():
             where = f"{filename}::{name}"
-            meta, checks = declared(fn), culprit_check_of(fn)
+            meta, checks = declared(fn, versions.NEWEST), culprit_check_of(fn)
             if meta is None and checks is None:
                 out.append(f"{where}: neither @scenario(...) nor @culprit_check(...)")
                 continue
@@ -117,7 +118,7 @@ def problems() -> List[str]:
                 out.append(f"{where}: does not take the mwms_cluster fixture")
             if checks is not None:
                 target = tests.get(checks)
-                if target is None or declared(target) is None:
+                if target is None or declared(target, versions.NEWEST) is None:
                     out.append(f"{where}: @culprit_check names {checks!r}, not a scenario "
                                f"of {filename}")
                 if _marks(fn).get("xfail") is not None:
@@ -128,7 +129,7 @@ def problems() -> List[str]:
             out.extend(f"{where}: {p}" for p in docstring_problems(fn))
             if meta.fixed_by not in (None, NO_FIX):
                 fixed = tests.get(meta.fixed_by)
-                if fixed is None or declared(fixed) is None or declared(fixed).fixed_by:
+                if fixed is None or declared(fixed, versions.NEWEST) is None or declared(fixed, versions.NEWEST).fixed_by:
                     out.append(f"{where}: fixed_by={meta.fixed_by!r} is not a fixed scenario "
                                f"of {filename}")
             if len(meta.outcomes) > 1 and "deterministic" not in (fn.__doc__ or "").lower():

@@ -23,6 +23,14 @@ the catalogue's table (docs/scenarios.md) and for the outcome the test must see.
 ``error``
     Optional: the error type the run's failing workers raise (shown in the
     table and checked after the run).
+``on``
+    Optional: where another TensorFlow minor ends otherwise, its outcome
+    and error there, keyed by the minor or a range of minors:
+    ``on={"2.15": dict(outcome="completed")}``,
+    ``on={"2.15-2.17": dict(outcome="failed", error="ValueError")}``.
+    ``outcome`` and ``error`` are those of every other minor of the range
+    (``harness.core.versions``); the docstring's ``TensorFlow:`` paragraph
+    says what differs and why.
 
 A scenario's culprit expectation lives in the scenario test, or in a
 separate test decorated ``@culprit_check("test_scenario_name")`` that
@@ -40,12 +48,27 @@ and ``Fix:``.  ``tests/unit/test_catalogue.py`` enforces all of this.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
+from harness.core import versions
+from harness.core.versions import Minor
 from harness.diagnosis.observations import OUTCOMES
 
 # fixed_by for a broken variant that no fix turns into a completed run.
 NO_FIX = "no fix completes"
+
+# Keras 2 on the installed TensorFlow: tf_keras (TF_USE_LEGACY_KERAS=1) from
+# 2.16, plain tf.keras on 2.15 (see harness.core.versions).  The scenarios
+# that say "tf_keras" mean this.
+KERAS_2 = versions.keras2_env(versions.installed_minor())
+KERAS_2_PACKAGE = versions.keras2_package(versions.installed_minor())
+DEFAULT_IS_KERAS_3 = versions.keras_of(versions.installed_minor(), legacy=False) == "keras3"
+
+
+def use_keras2(monkeypatch) -> None:
+    """Make the run's workers see Keras 2 as ``tf.keras``."""
+    for name, value in KERAS_2.items():
+        monkeypatch.setenv(name, value)
 DOC_LABELS = ("TensorFlow:", "Source:", "Fix:")
 
 
@@ -55,6 +78,15 @@ class Scenario:
     source: str
     fixed_by: Optional[str] = None
     error: Optional[str] = None
+    # ((first minor, last minor), outcomes, error) where a minor differs
+    elsewhere: Tuple[Tuple[Tuple[Minor, Minor], Tuple[str, ...], Optional[str]], ...] = ()
+
+    def on(self, minor: Minor) -> "Scenario":
+        """What this scenario ends as on TensorFlow ``minor``."""
+        for (first, last), outcomes, error in self.elsewhere:
+            if first <= minor <= last:
+                return dataclasses.replace(self, outcomes=outcomes, error=error, elsewhere=())
+        return self
 
     @property
     def variant(self) -> str:
@@ -68,19 +100,37 @@ class Scenario:
         return text
 
 
-def scenario(outcome: Union[str, Tuple[str, ...]], source: str,
-             fixed_by: Optional[str] = None, error: Optional[str] = None):
-    """Mark a test function as a catalogue scenario (see the module docstring)."""
+def _outcomes(outcome: Union[str, Tuple[str, ...]]) -> Tuple[str, ...]:
     outcomes = (outcome,) if isinstance(outcome, str) else tuple(outcome)
     bad = [o for o in outcomes if o not in OUTCOMES]
     if not outcomes or bad:
         raise ValueError(f"@scenario: outcome must be among {OUTCOMES}, got {outcome!r}")
+    return outcomes
+
+
+def minors(spec: str) -> Tuple[Minor, Minor]:
+    """``"2.15"`` -> ((2, 15), (2, 15)); ``"2.15-2.17"`` -> ((2, 15), (2, 17))."""
+    first, _, last = spec.partition("-")
+    span = versions.minor_of(first), versions.minor_of(last or first)
+    if not (versions.supported(span[0]) and versions.supported(span[1])) or span[0] > span[1]:
+        raise ValueError(f"@scenario: on={spec!r} is not a range of minors within "
+                         f"{versions.range_text()}")
+    return span
+
+
+def scenario(outcome: Union[str, Tuple[str, ...]], source: str,
+             fixed_by: Optional[str] = None, error: Optional[str] = None,
+             on: Optional[Dict[str, dict]] = None):
+    """Mark a test function as a catalogue scenario (see the module docstring)."""
+    outcomes = _outcomes(outcome)
     if not source or not isinstance(source, str):
         raise ValueError("@scenario: source is required")
     if fixed_by is None and outcomes != ("completed",):
         raise ValueError("@scenario: a fixed variant (no fixed_by) must declare "
                          "outcome='completed'")
-    meta = Scenario(outcomes, source, fixed_by, error)
+    elsewhere = tuple((minors(spec), _outcomes(there["outcome"]), there.get("error"))
+                      for spec, there in (on or {}).items())
+    meta = Scenario(outcomes, source, fixed_by, error, elsewhere)
 
     def mark(fn):
         fn.scenario = meta
@@ -88,8 +138,16 @@ def scenario(outcome: Union[str, Tuple[str, ...]], source: str,
     return mark
 
 
-def declared(fn) -> Optional[Scenario]:
-    return getattr(fn, "scenario", None)
+def declared(fn, minor: Optional[Minor] = None) -> Optional[Scenario]:
+    """``fn``'s scenario, as it ends on TensorFlow ``minor`` (the installed
+    one by default)."""
+    meta = getattr(fn, "scenario", None)
+    if meta is None:
+        return None
+    if minor is None:
+        installed = versions.installed_tensorflow()
+        minor = versions.minor_of(installed) if installed else versions.NEWEST
+    return meta.on(minor)
 
 
 def culprit_check(scenario_test: str):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from scenarios.meta import culprit_check, culprit_from_three, scenario
+from scenarios.meta import KERAS_2_PACKAGE, culprit_check, culprit_from_three, scenario, use_keras2
 
 STEPS = 6
 
@@ -200,11 +200,11 @@ def test_model_save_on_chief_only(mwms_cluster, scenario_run, tmp_path_factory, 
     Fix: ``model.save`` on every worker, non-chief ones into a temporary
     directory they delete.
     """
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    use_keras2(monkeypatch)
     result = _chief_save(scenario_run, tmp_path_factory.mktemp("save"))
     result.assert_hang()
     assert result.workers[0].return_value is None
-    assert all(w.return_value[0].startswith("tf_keras") for w in result.workers[1:])
+    assert all(w.return_value[0].startswith(KERAS_2_PACKAGE) for w in result.workers[1:])
 
 
 @pytest.mark.timeout(60)
@@ -215,7 +215,7 @@ def test_model_save_on_chief_only_culprit(mwms_cluster, scenario_run, tmp_path_f
     3 workers up (the majority); with 2 the save's collectives come outside
     any step of ``fit``, and one finished worker against one blocked is
     symmetric: it cannot tell."""
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    use_keras2(monkeypatch)
     result = _chief_save(scenario_run, tmp_path_factory.mktemp("save"))
     culprit_from_three(result, 0)
 
@@ -233,7 +233,7 @@ def test_model_save_on_every_worker(mwms_cluster, tmp_path, monkeypatch):
 
     Fix: this.
     """
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    use_keras2(monkeypatch)
     result = mwms_cluster.run(fit_and_save, args=(str(tmp_path),), kwargs={"who": "all"},
                               timeout=20)
     result.assert_completed()

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from scenarios.meta import NO_FIX, culprit_from_three, scenario  # noqa: F401
+from scenarios.meta import KERAS_2, NO_FIX, culprit_from_three, scenario  # noqa: F401
 
-TF_KERAS = {"TF_USE_LEGACY_KERAS": "1"}
+TF_KERAS = KERAS_2
 BATCH = 16
 
 

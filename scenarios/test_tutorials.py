@@ -19,13 +19,13 @@ import re
 import pytest
 
 from harness.faults import Crash, SkipStep
-from scenarios.meta import culprit_from_three, scenario
+from scenarios.meta import KERAS_2, culprit_from_three, scenario
 from scenarios.tutorial_jobs import ctl_checkpoint, keras_fit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CTL_SCRIPT = os.path.join(ROOT, "scenarios", "tutorial_jobs", "ctl_checkpoint.py")
 KERAS_MODULE = "scenarios.tutorial_jobs.keras_fit"
-TF_KERAS = {"TF_USE_LEGACY_KERAS": "1"}
+TF_KERAS = KERAS_2
 EPOCHS, STEPS_PER_EPOCH = 3, 5
 AT = 7      # a fault's step: the third step of epoch 1, after the first checkpoint
 CHECKPOINT_AFTER_3_EPOCHS = ["checkpoint", "ckpt-3.data-00000-of-00001", "ckpt-3.index"]

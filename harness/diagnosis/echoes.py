@@ -95,6 +95,20 @@ def tasks_named(message: str) -> List[int]:
     return [int(t) for t in _TASK_RE.findall(message or "")]
 
 
+# "Additional GRPC error information from remote target /job:.../task:N
+# while calling ...": the task the failed call went to, which answered or
+# relayed the error.  It says nothing of that task's health: a worker cut
+# off from the others names the coordination service's task (0) this way
+# when its own heartbeat fails (TensorFlow 2.15.1, measured).
+_REMOTE_TARGET_RE = re.compile(r"remote target /job:worker/replica:\d+/task:\d+")
+
+
+def tasks_named_unhealthy(message: str) -> List[int]:
+    """The tasks an "unhealthy" or heartbeat error names as failed: every
+    task it names but the remote targets of the calls that carried it."""
+    return tasks_named(_REMOTE_TARGET_RE.sub("remote target", message or ""))
+
+
 def names_unhealthy(message: str) -> bool:
     """Whether the message reports tasks whose heartbeats stopped."""
     lower = (message or "").lower()

@@ -16,7 +16,7 @@ Functions are matched across workers by name: ids are per worker.
 from __future__ import annotations
 
 import collections
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 from harness.diagnosis.observations import Call, CollectiveOp, WorkerObservation
 
@@ -39,17 +39,31 @@ def has_ledger(w: WorkerObservation) -> bool:
     return bool(collective_calls(w))
 
 
-def counts_by_step(w: WorkerObservation) -> Optional[Dict[int, int]]:
-    """Collectives launched per step (every reported step, 0 when none), or
-    None when the worker reported no step.  Calls before the first step
-    (variable initialisation broadcasts, say) belong to no step."""
+def counts_by_step(w: WorkerObservation,
+                   functions: Optional[Collection[str]] = None) -> Optional[Dict[int, int]]:
+    """Collectives launched per step (every reported step, 0 when none), by
+    calls of the functions named ``functions`` only when given, or None when the worker
+    reported no step.  Calls before the first step (variable initialisation
+    broadcasts, say) belong to no step."""
     if not w.steps:
         return None
-    ops = _ops(w)
+    ops, named = _ops(w), _names(w)
     counts = {s: 0 for s in w.steps}
     for c in collective_calls(w):
-        if c.step is not None:
+        if c.step is not None and (functions is None or named[c.function] in functions):
             counts[c.step] = counts.get(c.step, 0) + len(ops[c.function])
+    return counts
+
+
+def counts_by_function(w: WorkerObservation, step: int) -> Dict[str, int]:
+    """Collectives launched in ``step``, per function name (a worker's ids
+    are its own; ``<eager broadcast>`` for the variable initialisations
+    made outside any function)."""
+    ops, named = _ops(w), _names(w)
+    counts: Dict[str, int] = collections.Counter()
+    for c in collective_calls(w):
+        if c.step == step:
+            counts[named[c.function]] += len(ops[c.function])
     return counts
 
 

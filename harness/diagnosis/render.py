@@ -13,7 +13,7 @@ from harness.core import protocol
 from harness.diagnosis.observations import EndedBy, Outcome, WorkerObservation
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
-                                      short_type, tasks_named)
+                                      short_type, tasks_named_unhealthy)
 from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.stacks import summarize_stack, where_raised
@@ -37,7 +37,7 @@ def worker_parts(w: WorkerObservation, ref: Sequence[int]) -> Tuple[str, str, st
         note = ""
         if is_echo(w.error):
             # The first line of "tasks are unhealthy" hides the task it names.
-            named = sorted(set(tasks_named(w.error.message)) - {w.index})
+            named = sorted(set(tasks_named_unhealthy(w.error.message)) - {w.index})
             note = f" (echo, naming {names(named)})" if named else " (echo)"
         return f"raised {where_stopped(w)}: ", error_text(w.error), note + tally
     if now == "returned":

@@ -4,10 +4,10 @@ circumstantial.  See :mod:`harness.diagnosis.rules`."""
 from __future__ import annotations
 
 import collections
-from typing import Optional
+from typing import List, Optional
 
 from harness.core import protocol
-from harness.diagnosis.echoes import names_unhealthy, tasks_named
+from harness.diagnosis.echoes import names_unhealthy, tasks_named_unhealthy
 from harness.diagnosis import ledger
 from harness.diagnosis.facts import PHASE_RANK, Facts, phase, reference_steps, where_stopped
 from harness.diagnosis.stacks import stack_kind, summarize_stack
@@ -70,6 +70,9 @@ def collective_counts(f: Facts) -> Optional[Blame]:
             i = deviants[0]
             return Blame([i], f"launched {_counted(at[i])} in step {s}, and {usual[i]} in each of "
                          f"its other steps; in step {s} {others([i])}", s)
+        deviant = _deviant_in_differing_functions(f, s, list(at))
+        if deviant is not None:
+            return deviant
         told = "; ".join(f"{names([i])} launched {n}" for i, n in sorted(at.items()))
         return Blame(sorted(at), f"the workers launched different numbers of collectives in "
                      f"step {s} ({told}), and it cannot tell which count is wrong", s,
@@ -86,6 +89,31 @@ def collective_counts(f: Facts) -> Optional[Blame]:
     return Blame(sorted(totals), "the workers launched different numbers of collectives and, "
                  "with no steps to place them and no majority, it cannot tell a missing one "
                  f"from an extra one ({told})", None, ambiguous=True)
+
+
+def _deviant_in_differing_functions(f: Facts, s: int, workers: List[int]) -> Optional[Blame]:
+    """The one worker off its own usual count in step ``s``, counting only
+    the functions whose collectives differ between the workers there.
+
+    What every worker launched alike in that step is no evidence either
+    way, yet it can make every worker's step look unusual: on TensorFlow
+    2.15 Keras 2's optimizer makes its variables in the first call, so
+    every worker's step 0 also holds the same initialisation broadcasts."""
+    per_fn = {i: ledger.counts_by_function(f.worker(i), s) for i in workers}
+    differing = {fn for fn in set().union(*per_fn.values())
+                 if len({c.get(fn, 0) for c in per_fn.values()}) > 1}
+    if not differing or all(set(c) <= differing for c in per_fn.values()):
+        return None   # nothing to leave out: the counts above were these
+    scoped = {i: ledger.counts_by_step(f.worker(i), differing) for i in workers}
+    usual = {i: ledger.usual(scoped[i], s) for i in workers}
+    deviants = [i for i in workers if usual[i] is not None and scoped[i][s] != usual[i]]
+    if len(deviants) != 1:
+        return None
+    i, of = deviants[0], ", ".join(f"`{fn}`" for fn in sorted(differing))
+    rest = "; ".join(f"{names([j])} launched {scoped[j][s]}" for j in workers if j != i)
+    return Blame([i], f"launched {_counted(scoped[i][s])} of {of} in step {s}, and "
+                 f"{usual[i]} in each of its other steps; in step {s} {rest} (the "
+                 f"collectives every worker launched alike there left out)", s)
 
 
 def _split(f: Facts) -> bool:
@@ -170,7 +198,7 @@ def heartbeat(f: Facts) -> Optional[Blame]:
     for w in f.workers:
         msg = (w.error.message or "") if w.error is not None else ""
         if names_unhealthy(msg):
-            votes.update(set(tasks_named(msg)) - {w.index})
+            votes.update(set(tasks_named_unhealthy(msg)) - {w.index})
     top = max(votes.values(), default=0)
     named = [i for i, c in votes.items() if c == top and 0 <= i < len(f.workers)]
     if not named:

@@ -165,3 +165,28 @@ def test_worker_line_fits_its_width_by_the_error_text():
     assert re.fullmatch(r"raised at step 2: ValueError: z+\.\.\.; ran 3 steps \(0-2\)"
                         + re.escape(CULPRIT_MARK), line), line
     assert len(line) == 80
+
+
+# TensorFlow 2.15.1, 3 workers, worker 2 cut off at step 5 for good: the
+# others are told of its heartbeat timeout; its own heartbeat call to the
+# coordination service (task 0) fails, naming task 0 as the call's target.
+HEARTBEAT_TIMEOUT_215 = (
+    "Graph execution error:\n\nCollective ops is aborted by: Error reported from "
+    "/job:worker/task:2: Task /job:worker/replica:0/task:2 heartbeat timeout. This indicates "
+    "that the remote task has failed, got preempted, or crashed unexpectedly. Check the task "
+    "logs for an earlier error to debug further.")
+OWN_HEARTBEAT_215 = (
+    "Graph execution error:\n\nheartbeat timeout\nAdditional GRPC error information from "
+    "remote target /job:worker/replica:0/task:0 while calling "
+    "/tensorflow.CoordinationService/Heartbeat:\n:{\"description\":\"Deadline Exceeded\"}")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_target_of_a_failed_heartbeat_call_is_not_named_unhealthy(n):
+    cut = n - 1
+    workers = [raised(i, n, "UnavailableError", HEARTBEAT_TIMEOUT_215.replace("task:2", f"task:{cut}"),
+                      t=12.0, steps=range(6)) for i in range(cut)]
+    workers.append(raised(cut, n, "DeadlineExceededError", OWN_HEARTBEAT_215, t=12.0,
+                          steps=range(6)))
+    verdict = diagnose(run(*workers))
+    assert verdict.culprits == (cut,) and not verdict.ambiguous, verdict.text
