@@ -11,6 +11,9 @@
 """
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from scenarios.meta import culprit_check_of, declared
@@ -61,10 +64,32 @@ def _last_result(item):
     return None
 
 
+# Where each scenario's outcome is written as a JSON line, for the table of
+# outcomes per TensorFlow version (python -m harness.bench.versions).
+OUTCOMES_FILE = "MWMS_SCENARIO_OUTCOMES"
+
+
+def _record_outcome(item, result) -> None:
+    path = os.environ.get(OUTCOMES_FILE)
+    if not path or result is None:
+        return
+    raised = sorted({w.exception.type_name.rsplit(".", 1)[-1]
+                     for w in result.workers if w.exception is not None})
+    line = json.dumps({"test": item.nodeid, "outcome": str(result.outcome),
+                       "error": result.error, "raised": raised,
+                       "workers": len(result.workers)})
+    with open(path, "a") as f:   # one line per write: xdist workers append side by side
+        f.write(line + "\n")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    outcome = yield  # re-raises when the test body failed, skipped or xfailed
     fn = getattr(item, "function", None)
+    try:
+        outcome = yield  # re-raises when the test body failed, skipped or xfailed
+    finally:
+        if declared(fn) is not None:
+            _record_outcome(item, _last_result(item))
     meta = declared(fn)
     if meta is not None:
         result = _last_result(item)

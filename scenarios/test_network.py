@@ -41,7 +41,10 @@ def test_partition_never_heals(mwms_cluster):
     """
     last = _last(mwms_cluster)
     result = mwms_cluster.run(train_loop, timeout=30, grace=20, faults=[Partition(last, AT)])
-    result.assert_failed(culprits=[last], error="UnavailableError").assert_culprit(last)
+    result.assert_failed(culprits=[last]).assert_culprit(last)
+    # Which comes first differs (2.15: the cut-off worker's own deadline),
+    # so each worker's error type is what is asserted.
+    assert all(w.exception.type_name == "UnavailableError" for w in result.workers[:last])
     assert result.workers[last].exception.type_name == "DeadlineExceededError"
 
 
