@@ -92,7 +92,7 @@ def collect() -> List[Entry]:
                 continue
             entries.append(Entry(
                 file=filename, name=fn.__name__, variant=meta.variant, outcomes=meta.outcomes,
-                outcome_text=meta.outcome_text, source=meta.source, fixed_by=meta.fixed_by,
+                outcome_text=fn.scenario.outcome_text, source=meta.source, fixed_by=meta.fixed_by,
                 summary=summary(fn)))
     return entries
 
@@ -171,7 +171,9 @@ def render(entries: Optional[Iterable[Entry]] = None) -> str:
         "",
         f"{len(entries)} scenarios in {files} files ({broken} broken variants, "
         f"{len(entries) - broken} fixed), with the outcome each gets on {MEASURED_WITH}, "
-        "with 2 to 4 workers. Generated from each test's `@scenario(...)` by "
+        "with 2 to 4 workers, and where another minor differs, its outcome there "
+        "([every minor](versions.md#the-catalogue-on-every-minor)). Generated from each "
+        "test's `@scenario(...)` by "
         "`python scenarios/catalogue.py --write`; `tests/unit/test_catalogue.py` fails when it "
         "differs, and each scenario test fails when its run ends otherwise.",
         "",

@@ -94,10 +94,18 @@ class Scenario:
 
     @property
     def outcome_text(self) -> str:
-        text = " or ".join(self.outcomes)
-        if self.error:
-            text += f" ({self.error})"
+        """``failed (ValueError)``, and where another minor differs
+        ``failed (ValueError); 2.15: completed``."""
+        text = _outcome_words(self.outcomes, self.error)
+        for (first, last), outcomes, error in self.elsewhere:
+            span = ".".join(map(str, first)) + ("" if first == last else
+                                                "-" + ".".join(map(str, last)))
+            text += f"; {span}: {_outcome_words(outcomes, error)}"
         return text
+
+
+def _outcome_words(outcomes: Tuple[str, ...], error: Optional[str]) -> str:
+    return " or ".join(outcomes) + (f" ({error})" if error else "")
 
 
 def _outcomes(outcome: Union[str, Tuple[str, ...]]) -> Tuple[str, ...]:
