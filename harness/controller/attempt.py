@@ -95,6 +95,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     handles: List[WorkerHandle] = []
     tracked: List[TrackedWorker] = []
     ended_by = EndedBy.HANG
+    timeout = req.settings.timeout
     try:
         handles = launcher.start(specs)
         # The clock of the run starts once the workers exist: a forkserver
@@ -104,8 +105,9 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         tracked = [TrackedWorker(h, WorkerObservation(
             index=h.index, tf_config=job.network.logical(configs[h.index]), ledger=req.ledger),
             LedgerView(start), readers[h.index]) for h in handles]
-        ended_by = WatchLoop(tracked, req.settings, start, req.progress, attempt,
-                             job.network).loop()
+        loop = WatchLoop(tracked, req.settings, start, req.progress, attempt, job.network)
+        ended_by = loop.loop()
+        timeout = loop.timeout   # the progress callback may have set it
         # The run's clock (events, hang detection) and the user's (the
         # whole call, a cold forkserver's wait included).
         duration = time.monotonic() - start
@@ -117,7 +119,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     finally:
         stop_workers(tracked, handles, start)
     obs = RunObservation(
-        num_workers=req.settings.workers, timeout=req.settings.timeout,
+        num_workers=req.settings.workers, timeout=timeout,
         grace=req.settings.grace, ended_by=ended_by, duration=duration, workers=tuple(
             w.observation(stack=read_capped(specs[w.index].stack_path)) for w in tracked),
         replicas=check_replicas(tracked, specs, req.tolerance))

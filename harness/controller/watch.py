@@ -104,7 +104,14 @@ class Progress:
     (``run(progress=...)``): ``elapsed`` seconds since the attempt started,
     ``idle`` seconds since the last progress (a hang is declared when it
     reaches ``timeout``), and per worker its last reported step (None: none
-    yet) and its state: ``running``, ``returned``, ``raised`` or ``exited``."""
+    yet) and its state: ``running``, ``returned``, ``raised`` or ``exited``;
+    ``pids`` its process id (None where the backend does not say) and
+    ``exit_codes`` its exit code (None while it runs).
+
+    The callback may return a number: the hang timeout from then on, for
+    this attempt (an outside deadline, such as :mod:`harness.compat`'s
+    ``join(timeout)``, is met through the hang timer, so the run ends with
+    the stacks and the verdict a hang gets)."""
 
     attempt: int
     elapsed: float
@@ -112,6 +119,8 @@ class Progress:
     timeout: float
     steps: Tuple[Optional[int], ...]
     states: Tuple[str, ...]
+    pids: Tuple[Optional[int], ...] = ()
+    exit_codes: Tuple[Optional[int], ...] = ()
 
 
 class WatchLoop:
@@ -242,8 +251,12 @@ class WatchLoop:
                           if worker.seen.returned else "exited" if worker.seen.exit_code is not None
                           else "running")
         self.next_report = now + PROGRESS_EVERY
-        self.on_progress(Progress(self.attempt, now - self.start, now - self.last_progress,
-                                  self.timeout, tuple(steps), tuple(states)))
+        wanted = self.on_progress(Progress(
+            self.attempt, now - self.start, now - self.last_progress, self.timeout,
+            tuple(steps), tuple(states), tuple(getattr(w.handle, "pid", None) for w in self.workers),
+            tuple(w.seen.exit_code for w in self.workers)))
+        if isinstance(wanted, (int, float)) and not isinstance(wanted, bool):
+            self.timeout = max(0.0, float(wanted))
 
     def loop(self) -> EndedBy:
         while True:

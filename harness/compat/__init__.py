@@ -1,0 +1,34 @@
+"""Stand-ins for TensorFlow's multi-worker test runner, on the harness.
+
+``from harness.compat import multi_process_runner`` and ``from
+harness.compat import multi_worker_test_base`` take the place of
+``tensorflow.python.distribute.multi_process_runner`` and
+``multi_worker_test_base`` with only the import changed; files that reach
+the runner through ``tf.__internal__.distribute.multi_process_runner`` get
+it from :func:`install`.  Underneath are the harness's workers, watch loop
+and diagnosis: a timeout or a failure raises TensorFlow's error type, its
+message opening with the harness's verdict.
+
+- ``multi_process_runner``: the public module (``run``, ``MultiProcessRunner``,
+  ``MultiProcessPoolRunner``, ``get_barrier``, ``manager``, ``test_main``, errors);
+- ``runner``: :class:`~harness.compat.runner.MultiProcessRunner` itself, each
+  cluster it starts one ``Cluster.run`` in a thread (``incarnation``);
+- ``task``: the worker side (the function every worker runs, the barrier);
+- ``verdict``: pure functions from a ``RunResult`` to TensorFlow's result or error;
+- ``spec``: cluster specs, what maps onto the harness and what does not;
+- ``errors``: TensorFlow's runner's errors, and the harness's refusals.
+
+It may import :mod:`harness.controller`, :mod:`harness.settings`,
+:mod:`harness.result`, :mod:`harness.errors` and :mod:`harness.core`, and
+TensorFlow lazily; nothing else in :mod:`harness` imports it.  What is
+supported, and what is not and why: ``docs/compat.md``.
+"""
+
+
+def install() -> None:
+    """Make ``tf.__internal__.distribute.multi_process_runner`` this
+    package's ``multi_process_runner`` (tf-keras's tests reach the runner
+    that way): call it once, from a ``conftest.py``, before the tests run."""
+    import tensorflow as tf
+    from harness.compat import multi_process_runner
+    tf.__internal__.distribute.multi_process_runner = multi_process_runner

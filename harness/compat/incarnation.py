@@ -1,0 +1,107 @@
+"""One cluster a :class:`~harness.compat.runner.MultiProcessRunner` started:
+one ``Cluster.run``, in a thread of its own, so that the test goes on
+while it runs (TensorFlow's ``start()`` returns at once).
+
+The watch loop's progress callback is the only way in: it hands over the
+workers' pids and exit codes every half second, and meets ``join``'s
+deadline by setting the hang timeout, so a deadline ends the run with the
+stacks and the verdict a hang gets.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Any, Optional, Set
+
+from harness.controller import Cluster, Progress
+from harness.result import RunResult
+
+
+class Incarnation:
+    """``cluster.run(fn, args, **run_kwargs)`` in a thread; ``result`` (a
+    :class:`RunResult`) or ``error`` once it ends."""
+
+    def __init__(self, cluster: Cluster, fn, args: tuple, shared: Any, **run_kwargs):
+        self.cluster, self.fn, self.args, self.shared = cluster, fn, args, shared
+        self.run_kwargs = run_kwargs
+        self.progress: Optional[Progress] = None
+        self.deadline: Optional[float] = None     # monotonic; set by join()
+        self.terminated: Set[int] = set()         # tasks the test ended on purpose
+        self.result: Optional[RunResult] = None
+        self.error: Optional[BaseException] = None
+        self.started = threading.Event()          # pids known, or the run is over
+        self.thread = threading.Thread(target=self._run, name="mwms-compat-run", daemon=True)
+
+    def start(self) -> None:
+        # The forkserver is started here, in the caller's thread: a process
+        # started from a thread dies with it (PR_SET_PDEATHSIG).
+        self.cluster.launcher.prewarm()
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.cluster.run(self.fn, args=self.args, progress=self._on_progress,
+                                           **self.run_kwargs)
+        except BaseException as e:   # handed to join(), in the test's thread
+            self.error = e
+        finally:
+            self.started.set()
+
+    def _on_progress(self, p: Progress) -> Optional[float]:
+        self.progress = p
+        if p.pids and all(pid is not None for pid in p.pids):
+            self.started.set()
+        if self.deadline is None:
+            return None
+        # The hang timer then runs out at the deadline, whatever progress is made.
+        return p.idle + max(0.0, self.deadline - time.monotonic())
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def wait(self, until: Optional[float]) -> bool:
+        """Wait for the run to end, until monotonic ``until``; True if it did."""
+        self.thread.join(None if until is None else max(0.0, until - time.monotonic()))
+        return not self.thread.is_alive()
+
+    def pid(self, index: int) -> Optional[int]:
+        self.started.wait()
+        p = self.progress
+        return p.pids[index] if p is not None and p.pids else None
+
+    def exit_code(self, index: int) -> Optional[int]:
+        if not self.running and self.result is not None:
+            return self.result.workers[index].exit_code
+        if not self.running:
+            return None if self.progress is None else self.progress.exit_codes[index]
+        p = self.progress
+        return p.exit_codes[index] if p is not None and p.exit_codes else None
+
+    def all_exited(self) -> bool:
+        """Every task's process has ended (the run may still be tearing down)."""
+        p = self.progress
+        return not self.running or (p is not None and bool(p.exit_codes) and all(
+            code is not None or state != "running"
+            for code, state in zip(p.exit_codes, p.states)))
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> bool:
+        """Signal task ``index``'s process while it runs; False if it has ended."""
+        p = self.progress
+        if not self.running or p is None or not p.pids or p.exit_codes[index] is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p.pids[index], sig)
+            return True
+        return False
+
+    def kill_all(self, sig: int = signal.SIGKILL) -> Set[int]:
+        """Signal every task that still runs; the ones signalled."""
+        self.started.wait(5.0)
+        p = self.progress
+        if p is None:
+            return set()
+        return {i for i in range(len(p.pids)) if self.kill(i, sig)}

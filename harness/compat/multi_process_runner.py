@@ -1,0 +1,80 @@
+"""Stands in for ``tensorflow.python.distribute.multi_process_runner``.
+
+``from harness.compat import multi_process_runner`` is the only change a
+test needs: :func:`run`, :class:`MultiProcessRunner`,
+:class:`MultiProcessPoolRunner`, :func:`get_barrier`, :func:`manager`,
+:func:`test_main`, :func:`create_cluster_spec` and the errors keep
+TensorFlow's names, arguments and results; the tasks are the harness's
+workers, so a failure or a timeout raises TensorFlow's error type with a
+message that opens with the harness's verdict.  No ``test_main()`` is
+needed: the tests run under pytest as they are.
+"""
+from __future__ import annotations
+
+from harness.compat.errors import (NotInitializedError, OneTaskRestartError,
+                                   SubprocessTimeoutError, UnexpectedSubprocessExitError,
+                                   UnsupportedClusterError)
+from harness.compat.runner import (DEFAULT_TIMEOUT_SEC, MultiProcessRunner, manager,
+                                   shutdown_manager)
+from harness.compat.spec import create_cluster_spec
+from harness.compat.task import get_barrier, pooled_call
+from harness.compat.verdict import MultiProcessRunnerResult
+
+__all__ = ["run", "MultiProcessRunner", "MultiProcessPoolRunner", "MultiProcessRunnerResult",
+           "get_barrier", "manager", "shutdown_manager", "test_main", "create_cluster_spec",
+           "is_oss", "SubprocessTimeoutError", "UnexpectedSubprocessExitError",
+           "NotInitializedError", "UnsupportedClusterError", "OneTaskRestartError"]
+
+# TensorFlow's pool waits this long for a run's results.
+POOL_TIMEOUT_SEC = 300
+
+
+def run(fn, cluster_spec, rpc_layer=None, max_run_time=None, return_output=False,
+        timeout=DEFAULT_TIMEOUT_SEC, args=None, kwargs=None):
+    """Run ``fn`` on every task of ``cluster_spec`` and return a
+    :class:`MultiProcessRunnerResult` (``return_value``: what each task
+    returned, None left out, by task index; ``stdout``: the tasks' output
+    lines, ``[worker-i]:``-prefixed, with ``return_output``).
+
+    ``timeout`` is also the harness's hang timeout: a cluster without
+    progress for that long is declared hung, with the verdict and stacks."""
+    runner = MultiProcessRunner(fn, cluster_spec, rpc_layer, max_run_time=max_run_time,
+                                return_output=return_output, args=args, kwargs=kwargs,
+                                hang_timeout=timeout or None)
+    runner.start()
+    return runner.join(timeout)
+
+
+class MultiProcessPoolRunner:
+    """TensorFlow's pool of tasks that run function after function.
+
+    Each :meth:`run` is a fresh harness cluster (the forkserver makes a
+    start cheap), so what a function leaves in a worker (a strategy, a
+    variable) is not there for the next; ``initializer`` runs before each."""
+
+    def __init__(self, cluster_spec, initializer=None, share_gpu=True):
+        MultiProcessRunner(lambda: None, cluster_spec)   # the spec's checks, now
+        self._cluster_spec = cluster_spec
+        self._initializer = initializer
+
+    def run(self, fn, args=None, kwargs=None):
+        """``fn(*args, **kwargs)`` on every task; the list of return values."""
+        runner = MultiProcessRunner(pooled_call, self._cluster_spec,
+                                    args=(self._initializer, fn, args or (), kwargs or {}))
+        runner.start()
+        return runner.join(POOL_TIMEOUT_SEC).return_value
+
+    def shutdown(self):
+        """Nothing outlives a run, so there is nothing to shut down."""
+
+
+def is_oss() -> bool:
+    """TensorFlow's check for a Bazel test binary; False here."""
+    return False
+
+
+def test_main():
+    """What TensorFlow's tests call under ``__main__``: the harness needs no
+    initialization, so this runs the tests (``tf.test.main()``)."""
+    from tensorflow.python.platform import test
+    test.main()

@@ -1,0 +1,342 @@
+"""TensorFlow's ``MultiProcessRunner``, on the harness's workers.
+
+Each cluster the runner starts is one ``Cluster.run`` in a thread
+(:class:`~harness.compat.incarnation.Incarnation`): ``start()`` starts it,
+``join()`` waits for it and turns its :class:`~harness.result.RunResult`
+into TensorFlow's result or error (:mod:`harness.compat.verdict`).  The
+harness starts and restarts clusters whole, so ``auto_restart`` restarts
+every task when one fails, and ``start_single_process`` starts a cluster
+once each of its tasks is asked for, after every task of the one before
+has exited; one task into a running cluster is refused, by name.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import signal
+import sys
+import threading
+import time
+import unittest
+import weakref
+from typing import Dict, List, Optional
+
+from harness.compat import spec, verdict
+from harness.compat.errors import (OneTaskRestartError, SubprocessTimeoutError,
+                                   UnexpectedSubprocessExitError)
+from harness.compat.incarnation import Incarnation
+from harness.compat.task import Shared, run_task
+from harness.controller import Cluster
+from harness.core import serialize
+from harness.settings import RunSettings
+
+DEFAULT_TIMEOUT_SEC = 200
+# auto_restart: how many times a cluster is restarted, at most (TensorFlow's
+# runner restarts until join's timeout; a bound keeps a task that always
+# fails from restarting for the whole timeout).
+AUTO_RESTARTS = 5
+# How long a failed task's peers get to fail too before the harness ends
+# them: above MultiWorkerMirroredStrategy's default health check (30 s
+# between checks, 10 s each), which is how a peer learns of the failure.
+GRACE_SEC = 45.0
+# After join's deadline, how long the harness gets to dump the stacks and
+# stop the cluster before the runner kills what is left.
+STOP_MARGIN_SEC = 60.0
+
+_manager = None
+_manager_lock = threading.Lock()
+_pickling_lock = threading.Lock()
+_live: "weakref.WeakSet[MultiProcessRunner]" = weakref.WeakSet()
+
+
+def manager():
+    """The session's ``multiprocessing`` manager (``multi_process_runner.manager()``),
+    from a forkserver: its server never holds a copy of this process's threads."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            _manager = multiprocessing.get_context("forkserver").Manager()
+        return _manager
+
+
+def shutdown_manager() -> None:
+    """End the session's manager (a test suite's last clean-up)."""
+    global _manager
+    with _manager_lock:
+        if _manager is not None:
+            _manager.shutdown()
+            _manager = None
+
+
+@contextlib.contextmanager
+def testcases_travel_light():
+    """A ``TestCase`` in ``fn``'s closure or arguments (TensorFlow's tests pass
+    ``self``) travels without ``_outcome``, the running test's record: under
+    pytest it holds pytest's own test item, which does not pickle, and the
+    worker's copy runs no test."""
+    with _pickling_lock:
+        if "__getstate__" in unittest.TestCase.__dict__:
+            yield
+            return
+
+        def state(self):
+            return {k: v for k, v in self.__dict__.items() if k != "_outcome"}
+
+        unittest.TestCase.__getstate__ = state
+        try:
+            yield
+        finally:
+            del unittest.TestCase.__getstate__
+
+
+def _executing_eagerly() -> bool:
+    if "tensorflow" not in sys.modules:
+        return True
+    from tensorflow.python.eager import context
+    return context.executing_eagerly()
+
+
+class MultiProcessRunner:
+    """TensorFlow's ``MultiProcessRunner`` (same arguments), on the harness.
+
+    Besides TensorFlow's: ``hang_timeout`` (seconds without progress before
+    the harness declares a hang, until ``join`` gives its own; TensorFlow's
+    default 200 s), ``settings`` (a :class:`~harness.settings.RunSettings`
+    for the cluster; its ``workers`` comes from ``cluster_spec``), and
+    ``results``, the ``RunResult`` of each cluster started.  ``share_gpu``,
+    ``use_dill_for_args``, ``daemon`` and ``rpc_layer`` have no effect:
+    the harness splits devices by its ``devices`` setting, always pickles
+    with dill, ends every process itself, and its workers speak gRPC.
+    """
+
+    def __init__(self, fn, cluster_spec, rpc_layer=None, max_run_time=None,
+                 grpc_fail_fast=None, stream_output=True, return_output=False,
+                 use_dill_for_args=True, daemon=False, dependence_on_chief=True,
+                 auto_restart=False, share_gpu=True, args=None, kwargs=None, *,
+                 hang_timeout: Optional[float] = None, settings: Optional[RunSettings] = None):
+        self._n = spec.num_workers(cluster_spec)
+        if not callable(fn):
+            raise ValueError("fn is not a callable")
+        self._fn, self._args, self._kwargs = fn, tuple(args or ()), dict(kwargs or {})
+        self._cluster_spec = cluster_spec
+        self._max_run_time = max_run_time
+        self._grpc_fail_fast = grpc_fail_fast
+        self._stream_output, self._return_output = stream_output, return_output
+        self._auto_restart = auto_restart
+        self._dependence_on_chief = dependence_on_chief
+        self._hang_timeout = float(hang_timeout or DEFAULT_TIMEOUT_SEC)
+        self._cluster = Cluster((settings or RunSettings()).with_overrides(workers=self._n))
+        self._eager = _executing_eagerly()
+        self._lock = threading.RLock()
+        self._incarnations: List[Incarnation] = []
+        self._pending: Dict[int, tuple] = {}
+        self._joined = False
+        self._printed = 0
+        self._timer: Optional[threading.Timer] = None
+        _live.add(self)
+
+    @property
+    def results(self) -> list:
+        """The ``RunResult`` of each cluster started so far that has ended."""
+        return [inc.result for inc in self._incarnations if inc.result is not None]
+
+    def set_args(self, args=None, kwargs=None):
+        self._args = tuple(args or self._args)
+        self._kwargs = dict(kwargs or self._kwargs)
+
+    # -- starting ---------------------------------------------------------
+    def start(self):
+        """Start every task of the cluster spec, as one harness cluster."""
+        with self._lock:
+            if self._incarnations or self._pending:
+                raise ValueError("MultiProcessRunner already started.")
+            if self._joined:
+                raise ValueError("cannot start new processes after MultiProcessRunner.join() "
+                                 "is called")
+            self._launch({i: (self._fn, self._args, self._kwargs) for i in range(self._n)})
+        if self._max_run_time is not None:
+            self._timer = threading.Timer(self._max_run_time, self.terminate_all)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def start_in_process_as(self, as_task_type, as_task_id):
+        raise NotImplementedError(
+            "start_in_process_as: pytest-mwms runs every task in a worker process of its own "
+            "(for a debugger, run the task's function in the test itself)")
+
+    def start_single_process(self, task_type, task_id, cluster_spec=None, fn=None, args=None,
+                             kwargs=None):
+        """Ask for one task; the cluster starts once every task is asked for.
+
+        The harness starts clusters whole: while another task of the last
+        cluster still runs this raises :class:`OneTaskRestartError`."""
+        spec.check_task(task_type, task_id, self._n)
+        if cluster_spec is not None and spec.num_workers(cluster_spec) != self._n:
+            raise OneTaskRestartError(
+                f"start_single_process with a cluster_spec of {spec.num_workers(cluster_spec)} "
+                f"workers into a cluster of {self._n}: pytest-mwms cannot change a running "
+                f"cluster's size")
+        with self._lock:
+            if self._joined:
+                raise ValueError("cannot start new processes after MultiProcessRunner.join() "
+                                 "is called")
+            self._after_last_cluster(task_id)
+            if task_id in self._pending:
+                raise ValueError(f"worker-{task_id} was already started")
+            self._pending[task_id] = ((self._fn, self._args, self._kwargs) if fn is None
+                                      else (fn, tuple(args or ()), dict(kwargs or {})))
+            if len(self._pending) == self._n:
+                tasks, self._pending = self._pending, {}
+                self._launch(tasks)
+
+    def _after_last_cluster(self, task_id: int) -> None:
+        last = self._current()
+        if last is None or not last.running:
+            return
+        if not last.all_exited():
+            p = last.progress
+            still = [i for i, s in enumerate(p.states) if s == "running"] if p else []
+            raise OneTaskRestartError(
+                f"start_single_process('worker', {task_id}) while "
+                f"{', '.join(f'worker-{i}' for i in still) or 'the cluster'} still runs: "
+                f"pytest-mwms cannot start one task into a running cluster (it starts and "
+                f"restarts whole clusters: auto_restart=True restarts every task when one "
+                f"fails; start each task anew once all have exited)")
+        last.wait(time.monotonic() + STOP_MARGIN_SEC)
+
+    def _launch(self, tasks: Dict[int, tuple]) -> None:
+        restarts = AUTO_RESTARTS if self._auto_restart else 0
+        with testcases_travel_light():
+            payloads = {i: (getattr(fn, "__module__", None) if getattr(fn, "__module__", None)
+                            not in ("__main__", None) else None,
+                            serialize.dumps((fn, args, kwargs)))
+                        for i, (fn, args, kwargs) in tasks.items()}
+        m = manager()
+        shared = Shared(statuses=m.dict(), starts=m.dict(),
+                        barriers=tuple(m.Barrier(self._n) for _ in range(restarts + 1)),
+                        eager=self._eager, grpc_fail_fast=self._grpc_fail_fast)
+        inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
+                          timeout=self._hang_timeout, grace=GRACE_SEC, restarts=restarts,
+                          restart_on="crash,fail", on_return="exit")
+        self._incarnations.append(inc)
+        inc.start()
+
+    def _current(self) -> Optional[Incarnation]:
+        return self._incarnations[-1] if self._incarnations else None
+
+    # -- the tasks --------------------------------------------------------
+    def _started(self, task_type, task_id) -> Incarnation:
+        spec.check_task(task_type, task_id, self._n)
+        inc = self._current()
+        if inc is None:
+            raise KeyError((task_type, task_id))
+        return inc
+
+    def get_process_id(self, task_type, task_id):
+        """The task's pid (None before it starts), once its cluster runs."""
+        if task_id in self._pending or self._current() is None:
+            return None
+        return self._started(task_type, task_id).pid(task_id)
+
+    def get_process_exit_code(self, task_type, task_id):
+        """The task's exit code; None while it runs.  KeyError if never started."""
+        if task_id in self._pending:
+            return None
+        return self._started(task_type, task_id).exit_code(task_id)
+
+    def process_exists(self, task_type, task_id):
+        return self.get_process_exit_code(task_type, task_id) is None
+
+    def terminate(self, task_type, task_id):
+        """Kill the task (its exit is then no error of ``join``), and wait for it to end."""
+        inc = self._started(task_type, task_id)
+        inc.terminated.add(task_id)
+        inc.started.wait()
+        inc.kill(task_id)
+        until = time.monotonic() + STOP_MARGIN_SEC
+        while inc.exit_code(task_id) is None and inc.running and time.monotonic() < until:
+            time.sleep(0.05)
+
+    def terminate_all(self, sig=None):
+        """Kill every task that still runs (SIGKILL unless ``sig``)."""
+        for inc in list(self._incarnations):
+            inc.terminated |= inc.kill_all(sig or signal.SIGKILL)
+
+    # -- joining ----------------------------------------------------------
+    def join(self, timeout=DEFAULT_TIMEOUT_SEC):
+        """Wait for the cluster; TensorFlow's result, or its error whose
+        message opens with the harness's verdict."""
+        if timeout and not isinstance(timeout, int):
+            raise ValueError("`timeout` must be an integer or `None`.")
+        with self._lock:
+            if self._joined:
+                raise ValueError("MultiProcessRunner can't be joined twice.")
+            self._joined = True
+            if self._pending:
+                missing = sorted(set(range(self._n)) - set(self._pending))
+                raise OneTaskRestartError(
+                    f"join() with worker-{', worker-'.join(map(str, missing))} not started: "
+                    f"pytest-mwms starts a cluster once each of its tasks is asked for")
+        inc = self._current()
+        if inc is None:
+            raise ValueError("MultiProcessRunner.join() before start()")
+        try:
+            self._wait(inc, timeout)
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+        self._print_output()
+        if inc.error is not None:
+            raise inc.error
+        return self._judge(inc, timeout)
+
+    def _wait(self, inc: Incarnation, timeout) -> None:
+        inc.deadline = time.monotonic() + timeout if timeout else None
+        try:
+            done = inc.wait(None if inc.deadline is None else inc.deadline + STOP_MARGIN_SEC)
+        except BaseException:
+            inc.deadline = time.monotonic()   # the harness ends the run now, cleanly
+            inc.wait(time.monotonic() + STOP_MARGIN_SEC)
+            raise
+        if not done:
+            self.terminate_all()
+            inc.wait(time.monotonic() + STOP_MARGIN_SEC)
+
+    def _print_output(self) -> None:
+        if self._stream_output:
+            for inc in self._incarnations[self._printed:]:
+                if inc.result is not None:
+                    sys.stdout.write("".join(verdict.output_lines([inc.result])))
+            sys.stdout.flush()
+        self._printed = len(self._incarnations)
+
+    def _judge(self, inc: Incarnation, timeout):
+        result = inc.result
+        stdout = verdict.output_lines(self.results) if self._return_output else []
+        mpr_result = verdict.MultiProcessRunnerResult(verdict.return_values(result), stdout)
+        kind, index = verdict.decide(result, inc.terminated)
+        if kind == "ok":
+            return mpr_result
+        if kind == "raise":
+            error = result.workers[index].exception
+            exc = verdict.rebuild_exception(
+                verdict.status_of(dict(inc.shared.statuses), index, result.attempt), error)
+            exc.mpr_result, exc.run_result = mpr_result, result
+            if error is not None and hasattr(exc, "add_note"):
+                exc.add_note(f"worker-{index}'s traceback:\n{error.traceback}")
+            raise verdict.with_verdict(exc, result.diagnosis)
+        if kind == "timeout":
+            raise SubprocessTimeoutError(
+                f"{result.diagnosis}\n\n{verdict.TIMEOUT_TEXT.format(timeout)}", mpr_result, result)
+        raise UnexpectedSubprocessExitError(
+            f"{result.diagnosis}\n\n{verdict.exit_text(result, index)}", mpr_result, result)
+
+
+def _end_live_runners() -> None:
+    for runner in list(_live):
+        with contextlib.suppress(Exception):
+            runner.terminate_all()
+
+
+atexit.register(_end_live_runners)

@@ -1,0 +1,109 @@
+"""The worker side: what every harness worker runs for a TensorFlow runner's task.
+
+A worker finds its task in ``TF_CONFIG``, imports the module ``fn`` came
+from (TensorFlow's forkserver has imported the test file, so what its top
+level sets, such as a strategy's class attributes, holds in the worker),
+takes its own ``(fn, args, kwargs)``, sets the barrier :func:`get_barrier`
+hands out, logs at INFO to stderr as TensorFlow's runner's children do,
+and records the exception ``fn`` raised, pickled, for the parent to raise.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+from typing import Any, Mapping, Optional, Tuple
+
+from harness.core import serialize
+
+_barrier = None
+
+
+def get_barrier():
+    """The barrier of every task of this attempt (``multi_process_runner.get_barrier``)."""
+    if _barrier is None:
+        raise ValueError(
+            "barrier is not defined. It is likely because you are calling get_barrier() in "
+            "the main process. get_barrier() can only be called in the subprocesses.")
+    return _barrier
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """What every task of one cluster shares, made in the parent.
+
+    ``statuses``: a managed dict, task index to (attempt, the pickled
+    exception or None); ``starts``: a managed dict, task index to how many
+    times it started (its attempt); ``barriers``: one manager barrier per
+    attempt, as a barrier that a killed task left waited on is spent;
+    ``eager``: whether the parent ran eagerly; ``grpc_fail_fast``: the
+    runner's argument, for ``GRPC_FAIL_FAST``."""
+
+    statuses: Any
+    starts: Any
+    barriers: Tuple[Any, ...]
+    eager: bool = True
+    grpc_fail_fast: Optional[bool] = None
+
+
+def task_index() -> int:
+    return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+
+
+def _log_like_tensorflow() -> None:
+    with contextlib.suppress(ImportError):
+        from absl import logging
+        logging.set_verbosity(logging.INFO)
+        logging.set_stderrthreshold(logging.DEBUG)
+
+
+@contextlib.contextmanager
+def _runtime_mode(eager: bool):
+    if eager:
+        yield
+        return
+    from tensorflow.python.eager import context
+    with context.graph_mode():
+        yield
+
+
+def pickled_exception(exc: BaseException) -> Optional[bytes]:
+    try:
+        return serialize.dumps(exc.with_traceback(None))
+    except Exception:   # the parent falls back to the harness's record of it
+        return None
+
+
+def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
+    """The function each harness worker runs: its task's ``fn``."""
+    global _barrier
+    index = task_index()
+    module, payload = tasks[index]
+    attempt = shared.starts.get(index, 0)
+    shared.starts[index] = attempt + 1
+    _barrier = shared.barriers[min(attempt, len(shared.barriers) - 1)]
+    if shared.grpc_fail_fast is not None:
+        os.environ["GRPC_FAIL_FAST"] = str(shared.grpc_fail_fast)
+    _log_like_tensorflow()
+    if module:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    fn, args, kwargs = serialize.loads(payload)
+    try:
+        with _runtime_mode(shared.eager):
+            value = fn(*args, **kwargs)
+    except Exception as e:
+        shared.statuses[index] = (attempt, pickled_exception(e))
+        raise
+    shared.statuses[index] = (attempt, None)
+    return value
+
+
+def pooled_call(initializer, fn, args, kwargs):
+    """A :class:`~harness.compat.multi_process_runner.MultiProcessPoolRunner`'s
+    task: the pool's initializer, then ``fn``."""
+    if initializer is not None:
+        initializer()
+    return fn(*args, **kwargs)
