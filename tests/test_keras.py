@@ -1,9 +1,13 @@
-"""Step progress and step faults through context().keras_callback() on the
-tf_keras path (TF_USE_LEGACY_KERAS=1), the one where model.fit runs under MWMS."""
+"""Step progress and step faults through context().keras_callback() on
+Keras 2, the one where model.fit runs under MWMS: tf_keras
+(TF_USE_LEGACY_KERAS=1) from TensorFlow 2.16, tf.keras itself on 2.15."""
 import pytest
 
 import harness
 from harness import faults as F
+from harness.core import versions
+
+MINOR = versions.installed_minor()
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,14 +36,16 @@ def fit_with_callback():
 @pytest.fixture
 def legacy_keras(monkeypatch):
     import importlib.util
-    if importlib.util.find_spec("tf_keras") is None:  # not imported: keep TF out of pytest
-        pytest.skip("tf_keras is not installed")
-    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    env = versions.keras2_env(MINOR)
+    if env and importlib.util.find_spec("tf_keras") is None:  # not imported: keep TF out
+        pytest.skip("tf_keras is not installed: pip install \"$(python -m harness keras2)\"")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
 
 
 def test_fit_reports_batches_as_steps(mwms_cluster, legacy_keras):
     result = mwms_cluster.run(fit_with_callback, timeout=30).assert_completed()
-    assert result.return_values == [("tf_keras", 2)] * mwms_cluster.num_workers
+    assert result.return_values == [(versions.keras2_package(MINOR), 2)] * mwms_cluster.num_workers
     assert [w.last_step for w in result.workers] == [BATCHES - 1] * mwms_cluster.num_workers
 
 

@@ -4,6 +4,7 @@ hang detection and step-keyed faults work on it unchanged."""
 import pytest
 
 from harness import faults as F
+from harness.core import versions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -90,7 +91,8 @@ def test_step_fn_names_the_training_function(mwms_cluster):
 
 
 def keras_fit(epochs=2, steps_per_epoch=5):
-    """tf_keras ``fit`` as the multi-worker Keras tutorial writes it, no harness calls."""
+    """Keras 2's ``fit`` (tf_keras; on 2.15 tf.keras) as the multi-worker Keras
+    tutorial writes it, no harness calls."""
     import tensorflow as tf
 
     from harness import workloads
@@ -107,7 +109,7 @@ def keras_fit(epochs=2, steps_per_epoch=5):
 
 
 def test_keras_fit_unmodified_gets_steps_and_faults(mwms_cluster):
-    env = {"TF_USE_LEGACY_KERAS": "1"}
+    env = versions.keras2_env(versions.installed_minor())
     done = mwms_cluster.run(keras_fit, timeout=30, env=env)
     done.assert_completed()
     assert all(w.last_step == 9 for w in done.workers), [w.last_step for w in done.workers]
