@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Optional, Set
@@ -29,6 +30,7 @@ class Incarnation:
         self.run_kwargs = run_kwargs
         self.progress: Optional[Progress] = None
         self.deadline: Optional[float] = None     # monotonic; set by join()
+        self.joined = False
         self.terminated: Set[int] = set()         # tasks the test ended on purpose
         self.result: Optional[RunResult] = None
         self.error: Optional[BaseException] = None
@@ -49,6 +51,11 @@ class Incarnation:
             self.error = e
         finally:
             self.started.set()
+        if self.result is not None and self.result.outcome != "completed" and not self.joined:
+            # A test that waits on an event its tasks never set would wait
+            # for ever, silent: the verdict goes to its captured output now.
+            sys.stderr.write(f"pytest-mwms: the cluster ended before join(): "
+                             f"{self.result.diagnosis}\n")
 
     def _on_progress(self, p: Progress) -> Optional[float]:
         self.progress = p

@@ -70,7 +70,7 @@ def shutdown_manager() -> None:
 
 
 @contextlib.contextmanager
-def testcases_travel_light():
+def light_testcases():
     """A ``TestCase`` in ``fn``'s closure or arguments (TensorFlow's tests pass
     ``self``) travels without ``_outcome``, the running test's record: under
     pytest it holds pytest's own test item, which does not pickle, and the
@@ -207,7 +207,7 @@ class MultiProcessRunner:
 
     def _launch(self, tasks: Dict[int, tuple]) -> None:
         restarts = AUTO_RESTARTS if self._auto_restart else 0
-        with testcases_travel_light():
+        with light_testcases():
             payloads = {i: (getattr(fn, "__module__", None) if getattr(fn, "__module__", None)
                             not in ("__main__", None) else None,
                             serialize.dumps((fn, args, kwargs)))
@@ -292,6 +292,7 @@ class MultiProcessRunner:
         return self._judge(inc, timeout)
 
     def _wait(self, inc: Incarnation, timeout) -> None:
+        inc.joined = True
         inc.deadline = time.monotonic() + timeout if timeout else None
         try:
             done = inc.wait(None if inc.deadline is None else inc.deadline + STOP_MARGIN_SEC)

@@ -1,0 +1,206 @@
+"""harness.compat without TensorFlow's workers: cluster specs, what join()
+makes of a result, output lines, errors, and the runner's refusals."""
+import types
+import unittest
+
+import pytest
+
+from harness.compat import multi_process_runner as mpr
+from harness.compat import multi_worker_test_base as mwtb
+from harness.compat import spec, verdict
+from harness.compat.runner import light_testcases
+from harness.core import serialize
+from harness.core.protocol import WorkerError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _worker(index, returned=True, exception=None, exit_code=0, value=None):
+    return types.SimpleNamespace(index=index, returned=returned, exception=exception,
+                                 exit_code=exit_code, return_value=value, log="")
+
+
+def _result(outcome, workers, culprits=(), ended_by="all_finished"):
+    return types.SimpleNamespace(outcome=outcome, workers=tuple(workers), culprits=tuple(culprits),
+                                 observation=types.SimpleNamespace(ended_by=ended_by),
+                                 diagnosis="VERDICT", attempt=0, attempts=())
+
+
+def _error(kind="ValueError", message="boom"):
+    return WorkerError(kind, message, "Traceback ...")
+
+
+# -- cluster specs ------------------------------------------------------------
+
+def test_create_cluster_spec_has_tensorflows_shape_and_free_ports():
+    cs = mwtb.create_cluster_spec(has_chief=True, num_workers=3, num_ps=2, has_eval=True)
+    assert [len(cs[k]) for k in ("chief", "worker", "ps", "evaluator")] == [1, 3, 2, 1]
+    addresses = [a for v in cs.values() for a in v]
+    assert len(set(addresses)) == 7 and all(a.startswith("localhost:") for a in addresses)
+    assert mpr.create_cluster_spec(num_workers=2).keys() == {"worker"}
+
+
+def test_workers_only_map_and_every_other_task_is_refused_by_name():
+    assert spec.num_workers({"worker": ["a", "b", "c"]}) == 3
+    assert spec.num_workers({"worker": ["a"], "ps": []}) == 1
+    for task, word in (("chief", "chief"), ("ps", "ParameterServerStrategy"),
+                       ("evaluator", "evaluator")):
+        with pytest.raises(mpr.UnsupportedClusterError, match=word) as e:
+            spec.num_workers({"worker": ["a"], task: ["b"]})
+        assert isinstance(e.value, NotImplementedError)
+    with pytest.raises(ValueError, match="at most one chief"):
+        spec.num_workers({"chief": ["a", "b"], "worker": ["c"]})
+    with pytest.raises(ValueError, match="no 'worker'"):
+        spec.num_workers({})
+
+
+def test_a_runner_checks_its_spec_and_fn_before_any_process_starts():
+    with pytest.raises(mpr.UnsupportedClusterError):
+        mpr.MultiProcessRunner(lambda: None, mwtb.create_cluster_spec(has_chief=True,
+                                                                      num_workers=1))
+    with pytest.raises(ValueError, match="not a callable"):
+        mpr.MultiProcessRunner(3, {"worker": ["a"]})
+    with pytest.raises(mpr.UnsupportedClusterError):
+        mpr.MultiProcessPoolRunner({"ps": ["a"], "worker": ["b"]})
+
+
+# -- what join() makes of a result --------------------------------------------
+
+def test_completed_is_ok_and_return_values_skip_none_in_task_order():
+    r = _result("completed", [_worker(0, value=1.0), _worker(1), _worker(2, value=3.0)])
+    assert verdict.decide(r) == ("ok", None)
+    assert verdict.return_values(r) == [1.0, 3.0]
+
+
+def test_a_raised_error_comes_first_the_culprits_before_the_others():
+    workers = [_worker(0, returned=False, exception=_error(), exit_code=1),
+               _worker(1, returned=False, exit_code=1),
+               _worker(2, returned=False, exception=_error(), exit_code=1)]
+    assert verdict.decide(_result("crashed", workers, culprits=(1,))) == ("raise", 0)
+    assert verdict.decide(_result("failed", workers, culprits=(2,))) == ("raise", 2)
+
+
+def test_a_hang_or_a_peer_held_past_its_grace_is_a_timeout():
+    held = [_worker(0, returned=False, exit_code=-9), _worker(1, returned=False, exit_code=1)]
+    assert verdict.decide(_result("hang", held, ended_by="hang")) == ("timeout", None)
+    assert verdict.decide(_result("crashed", held, ended_by="grace_expired")) == ("timeout", None)
+
+
+def test_an_exit_without_an_error_names_the_non_zero_code_first():
+    workers = [_worker(0, returned=False, exit_code=-11), _worker(1, returned=False, exit_code=3)]
+    r = _result("crashed", workers)
+    assert verdict.decide(r) == ("exit", 1)
+    r.workers[1].exit_code = 3
+    assert "exited with exit code 3" in verdict.exit_text(r, 1)
+    assert "died by signal 11" in verdict.exit_text(r, 0)
+
+
+def test_tasks_the_test_terminated_are_no_error():
+    workers = [_worker(0), _worker(1, returned=False, exit_code=-9)]
+    assert verdict.decide(_result("crashed", workers), terminated={1}) == ("ok", None)
+    assert verdict.decide(_result("crashed", workers)) == ("exit", 1)
+
+
+# -- output and errors --------------------------------------------------------
+
+def test_lines_are_prefixed_as_tensorflows_runner_prefixes_them():
+    assert verdict.prefixed(0, "a\nb") == ["[worker-0]:    a\n", "[worker-0]:    b\n"]
+    assert verdict.prefixed(12, "x")[0].startswith("[worker-12]:   x")
+    r = _result("completed", [_worker(0), _worker(1)])
+    r.workers[0].log, r.workers[1].log = "zero", "one\n"
+    assert verdict.output_lines([r]) == ["[worker-0]:    zero\n", "[worker-1]:    one\n"]
+
+
+def test_the_verdict_opens_the_message_of_a_plain_and_an_op_error():
+    e = verdict.with_verdict(ValueError("boom"), "FAILED: worker 1")
+    assert str(e).startswith("FAILED: worker 1\n\nboom")
+
+    class OpLike(Exception):
+        def __init__(self, message):
+            super().__init__()
+            self._message = message
+
+        def __str__(self):
+            return self._message
+
+    assert str(verdict.with_verdict(OpLike("peer gone"), "V")).startswith("V\n\npeer gone")
+    assert str(verdict.with_verdict(RuntimeError(), "V")) == "V"
+
+
+def test_the_tasks_own_exception_comes_back_else_one_from_the_record():
+    exc = verdict.rebuild_exception(serialize.dumps(KeyError("k")), _error("KeyError", "k"))
+    assert isinstance(exc, KeyError)
+    assert isinstance(verdict.rebuild_exception(None, _error("ZeroDivisionError", "z")),
+                      ZeroDivisionError)
+    other = verdict.rebuild_exception(b"not a pickle", _error("tf.errors.Weird", "w"))
+    assert type(other) is RuntimeError and "tf.errors.Weird: w" in str(other)
+    assert verdict.status_of({1: (0, b"x")}, 1, 0) == b"x"
+    assert verdict.status_of({1: (0, b"x")}, 1, 1) is None   # a stale attempt's
+
+
+def test_the_runners_errors_carry_mpr_result():
+    result = mpr.MultiProcessRunnerResult(return_value=[1], stdout=[])
+    for cls in (mpr.SubprocessTimeoutError, mpr.UnexpectedSubprocessExitError):
+        e = cls("msg", result)
+        assert isinstance(e, RuntimeError) and e.mpr_result is result and str(e) == "msg"
+    assert issubclass(mpr.OneTaskRestartError, NotImplementedError)
+
+
+def test_a_testcase_travels_without_its_running_record():
+    class Case(unittest.TestCase):
+        def test_it(self):
+            pass
+
+    case = Case("test_it")
+    case._outcome = types.SimpleNamespace(running=(x for x in ()))   # pickles with no pickler
+    with pytest.raises(TypeError):
+        serialize.dumps(case)
+    with light_testcases():
+        copy = serialize.loads(serialize.dumps(case))
+    assert "_outcome" not in vars(copy) and copy._testMethodName == "test_it"
+    assert "__getstate__" not in unittest.TestCase.__dict__
+
+
+# -- the runner's own checks, before any process --------------------------------
+
+def test_join_checks_its_timeout_and_refuses_a_cluster_not_wholly_asked_for():
+    runner = mpr.MultiProcessRunner(lambda: None, {"worker": ["a", "b"]})
+    with pytest.raises(ValueError, match="integer"):
+        runner.join(timeout=1.5)
+    runner = mpr.MultiProcessRunner(lambda: None, {"worker": ["a", "b"]})
+    runner.start_single_process("worker", 1)
+    assert runner.process_exists("worker", 1) and runner.get_process_id("worker", 1) is None
+    with pytest.raises(ValueError, match="already started"):
+        runner.start_single_process("worker", 1)
+    with pytest.raises(mpr.OneTaskRestartError, match="worker-0 not started"):
+        runner.join()
+    with pytest.raises(ValueError, match="joined twice"):
+        runner.join()
+
+
+def test_unsupported_calls_say_what_is_missing():
+    runner = mpr.MultiProcessRunner(lambda: None, {"worker": ["a"]})
+    with pytest.raises(NotImplementedError, match="worker process of its own"):
+        runner.start_in_process_as("worker", 0)
+    with pytest.raises(mpr.UnsupportedClusterError):
+        runner.start_single_process("chief", 0)
+    with pytest.raises(ValueError, match="worker-3"):
+        runner.start_single_process("worker", 3)
+    with pytest.raises(mpr.OneTaskRestartError, match="size"):
+        runner.start_single_process("worker", 0, cluster_spec={"worker": ["a", "b"]})
+    with pytest.raises(KeyError):
+        runner.get_process_exit_code("worker", 0)
+    with pytest.raises(ValueError, match="main process"):
+        mpr.get_barrier()
+
+
+def test_tf_config_readers():
+    import json
+    import os
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": ["a", "b"]},
+                                          "task": {"type": "worker", "index": 0}})
+    try:
+        assert mwtb.get_task_type() == "worker" and mwtb.get_task_index() == 0
+        assert mwtb.is_chief() and mwtb.get_tf_config_cluster_spec() == {"worker": ["a", "b"]}
+    finally:
+        del os.environ["TF_CONFIG"]
