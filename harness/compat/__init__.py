@@ -29,6 +29,13 @@ def install() -> None:
     """Make ``tf.__internal__.distribute.multi_process_runner`` this
     package's ``multi_process_runner`` (tf-keras's tests reach the runner
     that way): call it once, from a ``conftest.py``, before the tests run."""
-    import tensorflow as tf
+    import importlib
+
     from harness.compat import multi_process_runner
-    tf.__internal__.distribute.multi_process_runner = multi_process_runner
+    # Each of TensorFlow's API trees has its own __internal__ module.
+    for name in ("tensorflow", "tensorflow.compat.v2"):
+        try:
+            distribute = importlib.import_module(name).__internal__.distribute
+        except (ImportError, AttributeError):
+            continue
+        distribute.multi_process_runner = multi_process_runner

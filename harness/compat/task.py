@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import json
 import os
+import sys
 from typing import Any, Mapping, Optional, Tuple
 
 from harness.core import serialize
@@ -52,6 +53,17 @@ def task_index() -> int:
     return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
 
 
+def _share_barrier_with_tensorflow(barrier) -> None:
+    """TensorFlow's own ``get_barrier()`` hands out the same barrier: code
+    reaches it as ``tf.__internal__.distribute.multi_process_runner`` too,
+    which :func:`harness.compat.install` patches in the test process only."""
+    if "tensorflow" not in sys.modules:
+        return
+    with contextlib.suppress(ImportError):
+        from tensorflow.python.distribute import multi_process_runner as tf_runner
+        tf_runner._barrier = barrier
+
+
 def _log_like_tensorflow() -> None:
     with contextlib.suppress(ImportError):
         from absl import logging
@@ -84,6 +96,7 @@ def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
     attempt = shared.starts.get(index, 0)
     shared.starts[index] = attempt + 1
     _barrier = shared.barriers[min(attempt, len(shared.barriers) - 1)]
+    _share_barrier_with_tensorflow(_barrier)
     if shared.grpc_fail_fast is not None:
         os.environ["GRPC_FAIL_FAST"] = str(shared.grpc_fail_fast)
     _log_like_tensorflow()

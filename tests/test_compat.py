@@ -1,0 +1,212 @@
+"""harness.compat on real TensorFlow workers: what TensorFlow's and
+tf-keras's multi-worker tests rely on from TensorFlow's runner (return
+values and ``[worker-i]:`` lines, a task's own error raised in the test,
+a peer's death, ``auto_restart``, a preempted cluster started again task
+by task, ``terminate``, a hang at ``join``'s timeout, the pool), each
+with the harness's verdict opening the error's message."""
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from harness.compat import multi_process_runner as mpr
+from harness.compat import multi_worker_test_base as mwtb
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("no_leftover_workers")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _session_manager():
+    yield
+    mpr.shutdown_manager()
+
+
+def _index():
+    return json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+
+def _strategy(health_check_every=None):
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy as lib
+    if health_check_every:
+        # as TensorFlow's peer-failure test sets it: a peer's death is seen in seconds
+        lib.CollectiveAllReduceExtended._check_health_interval = health_check_every
+        lib.CollectiveAllReduceExtended._check_health_timeout = 1
+        lib.CollectiveAllReduceExtended._check_health_initial_timeout = 0
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _sum(strategy, x=1.0):
+    import tensorflow as tf
+    return float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(x)), axis=None))
+
+
+def reduce_and_log(x):
+    from absl import logging
+    strategy = _strategy()
+    mpr.get_barrier().wait()
+    logging.info("task %d says hello", _index())
+    return _sum(strategy, x)
+
+
+def test_run_returns_each_tasks_value_and_its_prefixed_lines():
+    r = mpr.run(reduce_and_log, mwtb.create_cluster_spec(num_workers=2), args=(1.5,),
+                return_output=True, timeout=90)
+    assert r.return_value == [3.0, 3.0]
+    for i in (0, 1):   # tf-keras's tutorial test reads the lines this way
+        assert any(re.match(rf"\[worker\-{i}\].*task {i} says hello", line) for line in r.stdout)
+
+
+def raise_on_one():
+    if _index() == 1:
+        raise KeyError("no such key on 1")
+    return "fine"
+
+
+def test_a_tasks_error_is_raised_in_the_test_with_its_type_and_the_verdict_first():
+    with pytest.raises(KeyError) as e:
+        mpr.run(raise_on_one, mwtb.create_cluster_spec(num_workers=2), timeout=90)
+    message = e.value.args[0]
+    assert message.startswith("FAILED: worker 1 raised KeyError"), message
+    assert message.endswith("\n\nno such key on 1")
+    assert e.value.mpr_result.return_value == ["fine"]
+    assert e.value.run_result.culprits == (1,)
+
+
+def die_between_reduces():
+    strategy = _strategy(health_check_every=2)
+    _sum(strategy)
+    if strategy.cluster_resolver.task_id == 1:
+        os._exit(1)
+    _sum(strategy)
+
+
+def test_a_peers_death_raises_the_survivors_tensorflow_error_naming_the_dead_one():
+    import tensorflow as tf
+    runner = mpr.MultiProcessRunner(die_between_reduces, mwtb.create_cluster_spec(num_workers=2))
+    runner.start()
+    with pytest.raises((tf.errors.UnavailableError, tf.errors.DeadlineExceededError)) as e:
+        runner.join(timeout=90)
+    headline = str(e.value).splitlines()[0]
+    assert headline.startswith("CRASHED") and "worker 1" in headline, str(e.value)
+    assert runner.get_process_exit_code("worker", 1) == 1
+
+
+def exit_on_first_attempt(attempts):
+    strategy = _strategy(health_check_every=2)
+    i = _index()
+    attempts[i] = attempts.get(i, 0) + 1
+    _sum(strategy)
+    if attempts[i] == 1 and i == 1:
+        os._exit(1)
+    return _sum(strategy)
+
+
+def test_auto_restart_restarts_the_cluster_and_returns_the_last_attempts_values():
+    attempts = mpr.manager().dict()
+    runner = mpr.MultiProcessRunner(exit_on_first_attempt, mwtb.create_cluster_spec(num_workers=2),
+                                    args=(attempts,), auto_restart=True)
+    runner.start()
+    assert runner.join(timeout=120).return_value == [2.0, 2.0]
+    assert dict(attempts) == {0: 2, 1: 2}
+    assert runner.results[-1].restarts == 1
+
+
+def preemptible(started, preempted, runs):
+    """A preemption handler's shape: the signalled task tells the others,
+    and every task exits 42; run again, each returns its run count."""
+    i = _index()
+    runs[i] = runs.get(i, 0) + 1
+    strategy = _strategy()
+    if runs[i] > 1:
+        return _sum(strategy, float(runs[i]))
+
+    def on_term(*_):
+        preempted.set()
+        sys.exit(42)
+
+    signal.signal(signal.SIGTERM, on_term)
+    started.set()
+    while not preempted.wait(0.1):
+        pass
+    sys.exit(42)
+
+
+def test_a_preempted_cluster_is_started_again_task_by_task():
+    m = mpr.manager()
+    started, preempted, runs = m.Event(), m.Event(), m.dict()
+    cluster_spec = mwtb.create_cluster_spec(num_workers=3)
+    runner = mpr.MultiProcessRunner(preemptible, cluster_spec, args=(started, preempted, runs))
+    runner.start()
+    assert started.wait(120)
+    os.kill(runner.get_process_id("worker", 2), signal.SIGTERM)
+    until = time.monotonic() + 60
+    while any(runner.process_exists("worker", i) for i in range(3)) and time.monotonic() < until:
+        time.sleep(0.5)
+    assert [runner.get_process_exit_code("worker", i) for i in range(3)] == [42, 42, 42]
+    for i in range(3):
+        runner.start_single_process("worker", i, cluster_spec)
+    assert runner.join(timeout=120).return_value == [6.0, 6.0, 6.0]
+    assert len(runner.results) == 2
+
+
+def wait_or_sleep(go):
+    if _index() == 0:
+        return "done" if go.wait(90) else "never told"
+    time.sleep(120)
+
+
+def test_one_task_into_a_running_cluster_is_refused_and_terminate_is_no_error():
+    go = mpr.manager().Event()
+    runner = mpr.MultiProcessRunner(wait_or_sleep, mwtb.create_cluster_spec(num_workers=2),
+                                    args=(go,))
+    runner.start()
+    assert runner.get_process_id("worker", 1) is not None
+    runner.terminate("worker", 1)
+    assert not runner.process_exists("worker", 1) and runner.process_exists("worker", 0)
+    started = time.monotonic()
+    with pytest.raises(mpr.OneTaskRestartError, match="worker-0 still runs"):
+        runner.start_single_process("worker", 1)
+    assert time.monotonic() - started < 5
+    go.set()
+    assert runner.join(timeout=60).return_value == ["done"]
+
+
+def one_never_reduces():
+    strategy = _strategy()
+    if _index() == 2:
+        time.sleep(300)
+    return _sum(strategy)
+
+
+def test_a_hang_ends_at_joins_timeout_with_the_verdict_first():
+    # three workers: two in the all-reduce outvote the one that never came
+    runner = mpr.MultiProcessRunner(one_never_reduces, mwtb.create_cluster_spec(num_workers=3))
+    runner.start()
+    started = time.monotonic()
+    with pytest.raises(mpr.SubprocessTimeoutError) as e:
+        runner.join(timeout=20)
+    assert time.monotonic() - started < 20 + 30
+    text = str(e.value)
+    assert text.startswith("HANG") and "culprit: worker 2" in text.splitlines()[0], text
+    assert "timeout was set to 20s" in text
+    assert e.value.mpr_result.return_value == []
+
+
+def _mark_initialized():
+    os.environ["POOL_INITIALIZED"] = "1"
+
+
+def index_plus(k):
+    return _index() + k if os.environ.get("POOL_INITIALIZED") == "1" else None
+
+
+def test_the_pool_runs_its_initializer_then_the_function_on_every_task():
+    pool = mpr.MultiProcessPoolRunner(mwtb.create_cluster_spec(num_workers=2),
+                                      initializer=_mark_initialized)
+    assert pool.run(index_plus, args=(10,)) == [10, 11]
+    pool.shutdown()
