@@ -25,6 +25,13 @@ def _session_manager():
     mpr.shutdown_manager()
 
 
+@pytest.fixture(autouse=True)
+def _no_runner_left():
+    """A test that fails between start() and join() leaves no cluster running."""
+    yield
+    mpr.end_all_runners()
+
+
 def _index():
     return json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 
@@ -125,14 +132,14 @@ def preemptible(started, preempted, runs):
     if runs[i] > 1:
         return _sum(strategy, float(runs[i]))
 
-    def on_term(*_):
-        preempted.set()
-        sys.exit(42)
-
-    signal.signal(signal.SIGTERM, on_term)
+    # The handler only flags: a proxy used from a signal handler could
+    # interleave with the main thread's call on the same connection.
+    signalled = []
+    signal.signal(signal.SIGTERM, lambda *_: signalled.append(True))
     started.set()
-    while not preempted.wait(0.1):
+    while not signalled and not preempted.wait(0.1):
         pass
+    preempted.set()
     sys.exit(42)
 
 

@@ -82,7 +82,12 @@ class Incarnation:
 
     def exit_code(self, index: int) -> Optional[int]:
         if not self.running and self.result is not None:
-            return self.result.workers[index].exit_code
+            w = self.result.workers[index]
+            if w.exit_code is not None:
+                return w.exit_code
+            # Ended by the harness once the run was decided: a task that
+            # raised exits 1 under TensorFlow's runner; any other was killed.
+            return 1 if w.exception is not None else -signal.SIGKILL
         if not self.running:
             return None if self.progress is None else self.progress.exit_codes[index]
         p = self.progress

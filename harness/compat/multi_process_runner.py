@@ -14,15 +14,15 @@ from __future__ import annotations
 from harness.compat.errors import (NotInitializedError, OneTaskRestartError,
                                    SubprocessTimeoutError, UnexpectedSubprocessExitError,
                                    UnsupportedClusterError)
-from harness.compat.runner import (DEFAULT_TIMEOUT_SEC, MultiProcessRunner, manager,
-                                   shutdown_manager)
+from harness.compat.runner import (DEFAULT_TIMEOUT_SEC, MultiProcessRunner, end_all_runners,
+                                   manager, shutdown_manager)
 from harness.compat.spec import create_cluster_spec
 from harness.compat.task import get_barrier, pooled_call
 from harness.compat.verdict import MultiProcessRunnerResult
 
 __all__ = ["run", "MultiProcessRunner", "MultiProcessPoolRunner", "MultiProcessRunnerResult",
-           "get_barrier", "manager", "shutdown_manager", "test_main", "create_cluster_spec",
-           "is_oss", "SubprocessTimeoutError", "UnexpectedSubprocessExitError",
+           "get_barrier", "manager", "shutdown_manager", "end_all_runners", "test_main",
+           "create_cluster_spec", "is_oss", "SubprocessTimeoutError", "UnexpectedSubprocessExitError",
            "NotInitializedError", "UnsupportedClusterError", "OneTaskRestartError"]
 
 # TensorFlow's pool waits this long for a run's results.

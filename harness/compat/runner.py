@@ -334,10 +334,18 @@ class MultiProcessRunner:
             f"{result.diagnosis}\n\n{verdict.exit_text(result, index)}", mpr_result, result)
 
 
-def _end_live_runners() -> None:
-    for runner in list(_live):
-        with contextlib.suppress(Exception):
-            runner.terminate_all()
+def end_all_runners(wait: float = STOP_MARGIN_SEC) -> None:
+    """End every cluster a runner started that still runs, as a hang ends
+    (stacks, verdict, every process gone), and wait for them: a test's
+    teardown, for a test that failed between ``start()`` and ``join()``."""
+    incarnations = [inc for runner in list(_live) for inc in runner._incarnations
+                    if inc.running]
+    for inc in incarnations:
+        inc.deadline = time.monotonic()
+    until = time.monotonic() + wait
+    for inc in incarnations:
+        if not inc.wait(until):
+            inc.kill_all()
 
 
-atexit.register(_end_live_runners)
+atexit.register(end_all_runners, 5.0)
