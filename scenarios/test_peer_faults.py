@@ -49,7 +49,10 @@ def _last(mwms_cluster):
 def _survivors_report_the_death(result, last):
     for w in result.workers[:last]:
         assert w.exception is not None and w.exception.type_name == "UnavailableError", w
-        assert w.last_step == AT
+        # In step 5's all-reduce, or still in step 4's when the faulted
+        # worker ended that step before a survivor had taken its last part
+        # (seen on TensorFlow 2.18 and, paused, under load on 2.21).
+        assert w.last_step in (AT - 1, AT)
 
 
 @pytest.mark.timeout(60)
