@@ -26,8 +26,9 @@ def _session_manager():
 
 
 @pytest.fixture(autouse=True)
-def _no_runner_left():
-    """A test that fails between start() and join() leaves no cluster running."""
+def _no_runner_left(no_leftover_workers):
+    """A test that fails between start() and join() leaves no cluster
+    running (ended before no_leftover_workers looks)."""
     yield
     mpr.end_all_runners()
 
@@ -123,9 +124,10 @@ def test_auto_restart_restarts_the_cluster_and_returns_the_last_attempts_values(
     assert runner.results[-1].restarts == 1
 
 
-def preemptible(started, preempted, runs):
+def preemptible(ready, preempted, runs):
     """A preemption handler's shape: the signalled task tells the others,
-    and every task exits 42; run again, each returns its run count."""
+    and every task exits 42; run again, each returns its run count.  Each
+    task says it is ready once its handler is in place."""
     i = _index()
     runs[i] = runs.get(i, 0) + 1
     strategy = _strategy()
@@ -136,7 +138,7 @@ def preemptible(started, preempted, runs):
     # interleave with the main thread's call on the same connection.
     signalled = []
     signal.signal(signal.SIGTERM, lambda *_: signalled.append(True))
-    started.set()
+    ready[i] = True
     while not signalled and not preempted.wait(0.1):
         pass
     preempted.set()
@@ -145,11 +147,13 @@ def preemptible(started, preempted, runs):
 
 def test_a_preempted_cluster_is_started_again_task_by_task():
     m = mpr.manager()
-    started, preempted, runs = m.Event(), m.Event(), m.dict()
+    ready, preempted, runs = m.dict(), m.Event(), m.dict()
     cluster_spec = mwtb.create_cluster_spec(num_workers=3)
-    runner = mpr.MultiProcessRunner(preemptible, cluster_spec, args=(started, preempted, runs))
+    runner = mpr.MultiProcessRunner(preemptible, cluster_spec, args=(ready, preempted, runs))
     runner.start()
-    assert started.wait(120)
+    until = time.monotonic() + 120
+    while len(ready) < 3 and time.monotonic() < until:
+        time.sleep(0.2)
     os.kill(runner.get_process_id("worker", 2), signal.SIGTERM)
     until = time.monotonic() + 60
     while any(runner.process_exists("worker", i) for i in range(3)) and time.monotonic() < until:
