@@ -14,12 +14,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
+import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import unittest
 import weakref
+from multiprocessing.managers import SyncManager
 from typing import Dict, List, Optional
 
 from harness.compat import spec, verdict
@@ -45,6 +49,7 @@ GRACE_SEC = 45.0
 STOP_MARGIN_SEC = 60.0
 
 _manager = None
+_manager_dir: Optional[str] = None
 _manager_lock = threading.Lock()
 _pickling_lock = threading.Lock()
 _live: "weakref.WeakSet[MultiProcessRunner]" = weakref.WeakSet()
@@ -53,20 +58,28 @@ _live: "weakref.WeakSet[MultiProcessRunner]" = weakref.WeakSet()
 def manager():
     """The session's ``multiprocessing`` manager (``multi_process_runner.manager()``),
     from a forkserver: its server never holds a copy of this process's threads."""
-    global _manager
+    global _manager, _manager_dir
     with _manager_lock:
         if _manager is None:
-            _manager = multiprocessing.get_context("forkserver").Manager()
+            # Its socket in a directory of ours, removed with it: left to
+            # itself the server makes a pymp-* directory that outlives it.
+            _manager_dir = tempfile.mkdtemp(prefix="pytest-mwms-manager-")
+            _manager = SyncManager(address=os.path.join(_manager_dir, "socket"),
+                                   ctx=multiprocessing.get_context("forkserver"))
+            _manager.start()
         return _manager
 
 
 def shutdown_manager() -> None:
-    """End the session's manager (a test suite's last clean-up)."""
-    global _manager
+    """End the session's manager (a test suite's last clean-up; also at exit)."""
+    global _manager, _manager_dir
     with _manager_lock:
         if _manager is not None:
             _manager.shutdown()
             _manager = None
+        if _manager_dir is not None:
+            shutil.rmtree(_manager_dir, ignore_errors=True)
+            _manager_dir = None
 
 
 @contextlib.contextmanager
@@ -348,4 +361,5 @@ def end_all_runners(wait: float = STOP_MARGIN_SEC) -> None:
             inc.kill_all()
 
 
+atexit.register(shutdown_manager)
 atexit.register(end_all_runners, 5.0)
