@@ -117,6 +117,7 @@ def test_cluster(mwms_cluster, i):
 """
 
 
+@pytest.mark.xdist_group("heavy")
 def test_two_xdist_runs_side_by_side_do_not_collide(pytester):
     """Two ``pytest -n 2`` processes at once: 4 pytest workers, 24 clusters,
     each picking ports at the same time; none may collide."""
@@ -185,6 +186,7 @@ REPORTED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.xdist_group("heavy")   # its inner run has two xdist processes of its own
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_reports_junit_properties_timelines_and_the_session_summary(pytester, xdist):
     """A failing test's traceback is the test's line and the diagnosis;

@@ -54,10 +54,14 @@ class NodeAgent:
         self.reservations: Dict[str, object] = {}
         self.lock = threading.Lock()
         # The workers' directories, in Ray's temp directory where it has
-        # one (a local cluster's holder removes it whatever happens).
+        # one (a local cluster's holder removes it whatever happens).  So
+        # is everything else this process puts in the temp directory (the
+        # forkserver's socket and preload report): the holder ends by
+        # killing every descendant, this process's scratch sweeper too.
         ray_tmp = os.environ.get("RAY_TMPDIR")
-        self.base = tempfile.mkdtemp(prefix="mwms-agent-",
-                                     dir=ray_tmp if ray_tmp and os.path.isdir(ray_tmp) else None)
+        if ray_tmp and os.path.isdir(ray_tmp):
+            tempfile.tempdir = ray_tmp
+        self.base = tempfile.mkdtemp(prefix="mwms-agent-")
         _prepare_like_the_driver(sys_path, cwd)
 
     def node(self) -> tuple:
