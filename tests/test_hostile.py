@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import multiprocess
 import psutil
 import pytest
 
@@ -90,9 +91,14 @@ def test_fn_without_a_strategy_completes(mwms_cluster):
     assert result.return_values == [2 * i for i in range(mwms_cluster.num_workers)]
 
 
-def _strategies(count, change_cluster=False):
+def _strategies(count, change_cluster=False, barrier=None):
     """``count`` strategies, one after another, each with a variable and an
-    all-reduce; with ``change_cluster``, TF_CONFIG's ports move before the second."""
+    all-reduce; with ``change_cluster``, TF_CONFIG's ports move before the second.
+    With ``barrier``, every worker finishes a strategy's all-reduce before
+    any makes the next, as TensorFlow's own continuous-run test lines them
+    up: a new strategy resets the worker's collective state, and a peer
+    still receiving from the old one fails ("Delete called on non-empty
+    BufRendezvous")."""
     import json
     import os
 
@@ -109,16 +115,20 @@ def _strategies(count, change_cluster=False):
             tf.Variable(float(k), name=f"v{k}")
         sums.append(float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)),
                                           axis=None)))
+        if barrier is not None:
+            barrier.wait(timeout=20)
     return sums
 
 
 def test_more_strategies_on_the_same_cluster_run_and_the_harness_follows_the_newest(
         mwms_cluster):
     """TensorFlow 2.21, measured: strategies made one after another on one
-    TF_CONFIG all-reduce correctly; the replica check reads the last one's
-    variables."""
+    TF_CONFIG all-reduce correctly once the workers are lined up between
+    them; the replica check reads the last one's variables."""
     n = mwms_cluster.num_workers
-    result = mwms_cluster.run(_strategies, args=(3,), timeout=20, check_replicas=True)
+    with multiprocess.Manager() as manager:
+        result = mwms_cluster.run(_strategies, args=(3, False, manager.Barrier(n)), timeout=20,
+                                  check_replicas=True)
     result.assert_completed()
     assert result.return_values == [[float(n)] * 3] * n
     assert result.replicas.variables == (1,) * n and result.replicas.divergence is None

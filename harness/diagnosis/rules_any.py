@@ -79,6 +79,13 @@ def reference(f: Facts) -> Optional[Blame]:
                  headline=f"the run differs from its single-worker reference: {check.detail}")
 
 
+# The status PreemptionCheckpointHandler exits every worker with, once its
+# checkpoint is saved (TensorFlow's default ``exit_fn``).
+PREEMPTION_EXIT_CODE = 42
+PREEMPTION_EXIT_TEXT = (" (PreemptionCheckpointHandler exits every worker with 42 after its "
+                        "checkpoint)")
+
+
 def coordinated_exit(f: Facts) -> Optional[Blame]:
     """Every worker exited with the same status, not by a signal, at the
     same step, and none raised: the job ended itself on every worker
@@ -96,10 +103,10 @@ def coordinated_exit(f: Facts) -> Optional[Blame]:
         return None
     code, where = next(iter(codes)), where_stopped(ws[0])
     first = min(ws, key=lambda w: or_inf(w.exit_time))
+    how = PREEMPTION_EXIT_TEXT if code == PREEMPTION_EXIT_CODE else ""
     return Blame([w.index for w in ws],
                  f"every worker exited with status {code} {where}: the job ended itself "
-                 f"everywhere (PreemptionCheckpointHandler exits every worker with 42 after "
-                 f"its checkpoint), so no worker stands out ({names([first.index])} exited "
+                 f"everywhere{how}, so no worker stands out ({names([first.index])} exited "
                  f"first, which proves nothing)", ws[0].last_step,
                  ambiguous=True, headline=f"all {len(ws)} workers exited with status {code} "
                  f"{where}; cannot tell which worker caused it")

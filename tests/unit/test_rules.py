@@ -73,6 +73,10 @@ def test_every_worker_exiting_alike_at_once_names_no_one():
     assert (v.outcome, v.culprits, v.ambiguous, v.rule) == (
         "crashed", (0, 1, 2), True, "coordinated_exit")
     assert "exited with status 42 at step 9" in v.text and "worker 0 exited first" in v.text
+    assert "PreemptionCheckpointHandler" in v.text
+    # Another status alike everywhere names the handler nowhere.
+    ones = run(*(died(i, 3, 1, 5.0 + i / 100, steps=range(10)) for i in range(3)))
+    assert "status 1" in diagnose(ones).text and "Preemption" not in diagnose(ones).text
     # The notified worker may exit last, long after: the order proves nothing.
     late = run(*obs.workers[:2], died(2, 3, 42, 9.0, steps=range(10)))
     assert blame(R.coordinated_exit, late).ambiguous
