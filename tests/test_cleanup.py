@@ -106,6 +106,43 @@ def test_sigkill_of_pytest_takes_every_worker_down(pytester, tmp_path, inner_tmp
     assert_temp_directory_emptied(inner_tmp)
 
 
+QUICK = """
+import harness
+
+def test_quick(mwms_cluster):
+    mwms_cluster.run(lambda: harness.context().index).assert_completed()
+"""
+
+
+def test_the_next_run_removes_what_a_run_killed_with_its_sweeper_left(
+        pytester, tmp_path, inner_tmp):
+    """A cgroup killed whole (a CI job's time-out, a container's OOM kill)
+    takes the sweeper with pytest; the next pytest run removes what the
+    first left in the temp directory."""
+    proc, pids = _start_inner(pytester, tmp_path, inner_tmp)
+    sweepers = [p for p in psutil.process_iter(["cmdline"])
+                if scratch.__file__ in " ".join(p.info["cmdline"] or ())
+                and inner_tmp in " ".join(p.info["cmdline"] or ())]
+    assert len(sweepers) == 1, sweepers
+    for p in [psutil.Process(proc.pid), *sweepers]:
+        p.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert not wait_gone(pids + [s.pid for s in sweepers], 10)
+    left = sorted(os.listdir(inner_tmp))
+    assert any(n.startswith(scratch.PREFIX) for n in left), left
+    assert any(n.startswith("pymp-") for n in left), left
+    pytester.makepyfile(test_quick=QUICK)
+    env = dict(os.environ, TMPDIR=inner_tmp,
+               MWMS_STATE_DIR=os.environ.get("MWMS_STATE_DIR") or default_state_dir())
+    second = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mwms-workers=2",
+         "test_quick.py"], cwd=pytester.path, env=env, capture_output=True, text=True,
+        timeout=100)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert not set(left) & set(os.listdir(inner_tmp))
+    assert_temp_directory_emptied(inner_tmp)
+
+
 def assert_temp_directory_emptied(path, seconds=10 + scratch.QUIET_SECONDS):
     """What the inner pytest left in its temp directory is gone within
     ``seconds`` (the sweeper's work when pytest was killed)."""

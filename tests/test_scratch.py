@@ -76,3 +76,50 @@ def test_what_comes_back_after_the_first_removal_is_removed_too(tmp_path):
     (target / "worker-0").mkdir(parents=True)      # a dying worker's last write
     sweeping.join(timeout=30)
     assert not sweeping.is_alive() and not target.exists()
+
+
+def _kill_with_its_sweeper(proc, sweepers):
+    """A cgroup killed whole: the owner and its sweeper at once."""
+    for p in [psutil.Process(proc.pid), *sweepers]:
+        p.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    psutil.wait_procs(sweepers, timeout=5)
+
+
+def test_the_next_owner_removes_what_a_session_killed_with_its_sweeper_left(temp_dir):
+    proc, first, sweepers = _owner(temp_dir, "sigkill")
+    _kill_with_its_sweeper(proc, sweepers)
+    assert all(os.path.exists(p) for p in first)
+    live, live_paths, live_sweepers = _owner(temp_dir, "sigkill")
+    try:
+        assert not [p for p in first if os.path.lexists(p)]
+        # A session whose owner lives is left alone.
+        assert all(os.path.exists(p) for p in live_paths)
+    finally:
+        live.send_signal(signal.SIGKILL)
+        live.wait(timeout=30)
+        live.stdout.close()
+    assert not _gone_within(live_paths, 5 + scratch.QUIET_SECONDS)
+
+
+def test_a_scratch_directory_is_stale_only_when_its_owner_is_gone(tmp_path):
+    now = time.time()
+    path = tmp_path / (scratch.PREFIX + "x")
+    path.mkdir()
+    # Being made right now: no owner file yet.
+    assert not scratch.stale(str(path), now)
+    assert scratch.stale(str(path), now + scratch.UNOWNED_GRACE_SECONDS + 1)
+    owner = path / scratch.OWNER_FILE
+    owner.write_text(f"{os.getpid()} {scratch.start_time(os.getpid())}\n")
+    assert not scratch.stale(str(path), now)
+    # The same pid, started at another time, is another process.
+    owner.write_text(f"{os.getpid()} 1\n")
+    assert scratch.stale(str(path), now)
+    owner.write_text("garbage")
+    assert scratch.stale(str(path), now)
+    # Not a directory of this kind: never touched.
+    link = tmp_path / (scratch.PREFIX + "link")
+    link.symlink_to(path)
+    assert not scratch.stale(str(link), now + 1000)
+    link.unlink()

@@ -33,6 +33,7 @@ from harness.compat.incarnation import Incarnation
 from harness.compat.task import Shared, run_task
 from harness.controller import Cluster
 from harness.core import serialize
+from harness.launch import scratch
 from harness.settings import RunSettings
 
 DEFAULT_TIMEOUT_SEC = 200
@@ -64,6 +65,7 @@ def manager():
             # Its socket in a directory of ours, removed with it: left to
             # itself the server makes a pymp-* directory that outlives it.
             _manager_dir = tempfile.mkdtemp(prefix="pytest-mwms-manager-")
+            scratch.remove_at_end(_manager_dir)
             _manager = SyncManager(address=os.path.join(_manager_dir, "socket"),
                                    ctx=multiprocessing.get_context("forkserver"))
             _manager.start()

@@ -8,8 +8,8 @@ stays where it makes it, since a socket's path must be short, and the
 sweeper is told of it.
 
 Removing it at exit is not enough: a pytest that is SIGKILLed (by a CI
-runner, by the OOM killer, by pytest-timeout's ``signal`` method on a
-child) runs no ``atexit``.  So the first use also starts a sweeper,
+runner, by the OOM killer, by pytest-timeout's ``thread`` method, which ends
+in ``os._exit``) runs no ``atexit``.  So the first use also starts a sweeper,
 ``python -I harness/launch/scratch.py DIR``, standard library only: it reads
 its stdin, a pipe whose write end only this process holds, and when that
 closes (this process exited or died: the kernel closes it all the same)
@@ -18,6 +18,14 @@ keeps removing what dying workers still write there, until nothing has
 come back for a while.  It runs in a
 session of its own, so a Ctrl-C at the terminal (SIGINT to the whole
 foreground group) leaves it to do its job.
+
+Where the sweeper dies with its owner (a cgroup killed whole: a CI job's
+time-out, a container's OOM kill), the next process to make a scratch
+directory removes what such a session left (:func:`sweep_stale`): each
+directory holds ``owner`` (the pid and its start time, so that a reused
+pid does not pass for its owner) and ``outside`` (what it was told to
+remove outside it), and only the current user's directories whose owner
+is gone are touched.
 """
 from __future__ import annotations
 
@@ -29,13 +37,17 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import List, Optional
 
 PREFIX = "pytest-mwms-session-"
 # What dying workers may still write after the sweeper first removed the
 # directory: they die by PR_SET_PDEATHSIG within a fraction of a second.
 QUIET_SECONDS = 1.0
 GIVE_UP_SECONDS = 30.0
+OWNER_FILE = "owner"
+OUTSIDE_FILE = "outside"
+# A directory with no owner file yet may be being made right now.
+UNOWNED_GRACE_SECONDS = 60.0
 
 _lock = threading.Lock()
 _dir: Optional[str] = None
@@ -47,13 +59,88 @@ def scratch_dir() -> str:
     """This process's scratch directory (0700), made and watched on first use."""
     with _lock:
         if _dir is None or _owner != os.getpid():
+            sweep_stale(tempfile.gettempdir())
             _adopt(tempfile.mkdtemp(prefix=PREFIX))
         return _dir
+
+
+def start_time(pid: int) -> Optional[str]:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``
+    field 22); None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces.
+    return stat[stat.rindex(b")") + 2:].split()[19].decode()
+
+
+def owner_alive(owner: str) -> bool:
+    """``owner`` is an owner file's text: that process still runs."""
+    try:
+        pid, started = owner.split()
+        return start_time(int(pid)) == started
+    except ValueError:
+        return False
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def stale(path: str, now: float) -> bool:
+    """``path`` is a scratch directory of this user whose owner is gone."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    if info.st_uid != os.getuid() or not os.path.isdir(path) or os.path.islink(path):
+        return False
+    owner = _read(os.path.join(path, OWNER_FILE))
+    if owner is None:
+        return now - info.st_mtime > UNOWNED_GRACE_SECONDS
+    return not owner_alive(owner)
+
+
+def sweep_stale(temp_dir: str) -> List[str]:
+    """Remove what sessions whose owner is gone left in ``temp_dir``: their
+    scratch directories and what they named outside them (only entries of
+    this user).  Returns the scratch directories removed."""
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(temp_dir) if n.startswith(PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = os.path.join(temp_dir, name)
+        if not stale(path, now):
+            continue
+        for outside in (_read(os.path.join(path, OUTSIDE_FILE)) or "").splitlines():
+            if outside and _owned(outside):
+                shutil.rmtree(outside, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _owned(path: str) -> bool:
+    try:
+        return os.lstat(path).st_uid == os.getuid() and not os.path.islink(path)
+    except OSError:
+        return False
 
 
 def _adopt(path: str) -> None:
     global _dir, _sweeper, _owner
     _dir, _owner = path, os.getpid()
+    with open(os.path.join(path, OWNER_FILE), "w") as f:
+        f.write(f"{_owner} {start_time(_owner)}\n")
     # This file run as a script, isolated (-I): it needs only the standard
     # library, so nothing of the user's environment can stop it sweeping.
     _sweeper = subprocess.Popen(
@@ -72,6 +159,8 @@ def remove_at_end(path: str) -> None:
     scratch directory, such as a socket's directory that must stay short)."""
     scratch_dir()
     with _lock:
+        with open(os.path.join(_dir, OUTSIDE_FILE), "a") as f:
+            f.write(path + "\n")
         _sweeper.stdin.write(os.fsencode(path) + b"\n")
         _sweeper.stdin.flush()
 

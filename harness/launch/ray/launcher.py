@@ -51,6 +51,7 @@ from multiprocess import connection
 
 from harness.launch.ray.link import ControllerLink
 from harness.errors import HarnessError, SettingError
+from harness.launch import scratch
 from harness.launch.base import Backend, Launcher, Placement
 from harness.core.protocol import WorkerSpec
 
@@ -74,6 +75,7 @@ class HeldCluster:
     def __init__(self, nodes: int) -> None:
         # Short: Ray's unix socket paths under it must fit in 107 bytes.
         self.tmpdir = tempfile.mkdtemp(prefix="mwms-ray-", dir="/tmp")
+        scratch.remove_at_end(self.tmpdir)
         self.log = open(os.path.join(self.tmpdir, "holder.log"), "wb")
         self.holder = subprocess.Popen(
             [sys.executable, "-m", "harness.launch.ray.holder", str(nodes), self.tmpdir],
