@@ -38,3 +38,32 @@ def tensorflow_pids(exclude=()):
     skip = {os.getpid(), forkserver_pid(), *exclude}
     return linux.tensorflow_pids(p for p in psutil.process_iter(["pid"])
                                  if p.pid not in skip and _ours(p))
+
+
+def tutorial_loop(steps=10, pause=0.0, evaluate_every=0):
+    """A custom training loop the way TensorFlow's tutorials write one: it
+    reads TF_CONFIG through the strategy and knows nothing of the harness."""
+    import time
+
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        w = tf.Variable(1.0)
+
+    @tf.function
+    def train_step():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0),
+                               axis=None)
+
+    @tf.function
+    def eval_step():
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(lambda: w * 0.5),
+                               axis=None)
+
+    total = 0.0
+    for k in range(steps):
+        total += float(train_step())
+        if evaluate_every and k % evaluate_every == evaluate_every - 1:
+            float(eval_step())
+        time.sleep(pause)   # data loading, logging: time between collectives
+    return total

@@ -2,11 +2,13 @@
 loop (a collective mismatch, reported by every worker: no echo, every
 worker's line whole), and a ``RaiseError`` whose step begins while a
 ``tf.function`` is traced (it reaches the user as ``InjectedFault``)."""
+import os
 import re
 
 import pytest
 
 from harness import faults as F
+from helpers import tutorial_loop
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -82,21 +84,6 @@ def test_a_skipped_step_is_a_collective_mismatch_on_every_worker_not_an_echo(mwm
     assert "the members of a collective disagree" in root, text
 
 
-def tutorial_loop(steps=5):
-    """Its one ``tf.function`` is traced at its first call, the step 0."""
-    import tensorflow as tf
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        w = tf.Variable(1.0)
-
-    @tf.function
-    def train_step():
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0),
-                               axis=None)
-
-    return sum(float(train_step()) for _ in range(steps))   # the user's call
-
-
 def step_function_per_step(steps=5):
     """A ``tf.function`` made anew for every step, as TensorFlow's
     failure-handling test makes its own: every step begins in a trace."""
@@ -129,4 +116,5 @@ def test_raise_error_in_a_trace_reaches_the_user_as_injected_fault(mwms_cluster,
     assert not re.search(r"harness/worker/(actions|context)\.py", tb), tb
     assert "__autograph_generated" not in tb and "tensorflow/" not in tb, tb
     assert tb.rstrip().endswith("harness.errors.InjectedFault: boom"), tb
-    assert "root error: InjectedFault: boom at test_diagnosis_text.py:" in result.diagnosis
+    where = os.path.basename(fn.__code__.co_filename)
+    assert f"root error: InjectedFault: boom at {where}:" in result.diagnosis

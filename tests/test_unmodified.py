@@ -5,37 +5,9 @@ import pytest
 
 from harness import faults as F
 from harness.core import versions
+from helpers import tutorial_loop
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def tutorial_loop(steps=10, pause=0.0, evaluate_every=0):
-    """A custom training loop the way TensorFlow's tutorials write one: it
-    reads TF_CONFIG through the strategy and knows nothing of the harness."""
-    import time
-
-    import tensorflow as tf
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        w = tf.Variable(1.0)
-
-    @tf.function
-    def train_step():
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0),
-                               axis=None)
-
-    @tf.function
-    def eval_step():
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(lambda: w * 0.5),
-                               axis=None)
-
-    total = 0.0
-    for k in range(steps):
-        total += float(train_step())
-        if evaluate_every and k % evaluate_every == evaluate_every - 1:
-            float(eval_step())
-        time.sleep(pause)   # data loading, logging: time between collectives
-    return total
 
 
 def test_a_long_unmodified_job_is_not_called_hung_while_its_collectives_complete(mwms_cluster):
