@@ -277,8 +277,26 @@ class BadTFConfig(Fault):
         return tfconfig.apply_bad_config(configs, self.worker, self.kind, spare_port)
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
+class StartDelay(Fault):
+    """The worker's process starts ``seconds`` later than the others', or
+    never when ``seconds`` is None: a pod that is scheduled late, or stays
+    Pending.  Nothing of it runs before (no ``TF_CONFIG``, no TensorFlow
+    server, no port bound, no user code) and it reports nothing; a worker
+    that never starts waits until the run ends.  How long its peers wait
+    for it is TensorFlow's coordination service's registration timeout
+    (``cluster_register_timeout_in_ms``, an hour unless the job sets it;
+    see "A worker that starts late" above)."""
+    seconds: Optional[float]
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "seconds", self.seconds, allow_none=True)
+
+
 FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, Partition,
-               Bandwidth, Latency, ResetPeers, BadTFConfig)
+               Bandwidth, Latency, ResetPeers, BadTFConfig,
+               StartDelay)
 
 
 def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fault, ...]:
@@ -286,7 +304,7 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fau
     to ``restarts`` times; return it as a tuple.
 
     Each fault checks its own fields (:meth:`Fault.check`); across the plan,
-    a worker may have one ``BadTFConfig`` per attempt at most.
+    a worker may have one ``BadTFConfig`` and one ``StartDelay`` per attempt at most.
     """
     if faults is None:
         return ()
@@ -294,6 +312,7 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fau
         faults = (faults,)
     plan = tuple(faults)
     seen_config = set()
+    seen_start = set()
     for f in plan:
         if not isinstance(f, Fault):
             raise FaultError(f"{f!r} is not a fault; use one of "
@@ -304,6 +323,11 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fau
                 raise FaultError(f"{f!r}: worker {f.worker} already has a BadTFConfig"
                                  + (f" in attempt {f.attempt}" if restarts else ""))
             seen_config.add((f.worker, f.attempt))
+        if isinstance(f, StartDelay):
+            if (f.worker, f.attempt) in seen_start:
+                raise FaultError(f"{f!r}: worker {f.worker} already has a StartDelay"
+                                 + (f" in attempt {f.attempt}" if restarts else ""))
+            seen_start.add((f.worker, f.attempt))
     return plan
 
 

@@ -6,6 +6,9 @@ applies to the run's situation and answers wins, as with pytest's
 
 The order of the table is the order of trust:
 
+* a worker that started late, or never, while every other worker ended
+  waiting for the cluster to form in strategy creation, is the cause of
+  whatever they raised or died of (``late_start``);
 * a death is a cause whatever else happened (``crash``), unless a worker
   found stopped had stopped before anyone died (``stopped_before_deaths``),
   or every worker exited alike, which names no one (``coordinated_exit``),
@@ -58,6 +61,7 @@ from harness.diagnosis.facts import (CRASHED, DIVERGED, FAILED, FAILED_ECHOES, F
 from harness.diagnosis.rules_any import (config, coordinated_exit, crash, nothing_to_blame, reference,
                                          replicas, stopped_before_deaths, timed_out_abort)
 from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_mismatch, sync_check
+from harness.diagnosis.rules_start import late_start
 from harness.diagnosis.rules_stuck import (behind, collective_counts, heartbeat, majority, no_evidence,
                                            outside_tensorflow, split, stopped)
 
@@ -78,6 +82,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),
     Rule("replicas", frozenset({DIVERGED}), replicas),
     Rule("reference", frozenset({DIVERGED}), reference),
+    Rule("late_start", _TROUBLE | frozenset({CRASHED}), late_start),
     Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
     Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
     Rule("timed_out_abort", frozenset({CRASHED}), timed_out_abort),

@@ -6,6 +6,8 @@ over the channel of :mod:`harness.core.protocol`:
 1. joins its cluster's network namespace when the run is isolated
    (:mod:`harness.network.namespace`), then ties its life to its parent's
    (``PR_SET_PDEATHSIG``) and starts its group reaper (:mod:`.process`);
+   a worker with a ``StartDelay`` then waits it out (or, never starting,
+   until it is killed) before anything else of it runs;
 2. sends stdout and stderr to its log file;
 3. arms ``faulthandler``: :data:`~harness.core.protocol.DUMP_SIGNAL` dumps every
    thread's Python stack to the stack file, and fatal signals dump to the log;
@@ -32,6 +34,7 @@ import traceback
 
 from harness.core import linux, progress, protocol, serialize
 from harness.errors import HarnessError, SerializationError
+from harness.faults import StartDelay
 from harness.core.protocol import Message, WorkerError, WorkerSpec
 from harness.worker import context as context_module
 from harness.worker.process import flush_output, redirect_output, start_group_reaper
@@ -114,6 +117,20 @@ def load_call(payload: bytes):
                                  f"{type(e).__name__}: {e}") from e
 
 
+def wait_for_start(spec: WorkerSpec, conn) -> None:
+    """Wait out this worker's ``StartDelay``, if it has one, then report it
+    (the record lists it as injected; no rule reads it).  A late worker
+    does not exist yet: nothing of it runs or reports before.  One whose
+    ``seconds`` is None waits until the parent kills it: it never starts."""
+    delay = next((f for f in spec.faults if isinstance(f, StartDelay)), None)
+    if delay is None:
+        return
+    while delay.seconds is None:
+        time.sleep(3600)
+    time.sleep(delay.seconds)
+    Channel(conn, spec.index).send(protocol.FAULT, data=delay)
+
+
 def worker_main(spec: WorkerSpec, conn) -> None:
     # The cluster's own network first: joining a user namespace needs a
     # single-threaded process, and it changes credentials, which would
@@ -126,6 +143,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             netns_error = e
     linux.die_with_parent(EXIT_ORPHANED)
     start_group_reaper()
+    wait_for_start(spec, conn)
     redirect_output(spec.log_path)
     stack_file = os.fdopen(os.open(spec.stack_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
                            "w")
