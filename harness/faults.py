@@ -17,9 +17,10 @@ row in the worker's action table (:data:`harness.worker.actions.ACTIONS`)
 saying what it does there.  What a
 fault does in the parent is declared on the class: ``edit_configs`` (a
 ``TF_CONFIG`` fault), ``parent_signals`` (a pause the parent ends, a
-preempted worker the parent kills when its grace is over) and
+preempted worker the parent kills when its grace is over),
 ``network_commands`` (a link the parent cuts or throttles, see
-:mod:`harness.network.namespace`).
+:mod:`harness.network.namespace`) and ``host_names`` (a name in ``TF_CONFIG``
+that resolves when the parent says).
 
 Every fault acts in one attempt of a run (``attempt=``, keyword only, 0 by
 default); see ``run(restarts=...)``.
@@ -91,6 +92,13 @@ class Fault:
         acted: ``(seconds after, command)`` pairs for
         :meth:`harness.network.namespace.Switch.command`.  A fault with any puts the
         run's workers in network namespaces of their own."""
+        return ()
+
+    def host_names(self) -> Tuple[Tuple[str, Optional[float]], ...]:
+        """The host names this fault lists in ``TF_CONFIG`` and when each
+        resolves: ``(name, seconds after the attempt starts or None: never)``
+        pairs.  A fault with any runs its cluster with an ``/etc/hosts`` of
+        its own (:class:`harness.network.namespace.Namespace`)."""
         return ()
 
 
@@ -278,6 +286,29 @@ class BadTFConfig(Fault):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
+class UnresolvedHost(Fault):
+    """Every worker's ``TF_CONFIG`` lists worker ``worker`` by a host name
+    (``mwms-worker-W``, see :func:`harness.core.tfconfig.host_name`) that
+    resolves to its address only ``seconds`` after the attempt starts, or
+    never when None: a peer's Service name that the cluster's DNS does not
+    know yet (tensorflow#53098, kubeflow/trainer#1458).  A lookup before
+    then fails at once, "Name or service not known".  Needs a network
+    namespace (``--mwms-network``): the run's own ``/etc/hosts``, see
+    :class:`harness.network.namespace.Namespace`."""
+    seconds: Optional[float] = None
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "seconds", self.seconds, allow_none=True)
+
+    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+        return tfconfig.name_worker(configs, self.worker, tfconfig.host_name(self.worker))
+
+    def host_names(self) -> Tuple[Tuple[str, Optional[float]], ...]:
+        return ((tfconfig.host_name(self.worker), self.seconds),)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class StartDelay(Fault):
     """The worker's process starts ``seconds`` later than the others', or
     never when ``seconds`` is None: a pod that is scheduled late, or stays
@@ -296,7 +327,8 @@ class StartDelay(Fault):
 
 FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, Partition,
                Bandwidth, Latency, ResetPeers, BadTFConfig,
-               StartDelay)
+               StartDelay,
+               UnresolvedHost)
 
 
 def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fault, ...]:
@@ -335,6 +367,11 @@ def needs_network(plan: Iterable[Fault]) -> bool:
     """Whether a fault of ``plan`` acts on the network (workers then need
     network namespaces of their own)."""
     return any(f.network_commands() for f in plan)
+
+
+def needs_host_names(plan: Iterable[Fault]) -> bool:
+    """Whether a fault of ``plan`` lists a worker by a host name the run resolves."""
+    return any(f.host_names() for f in plan)
 
 
 def in_attempt(plan: Iterable[Fault], attempt: int) -> Tuple[Fault, ...]:

@@ -116,8 +116,13 @@ def test_a_scratch_directory_is_stale_only_when_its_owner_is_gone(tmp_path):
     # The same pid, started at another time, is another process.
     owner.write_text(f"{os.getpid()} 1\n")
     assert scratch.stale(str(path), now)
-    owner.write_text("garbage")
+    owner.write_text("garbage\n")
     assert scratch.stale(str(path), now)
+    # Half-written (no end of line yet): the grace of a directory being made.
+    owner.write_text("")
+    assert not scratch.stale(str(path), now)
+    owner.write_text(f"{os.getpid()}")
+    assert not scratch.stale(str(path), now)
     # Not a directory of this kind: never touched.
     link = tmp_path / (scratch.PREFIX + "link")
     link.symlink_to(path)

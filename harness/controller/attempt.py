@@ -102,6 +102,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         # still importing TensorFlow (the first run of a session) is no
         # hang of theirs.
         start = time.monotonic()
+        job.network.workers_started()
         tracked = [TrackedWorker(h, WorkerObservation(
             index=h.index, tf_config=job.network.logical(configs[h.index]), ledger=req.ledger),
             LedgerView(start), readers[h.index]) for h in handles]

@@ -10,7 +10,7 @@ import ctypes
 import os
 import signal
 import time
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 import psutil
 
@@ -53,16 +53,25 @@ def become_subreaper() -> None:
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
 
 
-def enter_namespaces(user_ns: str, net_ns: str) -> None:
+def enter_namespaces(user_ns: str, net_ns: str, mount_ns: Optional[str] = None) -> None:
     """Join the user namespace at path ``user_ns``, then the network
     namespace at ``net_ns`` (``/proc/PID/ns/user`` and ``.../net`` of the
-    process that holds them): ``setns(2)`` through libc, as Python 3.11 has
-    no ``os.setns``.  Joining a user namespace needs a single-threaded
-    process, so a worker does it first thing.  Raises ``OSError``."""
+    process that holds them), then, if given, the mount namespace at
+    ``mount_ns`` (``.../mnt``: a run's own ``/etc/hosts``): ``setns(2)``
+    through libc, as Python 3.11 has no ``os.setns``.  Joining a user or a
+    mount namespace needs a single-threaded process, so a worker does it
+    first thing.  Joining a mount namespace moves the process to its root
+    directory; the working directory is kept (the namespace is a copy of
+    the host's mounts).  Raises ``OSError``."""
     libc = ctypes.CDLL(None, use_errno=True)
-    for path, kind in ((user_ns, CLONE_NEWUSER), (net_ns, CLONE_NEWNET)):
+    cwd = os.getcwd()
+    joins = [(user_ns, CLONE_NEWUSER), (net_ns, CLONE_NEWNET)]
+    if mount_ns is not None:
+        joins.append((mount_ns, CLONE_NEWNS))
+    for path, kind in joins:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             if libc.setns(fd, kind) != 0:
@@ -70,6 +79,8 @@ def enter_namespaces(user_ns: str, net_ns: str) -> None:
                 raise OSError(err, f"setns({path}): {os.strerror(err)}")
         finally:
             os.close(fd)
+    if mount_ns is not None:
+        os.chdir(cwd)
 
 
 def alive(pid: int) -> bool:

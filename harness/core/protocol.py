@@ -45,12 +45,17 @@ class Kind(TextEnum):
     LEDGER_OFF = "ledger_off"   # data: why the ledger could not be recorded
     # The progress map (harness.core.progress) is half full: read it now.
     DRAIN = "drain"
+    # A host name of TF_CONFIG's cluster, as this worker's own lookups see it
+    # (harness.worker.names): data {"address": "HOST:PORT", "error": text}.
+    NAME_UNRESOLVED = "name_unresolved"
+    NAME_RESOLVED = "name_resolved"
 
 
 STARTED, STRATEGY_CREATING, STRATEGY_CREATED = Kind.STARTED, Kind.STRATEGY_CREATING, Kind.STRATEGY_CREATED
 STEP, STEPS_DONE, FAULT, RETURNED, RAISED = Kind.STEP, Kind.STEPS_DONE, Kind.FAULT, Kind.RETURNED, Kind.RAISED
 REPLICAS, DRAIN, LEDGER_OFF = Kind.REPLICAS, Kind.DRAIN, Kind.LEDGER_OFF
 LEDGER_FUNCTION, LEDGER_COLLECTIVE = Kind.LEDGER_FUNCTION, Kind.LEDGER_COLLECTIVE
+NAME_UNRESOLVED, NAME_RESOLVED = Kind.NAME_UNRESOLVED, Kind.NAME_RESOLVED
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_OFF)
 

@@ -39,6 +39,23 @@ def cluster_configs(ports: Sequence[int], host: str = HOST,
     return [tf_config(ports, i, host, hosts) for i in range(len(ports))]
 
 
+def host_name(worker: int) -> str:
+    """The host name by which :func:`name_worker` lists worker ``worker``."""
+    return f"mwms-worker-{worker}"
+
+
+def name_worker(configs: Sequence[Optional[dict]], worker: int, name: str) -> list:
+    """``configs`` with worker ``worker`` listed as ``name:PORT`` in every
+    cluster list that has it (a Service name in place of an address)."""
+    import copy
+    out = [copy.deepcopy(c) for c in configs]
+    for cfg in out:
+        workers = (cfg or {}).get("cluster", {}).get("worker")
+        if isinstance(workers, list) and worker < len(workers):
+            workers[worker] = f"{name}:{workers[worker].rpartition(':')[2]}"
+    return out
+
+
 def dumps(config: dict | None) -> str | None:
     return None if config is None else json.dumps(config, sort_keys=True)
 

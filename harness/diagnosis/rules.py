@@ -14,6 +14,9 @@ The order of the table is the order of trust:
   or every worker exited alike, which names no one (``coordinated_exit``),
   or the dead died of TensorFlow aborting a timed-out collective, which
   names no one either (``timed_out_abort``);
+* a worker whose address in ``TF_CONFIG`` did not resolve, as the errors
+  or the workers' own lookups say, explains a failure or a hang
+  (``unresolved_address``);
 * a ``TF_CONFIG`` that disagrees explains a failure or a hang (``config``);
 * in a failure, a collective whose shapes differ names the odd shape
   (``shape_mismatch`` from the errors, ``collective_shapes`` from the
@@ -61,6 +64,7 @@ from harness.diagnosis.facts import (CRASHED, DIVERGED, FAILED, FAILED_ECHOES, F
 from harness.diagnosis.rules_any import (config, coordinated_exit, crash, nothing_to_blame, reference,
                                          replicas, stopped_before_deaths, timed_out_abort)
 from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_mismatch, sync_check
+from harness.diagnosis.rules_names import unresolved_address
 from harness.diagnosis.rules_start import late_start
 from harness.diagnosis.rules_stuck import (behind, collective_counts, heartbeat, majority, no_evidence,
                                            outside_tensorflow, split, stopped)
@@ -87,6 +91,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
     Rule("timed_out_abort", frozenset({CRASHED}), timed_out_abort),
     Rule("crash", frozenset({CRASHED}), crash),
+    Rule("unresolved_address", _TROUBLE, unresolved_address),
     Rule("config", _TROUBLE, config),
     Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),
     Rule("collective_shapes", _FAILED_ANY | _STUCK, collective_shapes),

@@ -102,7 +102,7 @@ def stale(path: str, now: float) -> bool:
     if info.st_uid != os.getuid() or not os.path.isdir(path) or os.path.islink(path):
         return False
     owner = _read(os.path.join(path, OWNER_FILE))
-    if owner is None:
+    if owner is None or not owner.endswith("\n"):
         return now - info.st_mtime > UNOWNED_GRACE_SECONDS
     return not owner_alive(owner)
 
@@ -139,8 +139,11 @@ def _owned(path: str) -> bool:
 def _adopt(path: str) -> None:
     global _dir, _sweeper, _owner
     _dir, _owner = path, os.getpid()
-    with open(os.path.join(path, OWNER_FILE), "w") as f:
+    # Written whole or not at all: a half-written file must not read as a dead owner.
+    partial = os.path.join(path, OWNER_FILE + ".partial")
+    with open(partial, "w") as f:
         f.write(f"{_owner} {start_time(_owner)}\n")
+    os.replace(partial, os.path.join(path, OWNER_FILE))
     # This file run as a script, isolated (-I): it needs only the standard
     # library, so nothing of the user's environment can stop it sweeping.
     _sweeper = subprocess.Popen(

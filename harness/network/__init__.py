@@ -6,6 +6,10 @@ function, :func:`choose_network`, before any process starts.
 - ``proxy``: the TCP proxy between workers, for ``Latency`` and
   ``ResetPeers``, run as its own process in the bridge's namespace.
 
+A fault that lists a worker by a host name (``UnresolvedHost``) gets a
+cluster namespace with an ``/etc/hosts`` of its own, in which the name
+resolves when the fault says (:meth:`RunNetwork.new_attempt`).
+
 It may import :mod:`harness.core`, :mod:`harness.errors` and
 :mod:`harness.faults`; nothing here imports TensorFlow.
 """
@@ -15,9 +19,11 @@ import contextlib
 import dataclasses
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from harness.core import tfconfig
 from harness.errors import SettingError
-from harness.faults import Fault, needs_network
-from harness.network.namespace import Namespace, Switch, available, needs_proxy, switch_available
+from harness.faults import Fault, in_attempt, needs_host_names, needs_network
+from harness.network.namespace import (Namespace, Switch, available, names_available, needs_proxy,
+                                       switch_available)
 
 NETWORK_MODES = ("auto", "isolated", "host")
 
@@ -51,9 +57,11 @@ class RunNetwork:
     whether the workers are on the host, in one namespace, or each in its
     own on a switch."""
 
-    def __init__(self, namespace=None) -> None:
+    def __init__(self, namespace=None, plan: Sequence[Fault] = ()) -> None:
         self.namespace = namespace   # None, a Namespace or a Switch
         self.switch: Optional[Switch] = namespace if isinstance(namespace, Switch) else None
+        self.plan = tuple(plan)      # for the host names its faults list
+        self.attempt = -1            # the attempt new_attempt last began
 
     def hosts(self, placed: Optional[Tuple[str, ...]]) -> Optional[Sequence[str]]:
         """The workers' addresses in ``TF_CONFIG``: the switch's, or where
@@ -61,11 +69,25 @@ class RunNetwork:
         return self.switch.hosts if self.switch is not None else placed
 
     def new_attempt(self, configs: List[Optional[dict]]) -> List[Optional[dict]]:
-        """Every link up and unthrottled again; each worker's view of the cluster."""
+        """Every link up and unthrottled again, every host name of the plan
+        unresolved again; each worker's view of the cluster."""
+        self.attempt += 1
+        if isinstance(self.namespace, Namespace) and self.namespace.names:
+            self.namespace.forget()
         if self.switch is None:
             return configs
         self.switch.reset()
         return self.switch.route(configs)
+
+    def workers_started(self) -> None:
+        """The attempt's workers exist (its clock starts): each host name
+        of its faults resolves when its fault says, counted from now."""
+        if not (isinstance(self.namespace, Namespace) and self.namespace.names):
+            return
+        for fault in in_attempt(self.plan, self.attempt):
+            for name, seconds in fault.host_names():
+                if seconds is not None:
+                    self.namespace.resolve(name, tfconfig.HOST, seconds)
 
     def logical(self, config: Optional[dict]) -> Optional[dict]:
         """A worker's ``TF_CONFIG`` with the proxy's addresses mapped back:
@@ -93,6 +115,7 @@ class NetworkChoice:
 
     kind: str
     proxied: bool = False
+    plan: Tuple[Fault, ...] = ()   # with host names to resolve: an /etc/hosts of its own
 
     @contextlib.contextmanager
     def open(self, num_workers: int, ports: Sequence[int]) -> Iterator[RunNetwork]:
@@ -101,9 +124,9 @@ class NetworkChoice:
             yield RunNetwork()
             return
         made = (Switch(num_workers, ports if self.proxied else None)
-                if self.kind == "switched" else Namespace())
+                if self.kind == "switched" else Namespace(names=needs_host_names(self.plan)))
         with made as namespace:
-            yield RunNetwork(namespace)
+            yield RunNetwork(namespace, self.plan)
 
 
 def choose_network(mode: str, no_namespace: Optional[str],
@@ -115,6 +138,8 @@ def choose_network(mode: str, no_namespace: Optional[str],
     if mode == "isolated" and not isolate:
         raise SettingError(f"network='isolated': this machine cannot give a cluster a "
                            f"network namespace of its own ({why})")
+    if needs_host_names(plan):
+        return _named(isolate, why, plan)
     if not needs_network(plan):
         return NetworkChoice("shared" if isolate else "host")
     able, why = switch_available() if isolate else (False, why)
@@ -123,3 +148,17 @@ def choose_network(mode: str, no_namespace: Optional[str],
                            f"this run has none ({why})")
     commands = [command for fault in plan for _, command in fault.network_commands()]
     return NetworkChoice("switched", needs_proxy(commands))
+
+
+def _named(isolate: bool, why: str, plan: Sequence[Fault]) -> NetworkChoice:
+    """A cluster namespace with an ``/etc/hosts`` of its own, for a plan
+    that lists a worker by a host name, or a SettingError saying why not."""
+    named = [f for f in plan if f.host_names()]
+    if needs_network(plan):
+        raise SettingError(f"{named[0]!r} cannot be combined with network faults (they give "
+                           f"each worker a namespace of its own, without a hosts file)")
+    able, why = names_available() if isolate else (False, why)
+    if not able:
+        raise SettingError(f"{named[0]!r} needs a network and mount namespace with an "
+                           f"/etc/hosts of its own, and this run has none ({why})")
+    return NetworkChoice("shared", plan=tuple(plan))

@@ -37,10 +37,12 @@ START_WAIT = 5.0
 _probed: Optional[Tuple[bool, str]] = None
 
 
-def start_anchor(script: str, env: Optional[dict] = None) -> subprocess.Popen:
-    """``script`` (sh) in a new user and network namespace, its stdin, stdout
+def start_anchor(script: str, env: Optional[dict] = None,
+                 flags: str = "-Urn") -> subprocess.Popen:
+    """``script`` (sh) in a new user and network namespace (``flags``:
+    ``unshare``'s, ``-Urnm`` for a mount namespace too), its stdin, stdout
     and stderr pipes to this process."""
-    return subprocess.Popen(["unshare", "-Urn", "sh", "-c", script], env=env,
+    return subprocess.Popen(["unshare", flags, "sh", "-c", script], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, close_fds=True)
 
@@ -69,18 +71,73 @@ def anchor_failed(anchor: subprocess.Popen, default: str) -> OSError:
     return OSError(why.splitlines()[-1] if why else default)
 
 
-class Namespace:
-    """A user + network namespace held by an anchor process; a context manager."""
+# The anchor of a cluster whose host names the run decides (UnresolvedHost):
+# it also holds a mount namespace in which /etc/hosts is its own (a copy of
+# the host's) and names are looked up in it alone (nsswitch "hosts: files":
+# a name it lacks fails at once, "Name or service not known", as a name
+# the cluster's DNS does not know yet).  The copies are bind-mounted, then
+# unlinked, so nothing of them is left outside.  It then reads commands:
+# "resolve SECONDS NAME ADDRESS" (NAME resolves to ADDRESS from SECONDS on;
+# written in place, so the bind mount sees it) and "forget" (every name
+# unresolved again, pending ones dropped: a new attempt).
+NAMED_ANCHOR = r"""
+ip link set lo up || exit 1
+d=$(mktemp -d) || exit 1
+cp /etc/hosts "$d/hosts" && printf 'hosts: files\n' > "$d/nsswitch" \
+  && mount --bind "$d/hosts" /etc/hosts && mount --bind "$d/nsswitch" /etc/nsswitch.conf
+ok=$?
+rm -rf "$d"
+[ $ok -eq 0 ] || exit 1
+base=$(cat /etc/hosts)
+timers=""
+trap 'kill $timers 2>/dev/null' EXIT
+echo ready
+while read -r cmd seconds name address; do
+  case "$cmd" in
+    resolve) ( sleep "$seconds"; echo "$address $name" >> /etc/hosts ) &
+             timers="$timers $!" ;;
+    forget) kill $timers 2>/dev/null; timers=""
+            printf '%s\n' "$base" > /etc/hosts ;;
+  esac
+done
+"""
 
-    def __init__(self) -> None:
-        self.anchor = start_anchor(ANCHOR)
+
+class Namespace:
+    """A user + network namespace held by an anchor process; a context manager.
+
+    With ``names``, it also holds a mount namespace with an ``/etc/hosts``
+    of its own (:data:`NAMED_ANCHOR`), where :meth:`resolve` makes a host
+    name resolve from a given moment on."""
+
+    def __init__(self, names: bool = False) -> None:
+        self.names = names
+        self.anchor = (start_anchor(NAMED_ANCHOR, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                                    flags="-Urnm") if names else start_anchor(ANCHOR))
         if self.anchor.stdout.readline().strip() != b"ready":
             raise anchor_failed(self.anchor, "unshare -Urn did not start")
 
     @property
-    def paths(self) -> Tuple[str, str]:
-        """Where a worker joins: the anchor's user and network namespaces."""
-        return (f"/proc/{self.anchor.pid}/ns/user", f"/proc/{self.anchor.pid}/ns/net")
+    def paths(self) -> Tuple[str, ...]:
+        """Where a worker joins: the anchor's user and network namespaces
+        (and its mount namespace, with ``names``)."""
+        ns = f"/proc/{self.anchor.pid}/ns"
+        return (f"{ns}/user", f"{ns}/net") + ((f"{ns}/mnt",) if self.names else ())
+
+    def resolve(self, name: str, address: str, seconds: float) -> None:
+        """``name`` resolves to ``address`` in the namespace ``seconds`` from now."""
+        self._command(f"resolve {seconds:g} {name} {address}")
+
+    def forget(self) -> None:
+        """No name of :meth:`resolve` resolves any more, nor will."""
+        self._command("forget")
+
+    def _command(self, line: str) -> None:
+        try:
+            self.anchor.stdin.write(line.encode() + b"\n")
+            self.anchor.stdin.flush()
+        except OSError:
+            pass   # it is gone: the run is ending
 
     def close(self) -> None:
         """End the anchor: the namespace goes with the last process in it."""
@@ -307,3 +364,26 @@ def switch_available() -> Tuple[bool, str]:
             except OSError as e:
                 _switch_probed = (False, f"a bridged namespace could not be made: {e}")
     return _switch_probed
+
+
+_names_probed: Optional[Tuple[bool, str]] = None
+
+
+def names_available() -> Tuple[bool, str]:
+    """Whether a cluster namespace can have an ``/etc/hosts`` of its own
+    here (``Namespace(names=True)``: a mount namespace too), and why not;
+    tried once per process."""
+    global _names_probed
+    if _names_probed is None:
+        ok, why = available()
+        if not ok:
+            _names_probed = (False, why)
+        elif not shutil.which("mount"):
+            _names_probed = (False, "the mount command is not installed")
+        else:
+            try:
+                Namespace(names=True).close()
+                _names_probed = (True, "")
+            except OSError as e:
+                _names_probed = (False, f"unshare -Urnm with a bind-mounted /etc/hosts failed: {e}")
+    return _names_probed

@@ -9,6 +9,7 @@ from typing import Optional
 
 from harness.core import protocol
 from harness.errors import SecondStrategyError
+from harness.worker import names
 
 # How long a non-chief worker waits for the chief's port before it joins.
 CHIEF_WAIT = 1.0
@@ -115,6 +116,7 @@ def install_strategy_hook(ctx) -> None:
         if outermost:
             ctx.creating_strategy = True
             ctx.send(protocol.STRATEGY_CREATING, data={"tf_config": used})
+            names.watch(used, ctx.send)
             wait_for_chief(used)
         try:
             original(self, *args, **kwargs)

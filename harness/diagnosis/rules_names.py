@@ -1,0 +1,143 @@
+"""The blame rule for a worker whose address did not resolve.  See
+:mod:`harness.diagnosis.rules`.
+
+What the workers show, TensorFlow 2.21, measured (2 and 3 workers, a
+cluster list naming one worker by a host name that does not resolve):
+
+- a worker other than the chief: every strategy is made, and the first
+  collective fails at once (0.1-0.3 s) on the peers that must reach it,
+  ``UnavailableError`` "errors resolving HOST:PORT: ... Address lookup
+  failed for HOST:PORT os_error: Name or service not known syscall:
+  getaddrinfo", without a retry; the unresolved worker itself fails later,
+  of its peers' leaving.  TensorFlow's gRPC uses the native resolver
+  (``getaddrinfo``); with c-ares the words are "DNS resolution failed for
+  HOST:PORT", matched too;
+- the chief (the coordination service's leader): every worker waits in
+  strategy creation, its agent retrying the lookup in silence (nothing in
+  any log) until the name resolves, when the cluster goes on, or the
+  registration timeout (an hour by default) runs out.
+
+So the evidence is the errors' own words, and, for the silent case, what
+each worker's lookups of the cluster's names saw (``name_unresolved`` and
+``name_resolved`` events, :mod:`harness.worker.names`).  The address is
+mapped to a worker through the cluster list of ``TF_CONFIG``.
+"""
+from __future__ import annotations
+
+import collections
+import re
+from typing import Dict, List, Optional, Set, Tuple
+
+from harness.core import protocol
+from harness.diagnosis.blame import Blame
+from harness.diagnosis.configs import _cluster
+from harness.diagnosis.facts import Facts, phase
+from harness.diagnosis.observations import WorkerObservation
+from harness.diagnosis.words import names
+
+# gRPC's words for a lookup that failed, native resolver and c-ares.
+_RESOLVE_RES = (
+    re.compile(r"errors resolving ([^\s\[\]]+:\d+)"),
+    re.compile(r"Address lookup failed for ([^\s\[\]]+:\d+)"),
+    re.compile(r"DNS resolution failed for (?:service: )?([^\s\[\]]+:\d+)"),
+)
+_OS_ERROR_RE = re.compile(r"os_error: ([^\]\"]*?) syscall")
+
+
+def failed_lookups(w: WorkerObservation) -> Dict[str, str]:
+    """The addresses whose lookup failed in ``w``'s error, each with the
+    resolver's words ("" when the error does not say)."""
+    text = (w.error.message or "") if w.error is not None else ""
+    found: Dict[str, str] = {}
+    for pattern in _RESOLVE_RES:
+        for address in pattern.findall(text):
+            found.setdefault(address, "")
+    why = _OS_ERROR_RE.search(text)
+    return {a: why.group(1).strip() if why else "" for a in found}
+
+
+def unresolved_names(w: WorkerObservation) -> Dict[str, Tuple[str, Optional[float]]]:
+    """What ``w``'s own lookups saw: address -> (the resolver's words, when
+    it resolved after all, or None)."""
+    seen: Dict[str, Tuple[str, Optional[float]]] = {}
+    for e in w.events:
+        data = e.data if isinstance(e.data, dict) else {}
+        address = data.get("address")
+        if e.kind == protocol.NAME_UNRESOLVED and address:
+            seen[address] = (str(data.get("error") or ""), None)
+        elif e.kind == protocol.NAME_RESOLVED and address in seen:
+            seen[address] = (seen[address][0], e.time)
+    return seen
+
+
+def cluster_list(f: Facts) -> Tuple[str, ...]:
+    """The cluster's worker list most workers hold (empty: none holds one)."""
+    lists = collections.Counter(_cluster(w.tf_config) for w in f.workers)
+    lists.pop(None, None)
+    return lists.most_common(1)[0][0] if lists else ()
+
+
+def _owner(address: str, cluster: Tuple[str, ...]) -> Optional[int]:
+    return cluster.index(address) if address in cluster else None
+
+
+def _resolved_later(f: Facts, address: str) -> Optional[float]:
+    times = [t for w in f.workers for a, (_, t) in unresolved_names(w).items()
+             if a == address and t is not None]
+    return min(times) if times else None
+
+
+def _blame(owner: int, address: str, why: str, seen_by: List[int], head: str,
+           f: Facts) -> Blame:
+    words = f" ({why})" if why else ""
+    later = _resolved_later(f, address)
+    after = (f"; it resolved {later:.1f} s into the run, too late" if later is not None
+             else "")
+    return Blame([owner], f"its address {address} in TF_CONFIG did not resolve{words}, "
+                 f"as {names(seen_by)} saw{after}", f.worker(owner).last_step,
+                 headline=f"{names([owner])}'s address {address} did not resolve{words}: "
+                          f"{head}{after}")
+
+
+def unresolved_address(f: Facts) -> Optional[Blame]:
+    """A worker whose address in ``TF_CONFIG`` did not resolve: named by the
+    errors that say so, or, when every worker waits in strategy creation
+    with no error, by the lookups of the coordination leader's name that
+    failed and never came good (the chief's name: the one every worker's
+    coordination agent must reach)."""
+    cluster = cluster_list(f)
+    by_error: Dict[str, Tuple[str, Set[int]]] = {}
+    for w in f.workers:
+        for address, why in failed_lookups(w).items():
+            old_why, seen = by_error.setdefault(address, (why, set()))
+            seen.add(w.index)
+            if why and not old_why:
+                by_error[address] = (why, seen)
+    owned = {a: v for a, v in by_error.items() if _owner(a, cluster) is not None}
+    if len(owned) == 1:
+        address, (why, seen) = next(iter(owned.items()))
+        raised = sorted(seen)
+        return _blame(_owner(address, cluster), address, why, raised,
+                      f"{names(raised)} failed the first time "
+                      f"{'it' if len(raised) == 1 else 'they'} reached it "
+                      f"({_error_types(f, raised)}; TensorFlow does not look it up again)", f)
+    if not cluster or f.errors:
+        return None
+    waiting = [w for w in f.workers if phase(w) == protocol.STRATEGY_CREATING]
+    if len(waiting) != len(f.workers):
+        return None
+    leader = cluster[0]
+    saw = [w.index for w in f.workers
+           if leader in unresolved_names(w) and unresolved_names(w)[leader][1] is None]
+    if not saw:
+        return None
+    why = unresolved_names(f.worker(saw[0]))[leader][0]
+    return _blame(0, leader, why, saw,
+                  f"every worker waited in strategy creation for the coordination service "
+                  f"on it, with no error (TensorFlow retries the lookup in silence)", f)
+
+
+def _error_types(f: Facts, indexes: List[int]) -> str:
+    kinds = sorted({f.worker(i).error.type_name.rpartition(".")[2] for i in indexes
+                    if f.worker(i).error is not None})
+    return "/".join(kinds) or "an error"
