@@ -30,7 +30,6 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from harness.core import protocol
 from harness.diagnosis.blame import Blame
-from harness.diagnosis.configs import _cluster
 from harness.diagnosis.facts import Facts, phase
 from harness.diagnosis.observations import WorkerObservation
 from harness.diagnosis.words import names
@@ -70,9 +69,18 @@ def unresolved_names(w: WorkerObservation) -> Dict[str, Tuple[str, Optional[floa
     return seen
 
 
+def worker_list(config) -> Optional[Tuple[str, ...]]:
+    """A ``TF_CONFIG``'s ``cluster.worker`` list (None: it has none)."""
+    try:
+        workers = config["cluster"]["worker"]
+    except (TypeError, KeyError):
+        return None
+    return tuple(workers) if isinstance(workers, list) else None
+
+
 def cluster_list(f: Facts) -> Tuple[str, ...]:
     """The cluster's worker list most workers hold (empty: none holds one)."""
-    lists = collections.Counter(_cluster(w.tf_config) for w in f.workers)
+    lists = collections.Counter(worker_list(w.tf_config) for w in f.workers)
     lists.pop(None, None)
     return lists.most_common(1)[0][0] if lists else ()
 
