@@ -234,8 +234,9 @@ def run_command(argv: Sequence[str]) -> int:
           f"{settings.start_method}, {settings.devices})", flush=True)
     status = StatusLine()
     try:
+        # A worker whose script ended exits, as a job's process does.
         result = cluster.run(main, faults=plan, check_replicas=ns.check_replicas,
-                             progress=status)
+                             on_return="exit", progress=status)
     except KeyboardInterrupt:
         status.close()
         print("harness: interrupted; every worker was stopped", file=sys.stderr)

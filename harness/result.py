@@ -189,6 +189,12 @@ class RunResult:
         __tracebackhide__ = True
         return self._check(Outcome.CRASHED, culprits)
 
+    def assert_crashed_at_exit(self, culprits: Optional[Iterable[int]] = None) -> "RunResult":
+        """Every worker returned its value (training completed), and then
+        ``culprits``' processes died at exit (``Outcome.CRASHED_AT_EXIT``)."""
+        __tracebackhide__ = True
+        return self._check(Outcome.CRASHED_AT_EXIT, culprits)
+
     def assert_culprit(self, worker: int) -> "RunResult":
         """The diagnosis names ``worker``, alone and without doubt."""
         __tracebackhide__ = True

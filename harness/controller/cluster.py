@@ -187,7 +187,7 @@ class Cluster:
                    timeout: Optional[float] = None, grace: Optional[float] = None,
                    ledger=True, restarts: Optional[int] = None,
                    restart_on=DEFAULT_RESTART_ON, check_replicas=False,
-                   reference=False, on_return: str = "stay") -> RunResult:
+                   reference=False, on_return: str = "exit") -> RunResult:
         """Run a script on every worker as ``python path argv...`` would, or
         ``python -m module argv...`` with ``module=``; see
         :mod:`harness.controller.scripts`.
@@ -195,7 +195,10 @@ class Cluster:
         It completes when the script returns or exits with status 0, fails on
         an uncaught exception, and crashes on ``sys.exit(n)``, n != 0.  The
         path, module, ``argv`` (a sequence of str) and ``env`` are checked
-        before any process starts; the other arguments are :meth:`run`'s.
+        before any process starts; the other arguments are :meth:`run`'s,
+        but ``on_return`` is ``"exit"``: a worker whose script ended exits,
+        as a job's process does, and its atexit handlers run (``"stay"``
+        keeps it in the cluster until the run is decided).
         """
         main = script_main(path, argv, module=module, env=env,
                            start_method=self.launcher.start_method)

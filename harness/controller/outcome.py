@@ -25,10 +25,11 @@ Unacted = Tuple[str, str]
 
 def fail_unacted(outcome: str, text: str, never: Sequence[Unacted]) -> Tuple[str, str]:
     """The outcome and text of a run in which the faults ``never`` did not
-    act: a completed or hung run fails, and the text says which first."""
+    act: a completed or hung run (or one that crashed only at exit) fails,
+    and the text says which first."""
     if not never:
         return outcome, text
-    if outcome in (Outcome.COMPLETED, Outcome.HANG):
+    if outcome in (Outcome.COMPLETED, Outcome.HANG, Outcome.CRASHED_AT_EXIT):
         outcome = Outcome.FAILED
     return outcome, "\n".join([f"FAILED: {f} never acted: {why}" for f, why in never] + [text])
 

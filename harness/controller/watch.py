@@ -284,7 +284,9 @@ class WatchLoop:
             for w in self.workers:
                 if w.channel_open and not w.finished:
                     waitables[w.handle.conn] = ("conn", w)
-                if w.pending:
+                if w.pending or w.seen.exit_code is None:
+                    # One that returned too: when it left (on_return="exit")
+                    # and how it ended are evidence.
                     waitables[w.handle.sentinel] = ("sentinel", w)
             wake = min(hang_at, grace_at, action_at, self.next_report)
             ready = connection.wait(list(waitables), timeout=max(0.0, wake - now))

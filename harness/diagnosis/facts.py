@@ -30,7 +30,9 @@ FAILED_ECHOES = "failed_echoes"  # a worker raised, but every error is an echo
 FAILED_MISMATCH = "failed_mismatch"
 HANG_ = Outcome.HANG
 DIVERGED = "diverged"         # every worker returned, but their replicas disagree
-SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, FAILED_MISMATCH, HANG_, DIVERGED)
+CRASHED_AT_EXIT = Outcome.CRASHED_AT_EXIT   # every worker returned; one died at exit
+SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, FAILED_MISMATCH, HANG_, DIVERGED,
+              CRASHED_AT_EXIT)
 
 
 def or_inf(t: Optional[float]) -> float:
@@ -77,7 +79,9 @@ def reference_steps(ws: Sequence[WorkerObservation]) -> Tuple[int, ...]:
 
 def outcome_of(obs: RunObservation) -> Outcome:
     """Strict precedence: crashed, then failed, then hang, else completed;
-    a run whose workers all returned but disagree (the replica check) failed."""
+    a run whose workers all returned but disagree (the replica check)
+    failed; one whose workers all returned, and agree, but one of whose
+    processes then died crashed at exit."""
     ws = obs.workers
     if any(w.died for w in ws):
         return Outcome.CRASHED
@@ -87,6 +91,8 @@ def outcome_of(obs: RunObservation) -> Outcome:
         return Outcome.HANG
     if diverged(obs):
         return Outcome.FAILED
+    if any(w.died_at_exit for w in ws):
+        return Outcome.CRASHED_AT_EXIT
     return Outcome.COMPLETED
 
 

@@ -72,6 +72,23 @@ def total_launched(w: WorkerObservation) -> int:
     return sum(len(ops[c.function]) for c in collective_calls(w))
 
 
+def last_call(w: WorkerObservation) -> Optional[Call]:
+    """The worker's last call that launches collectives (None: none)."""
+    calls = collective_calls(w)
+    return calls[-1] if calls else None
+
+
+def function_of(w: WorkerObservation, call: Call) -> str:
+    """The name of the function ``call`` is a call of (``?``: not known)."""
+    return _names(w).get(call.function, "?")
+
+
+def calls_of(w: WorkerObservation, name: str) -> int:
+    """How many calls of the function named ``name`` the worker made."""
+    named = _names(w)
+    return sum(1 for c in collective_calls(w) if named.get(c.function) == name)
+
+
 def pending_call(w: WorkerObservation) -> Optional[Call]:
     """The call the worker is blocked in: its last collective call that never ended."""
     calls = [c for c in collective_calls(w) if c.ended is None]

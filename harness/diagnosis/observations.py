@@ -15,13 +15,21 @@ from harness.core.protocol import TextEnum, WorkerError
 
 class Outcome(TextEnum):
     """What a run ends as, the diagnosis's first answer (precedence, from
-    the highest: crashed, failed, hang).  Each equals its text:
-    ``result.outcome == "hang"`` holds."""
+    the highest: crashed, failed, hang, crashed_at_exit).  Each equals its
+    text: ``result.outcome == "hang"`` holds.
+
+    ``CRASHED_AT_EXIT``: every worker returned its value (training
+    completed, ``return_values`` hold them all), but one or more of their
+    processes then ended by a signal or a non-zero status, as at the exit
+    of a script (``on_return="exit"``): what a cluster manager sees as a
+    failed job (tensorflow#56684).  Not a pass, and not a crash during
+    training."""
 
     COMPLETED = "completed"
     FAILED = "failed"
     CRASHED = "crashed"
     HANG = "hang"
+    CRASHED_AT_EXIT = "crashed_at_exit"
 
 
 OUTCOMES = tuple(Outcome)
@@ -208,6 +216,21 @@ class WorkerObservation:
         """Ended without returning or raising, and not by the harness's hand."""
         return (not self.finished and self.exit_code is not None
                 and not self.killed_by_harness)
+
+    @property
+    def died_at_exit(self) -> bool:
+        """Returned its value, then its process ended by a signal or a
+        non-zero status (an atexit handler, teardown), not by the harness's
+        hand."""
+        return (self.returned and self.error is None and self.exit_code not in (None, 0)
+                and not self.killed_by_harness)
+
+    def left_during(self, obs: "RunObservation") -> bool:
+        """Returned, and its process ended while the run was still watched
+        (``on_return="exit"``): its peers saw it leave.  A worker that stays
+        (``on_return="stay"``) ends only once the run is decided."""
+        return (self.returned and self.error is None and self.exit_time is not None
+                and not self.killed_by_harness and self.exit_time <= obs.duration)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -16,6 +16,7 @@ from harness.diagnosis.echoes import (error_text, exit_text, is_collective_misma
                                       short_type, tasks_named_unhealthy)
 from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
 from harness.diagnosis.blame import Blame
+from harness.diagnosis.rules_start import never_started
 from harness.diagnosis.stacks import summarize_stack, where_raised
 from harness.diagnosis.words import names, steps_text
 
@@ -41,11 +42,15 @@ def worker_parts(w: WorkerObservation, ref: Sequence[int]) -> Tuple[str, str, st
             note = f" (echo, naming {names(named)})" if named else " (echo)"
         return f"raised {where_stopped(w)}: ", error_text(w.error), note + tally
     if now == "returned":
+        if w.died_at_exit:
+            return f"returned, then died at exit ({exit_text(w.exit_code)})", "", tally
         return "returned", "", tally
     if now == "died":
         return f"died ({exit_text(w.exit_code)}) {where_stopped(w)}", "", tally
     if now == "stopped":
         return f"stopped (SIGSTOP) {where_stopped(w)}, no stack", "", tally
+    if never_started(w):
+        return "never started (reported nothing)", "", tally
     where = summarize_stack(w.stack) if w.stack.strip() else ""
     where = where.replace(" (in strategy creation)", "")   # where_stopped says so already
     pending = ledger.describe_pending(w)

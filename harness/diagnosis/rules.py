@@ -18,6 +18,11 @@ The order of the table is the order of trust:
   or the workers' own lookups say, explains a failure or a hang
   (``unresolved_address``);
 * a ``TF_CONFIG`` that disagrees explains a failure or a hang (``config``);
+* every worker returned its value, and one or more of them then died at
+  exit: those (``died_at_exit``);
+* in a hang, or a failure whose errors are all echoes, a worker that
+  returned and left (its process ended) while the others still needed it
+  in a collective, before the circumstantial evidence below (``left_early``);
 * in a failure, a collective whose shapes differ names the odd shape
   (``shape_mismatch`` from the errors, ``collective_shapes`` from the
   ledgers, which every worker has, from 3 workers up), the sync check
@@ -63,6 +68,9 @@ from harness.diagnosis.facts import (CRASHED, DIVERGED, FAILED, FAILED_ECHOES, F
                                      SITUATIONS, Facts)
 from harness.diagnosis.rules_any import (config, coordinated_exit, crash, nothing_to_blame, reference,
                                          replicas, stopped_before_deaths, timed_out_abort)
+from harness.diagnosis.facts import CRASHED_AT_EXIT
+from harness.diagnosis.rules_any import died_at_exit
+from harness.diagnosis.rules_stuck import left_early
 from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_mismatch, sync_check
 from harness.diagnosis.rules_names import unresolved_address
 from harness.diagnosis.rules_start import late_start
@@ -91,6 +99,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
     Rule("timed_out_abort", frozenset({CRASHED}), timed_out_abort),
     Rule("crash", frozenset({CRASHED}), crash),
+    Rule("died_at_exit", frozenset({CRASHED_AT_EXIT}), died_at_exit),
     Rule("unresolved_address", _TROUBLE, unresolved_address),
     Rule("config", _TROUBLE, config),
     Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),
@@ -98,6 +107,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("sync_check", frozenset({FAILED}), sync_check),
     Rule("root_error", frozenset({FAILED}), root_error),
     Rule("stopped", _STUCK, stopped),
+    Rule("left_early", frozenset({FAILED_ECHOES, HANG_}), left_early),
     Rule("collective_counts", _STUCK, collective_counts),
     Rule("majority", _STUCK, majority),
     Rule("behind", _STUCK, behind),

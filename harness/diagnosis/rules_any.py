@@ -191,3 +191,25 @@ def config(f: Facts) -> Optional[Blame]:
     return Blame(sorted(issues), ("the TF_CONFIG cluster lists disagree and none has a "
                                   "majority, so it cannot tell which is wrong: "
                                   if tie else "") + detail, ambiguous=tie)
+
+
+def died_at_exit(f: Facts) -> Optional[Blame]:
+    """Every worker returned its value, then the process of one or more
+    ended by a signal or a non-zero status (an atexit handler, TensorFlow
+    tearing down): training completed, and a cluster manager sees a failed
+    job (tensorflow#56684, the chief aborting at exit after its peers
+    left).  The dead are named; the time from its return to its end is
+    said, for a person to tell a slow teardown from a quick abort."""
+    dead = [w for w in f.workers if w.died_at_exit]
+    if not dead:
+        return None
+    parts = []
+    for w in dead:
+        after = (f" {w.exit_time - w.finish_time:.1f}s after it returned"
+                 if w.exit_time is not None and w.finish_time is not None else "")
+        parts.append(f"{names([w.index])} died at exit ({exit_text(w.exit_code)}){after}")
+    return Blame([w.index for w in dead], "; ".join(parts), dead[0].last_step,
+                 headline=f"training completed (all {len(f.workers)} workers returned their "
+                          f"values), then {'; '.join(parts)}: a cluster manager sees the job "
+                          f"fail; culprit{'s' if len(dead) > 1 else ''}: "
+                          f"{names([w.index for w in dead])}")

@@ -4,12 +4,13 @@ circumstantial.  See :mod:`harness.diagnosis.rules`."""
 from __future__ import annotations
 
 import collections
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from harness.core import protocol
-from harness.diagnosis.echoes import names_unhealthy, tasks_named_unhealthy
+from harness.diagnosis.echoes import names_unhealthy, short_type, tasks_named_unhealthy
 from harness.diagnosis import ledger
 from harness.diagnosis.facts import PHASE_RANK, Facts, phase, reference_steps, where_stopped
+from harness.diagnosis.observations import WorkerObservation
 from harness.diagnosis.stacks import stack_kind, summarize_stack
 from harness.diagnosis.words import names, steps_text
 from harness.diagnosis.blame import Blame
@@ -231,3 +232,106 @@ def no_evidence(f: Facts) -> Optional[Blame]:
     pool = [w for w in f.workers if not (w.returned and w.error is None)] or list(f.workers)
     return Blame([w.index for w in pool], "no worker stands out: all stopped at the same point "
                  f"({where_stopped(pool[0])})", pool[0].last_step, ambiguous=True)
+
+
+def _needed_in(w: WorkerObservation, left: List[WorkerObservation]) -> Optional[Tuple[str, int]]:
+    """Where ``w`` needed the workers that ``left``: ``(function, call
+    number)`` of its last collective call, which raised or never ended and
+    which none of them made; else, without a ledger, ``("", step)``, its
+    last step, past every one of theirs.  None when they did not leave it
+    waiting there."""
+    call = ledger.last_call(w)
+    if call is not None and (call.ended is None or call.raised):
+        name = ledger.function_of(w, call)
+        if all(ledger.calls_of(gone, name) < call.number for gone in left):
+            return name, call.number
+        return None
+    if call is not None and w.error is not None:
+        # It raised after its last recorded call ended: in the next one,
+        # whose start the ledger missed (a collective aborted at once, its
+        # peer's connection reset, can beat the ledger's first marker).
+        name = ledger.function_of(w, call)
+        if all(ledger.calls_of(gone, name) <= call.number for gone in left):
+            return name, call.number + 1
+        return None
+    if call is None and w.last_step is not None and all(
+            gone.last_step is None or gone.last_step < w.last_step for gone in left):
+        return "", w.last_step
+    return None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def left_early(f: Facts) -> Optional[Blame]:
+    """A worker that returned, and whose process ended (``on_return="exit"``,
+    as every script's does), while the others still needed it in a
+    collective: they fail because it left, or wait for it, and are not to
+    blame.  TensorFlow 2.21, measured (a script whose worker 1 runs one
+    call of its all-reducing ``step`` fewer): the peer that receives from
+    it fails at once (``UnavailableError``, "Connection reset by peer" in
+    ``RecvBuf``), the others about 10 s later (``UnavailableError``, "tasks
+    are unhealthy (stopped sending heartbeats)", the coordination service's
+    heartbeat timeout).
+
+    Where it left is the ledger's: the others' last call of a function,
+    raised or pending, is one the leaver never made (or, with no ledger,
+    their last step is past its last).  From 3 workers up it answers only
+    when fewer left than stayed (else those that stayed are the odd ones,
+    for the majority rules).  With 2 workers one call more on the one that
+    stayed would look the same; the text says so, and names the one that
+    left: the one whose process was gone while a collective needed it.
+    Where the ledgers' per-step counts (``collective_counts``) name a
+    culprit, they are the better evidence: it answers only when they name
+    the same, or nothing."""
+    obs = f.obs
+    left = [w for w in f.workers if w.left_during(obs)]
+    stuck = [w for w in f.workers if w.error is not None or not w.finished]
+    if not left or not stuck or any(w.died or w.stopped for w in stuck):
+        return None
+    if len(f.workers) >= 3 and len(left) >= len(stuck):
+        return None
+    first_gone = min(w.finish_time if w.finish_time is not None else w.exit_time for w in left)
+    if any(w.error is not None and (w.finish_time is None or w.finish_time < first_gone)
+           for w in stuck):
+        return None   # a peer failed before any left: not because it left
+    needed = {w.index: _needed_in(w, left) for w in stuck}
+    if any(v is None for v in needed.values()):
+        return None
+    name, _ = needed[stuck[0].index]
+    if any(v[0] != name for v in needed.values()):
+        return None
+    numbers = sorted({v[1] for v in needed.values()})
+    its = "its process" if len(left) == 1 else "their processes"
+    if name:
+        made = sorted({ledger.calls_of(w, name) for w in left})
+        gone = (f"{names([w.index for w in left])} returned and {its} ended after "
+                f"{'/'.join(map(str, made))} call{'s' if made != [1] else ''} of `{name}`")
+        where = f"in call{'s' if len(numbers) > 1 else ''} {','.join(map(str, numbers))}"
+    else:
+        made = sorted({len(w.steps) for w in left})
+        gone = (f"{names([w.index for w in left])} returned and {its} ended after "
+                f"{'/'.join(map(str, made))} step{'s' if made != [1] else ''}")
+        where = f"at step{'s' if len(numbers) > 1 else ''} {','.join(map(str, numbers))}"
+    raised = [w for w in stuck if w.error is not None]
+    waiting = [w for w in stuck if w.error is None]
+    then = []
+    if raised:
+        kinds = "/".join(sorted({short_type(w.error.type_name) for w in raised}))
+        then.append(f"{names([w.index for w in raised])} then failed {where} with {kinds}")
+    if waiting:
+        then.append(f"{names([w.index for w in waiting])} "
+                    f"{'then ' if not raised else ''}waited {where}")
+    culprits = [w.index for w in left]
+    reason = "it left while they still needed it in a collective"
+    counted = collective_counts(f)
+    if counted is not None:
+        if counted.ambiguous or sorted(counted.culprits) != sorted(culprits):
+            return None   # the per-step counts name another: they are the better evidence
+        reason += f"; it {counted.reason}"
+    elif len(f.workers) == 2:
+        reason += f"; with 2 workers one call more on {names([stuck[0].index])} would look the same"
+    return Blame(culprits, reason, stuck[0].last_step,
+                 headline=f"{gone}; {' and '.join(then)}; culprit"
+                          f"{'s' if len(culprits) > 1 else ''}: {names(culprits)} ({reason})")

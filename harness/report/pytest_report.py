@@ -97,7 +97,8 @@ def summary_lines(runs: Sequence[dict], report_dir: Optional[str] = None,
         return []
     by_outcome = collections.Counter(r["outcome"] for r in runs)
     order = OUTCOMES
-    counts = ", ".join(f"{by_outcome.get(o, 0)} {o}" for o in order)
+    counts = ", ".join(f"{by_outcome.get(o, 0)} {o}" for o in order
+                       if by_outcome.get(o) or o != Outcome.CRASHED_AT_EXIT)   # rare: when seen
     blamed = [r for r in runs if r["outcome"] != Outcome.COMPLETED]
     one = sum(1 for r in blamed if len(r["culprits"]) == 1 and not r["ambiguous"])
     unsure = sum(1 for r in blamed if r["ambiguous"])

@@ -24,6 +24,7 @@ over the channel of :mod:`harness.core.protocol`:
 from __future__ import annotations
 
 import faulthandler
+import atexit
 import json
 import os
 import sys
@@ -131,6 +132,18 @@ def wait_for_start(spec: WorkerSpec, conn) -> None:
     Channel(conn, spec.index).send(protocol.FAULT, data=delay)
 
 
+def end_as_script() -> None:
+    """End the process as a script's ends once its main returned
+    (``on_return="exit"``): its atexit handlers run, as the interpreter runs
+    them at exit, then it exits 0, and its peers see it leave.  A handler
+    may end it otherwise (a signal, ``os._exit(n)``): the parent reads that
+    as a death at exit."""
+    flush_output()
+    atexit._run_exitfuncs()
+    flush_output()
+    os._exit(0)
+
+
 def worker_main(spec: WorkerSpec, conn) -> None:
     # The cluster's own network first: joining a user namespace needs a
     # single-threaded process, and it changes credentials, which would
@@ -191,9 +204,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         channel.send(protocol.RETURNED, data=payload)
         code = 0
         if spec.exit_on_return:
-            # As a script ends: its peers see it leave (on_return="exit").
-            flush_output()
-            os._exit(0)
+            end_as_script()
     except (SystemExit, KeyboardInterrupt):
         flush_output()
         raise  # exiting without returning or raising: the parent calls it a crash

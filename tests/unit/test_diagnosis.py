@@ -28,7 +28,7 @@ def test_completed():
     v = diagnose(run(*(returned(i, 3) for i in range(3))))
     assert (v.outcome, v.culprits, v.step, v.error, v.ambiguous) == ("completed", (), None, None, False)
     assert v.text.startswith("COMPLETED: all 3 workers returned")
-    assert OUTCOMES == ("completed", "failed", "crashed", "hang")
+    assert OUTCOMES == ("completed", "failed", "crashed", "hang", "crashed_at_exit")
 
 
 @pytest.mark.parametrize("echo_first", [False, True])

@@ -46,7 +46,7 @@ def test_table_names_are_unique_and_every_situation_ends_with_an_answer():
     for situation in SITUATIONS:
         last = [r for r in RULES if situation in r.when][-1]
         assert last.name in ("nothing_to_blame", "crash", "root_error", "no_evidence",
-                             "reference"), situation
+                             "reference", "died_at_exit"), situation
 
 
 def test_the_verdict_names_the_rule_and_a_completed_run_blames_nobody():
@@ -262,7 +262,10 @@ def test_collective_counts_name_the_skipper_at_every_size(n, linger):
         obs = _skip_twin(n, skipper, linger)
         b = blame(R.collective_counts, obs)
         assert (list(b.culprits), b.step, b.ambiguous) == ([skipper], 4, False)
-        assert decided_by(obs) == "collective_counts"
+        # A skipper whose process ended while the others waited (it
+        # returned and exited mid-run) is named as the one that left.
+        assert decided_by(obs) == ("collective_counts" if linger else "left_early")
+        assert diagnose(obs).culprits == (skipper,)
 
 
 def test_collective_counts_name_the_extra_collective_with_two_workers():
