@@ -351,3 +351,135 @@ def test_script_main_is_a_plain_callable(tmp_path, monkeypatch):
         ScriptMain(path=str(script), argv=("4",), cwd=str(tmp_path))()
     assert e.value.code == 4
     assert (list(sys.argv), list(sys.path), os.getcwd()) == before
+
+
+# The user-code twin of a skipped step, in a script: worker 1 runs one call
+# of its all-reducing step fewer, so its script ends first.
+SKIP_ONE_PY = textwrap.dedent('''\
+    import argparse
+
+    import tensorflow as tf
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=4)
+    steps = parser.parse_args().steps
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    task_index = strategy.cluster_resolver.task_id
+    with strategy.scope():
+        w = tf.Variable(1.0)
+
+
+    @tf.function
+    def train_step():
+        return strategy.reduce("SUM", strategy.run(lambda: w * 2.0), axis=None)
+
+
+    if task_index == 1:
+        steps -= 1       # the bug: worker 1 runs one step fewer
+    for _ in range(steps):
+        train_step()
+''')
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [pytest.param(n, marks=pytest.mark.mwms(workers=n))
+                               for n in (2, 3, 4)])
+def test_a_script_that_ends_early_is_named_as_the_worker_that_left(mwms_cluster, tmp_path, n):
+    """run_script's default is on_return="exit": worker 1's script ends
+    after 3 calls of `train_step` and its process exits, while the others
+    need it in call 4.  TensorFlow 2.21, measured: the worker that receives
+    from it fails at once (UnavailableError, "Connection reset by peer"),
+    the others after the coordination service's 10 s heartbeat timeout
+    (UnavailableError, "tasks are unhealthy").  Worker 1 is named, alone;
+    the workers that failed because it left are not."""
+    path = tmp_path / "skip_one.py"
+    path.write_text(SKIP_ONE_PY)
+    result = mwms_cluster.run_script(path, ["--steps", "4"], timeout=30, grace=20)
+    result.assert_failed(culprits=[1])
+    result.assert_culprit(1)
+    assert result.verdict.rule == "left_early"
+    assert result.workers[1].returned and result.workers[1].exit_code == 0
+    stayed = [w for w in result.workers if w.index != 1]
+    assert all(w.exception is not None and w.exception.type_name.endswith("UnavailableError")
+               for w in stayed)
+    others = ",".join(str(w.index) for w in stayed)
+    assert result.diagnosis.startswith(
+        f"FAILED: worker 1 returned and its process ended after 3 calls of `train_step`; "
+        f"worker{'s' if n > 2 else ''} {others} then failed in call 4 with UnavailableError; "
+        f"culprit: worker 1 (it left while they still needed it in a collective"), \
+        result.diagnosis
+
+
+# Ends cleanly, then an atexit handler ends the process on worker 0.
+AT_EXIT_PY = textwrap.dedent('''\
+    import atexit
+    import os
+    import signal
+    import sys
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        w = tf.Variable(1.0)
+
+
+    @tf.function
+    def train_step():
+        return strategy.reduce("SUM", strategy.run(lambda: w * 2.0), axis=None)
+
+
+    for _ in range(3):
+        train_step()
+    if strategy.cluster_resolver.task_id == 0:
+        if sys.argv[1] == "abort":
+            atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))
+        else:
+            atexit.register(lambda: os._exit(3))
+''')
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how, code", [("abort", -6), ("exit3", 3)])
+def test_a_script_that_dies_at_exit_after_training_crashed_at_exit(mwms_cluster, tmp_path,
+                                                                   how, code):
+    """Every worker's script ran to its end; worker 0's atexit handler then
+    kills its process (SIGABRT, the signal of tensorflow#56684's abort) or
+    exits 3.  Training completed, and a cluster manager sees a failed job:
+    the run is crashed_at_exit, naming worker 0 and saying both."""
+    path = tmp_path / "at_exit.py"
+    path.write_text(AT_EXIT_PY)
+    result = mwms_cluster.run_script(path, [how], timeout=30)
+    result.assert_crashed_at_exit(culprits=[0])
+    assert result.verdict.rule == "died_at_exit"
+    assert all(w.returned for w in result.workers)
+    assert result.workers[0].exit_code == code
+    assert all(w.exit_code == 0 for w in result.workers[1:])
+    assert result.diagnosis.startswith(
+        f"CRASHED_AT_EXIT: training completed (all {len(result.workers)} workers returned "
+        f"their values), then worker 0 died at exit ("), result.diagnosis
+    assert "worker 0: returned, then died at exit" in result.diagnosis
+
+
+@pytest.mark.timeout(90)
+def test_run_keeps_a_returned_worker_so_its_atexit_handlers_never_run(mwms_cluster):
+    """run(fn) keeps on_return="stay": a worker whose fn returned stays in
+    the cluster until the run is decided and is then released, and its
+    process ends without running the atexit handlers fn registered."""
+    def train():
+        import atexit
+        import os
+        import signal
+
+        import tensorflow as tf
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            w = tf.Variable(1.0)
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))
+        return float(strategy.reduce("SUM", strategy.run(lambda: w * 2.0), axis=None))
+
+    result = mwms_cluster.run(train, timeout=30)
+    result.assert_completed()
+    assert all(w.exit_code == 0 for w in result.workers)
+    assert result.return_values == [2.0 * len(result.workers)] * len(result.workers)

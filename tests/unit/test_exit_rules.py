@@ -1,0 +1,153 @@
+"""The rules of how a worker's process ends (issue 24, items 4 and 5), on
+hand-built observations, no TensorFlow: ``left_early`` (a worker that
+returned and left while the others still needed it in a collective) and
+``died_at_exit`` (every worker returned; one's process then died).  The
+same on real workers: tests/test_scripts.py, tests/test_cli.py and
+scenarios/test_finish.py."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.controller.outcome import fail_unacted
+from harness.diagnosis import diagnose
+from harness.diagnosis import rules as R
+from harness.diagnosis.facts import facts_of
+from harness.diagnosis.observations import Outcome
+
+from observations import UNHEALTHY, blocked, raised, returned, run, with_ledger
+
+RESET = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC "
+         "error information from remote target /job:worker/replica:0/task:1")
+
+
+def left(i: int, n: int, calls: int = 9, exit_time: float = 2.1) -> object:
+    """A worker that ran ``calls`` calls of `step`, returned at 2.0 and whose
+    process ended at ``exit_time``."""
+    w = with_ledger(returned(i, n, steps=range(calls)))
+    return dataclasses.replace(w, exit_time=exit_time)
+
+
+def failed_in(i: int, n: int, calls: int = 10, t: float = 12.0, message: str = "",
+              recorded: bool = True) -> object:
+    """A worker that raised UnavailableError at ``t`` in its call ``calls``
+    of `step`; ``recorded=False``: the ledger missed that call's start (an
+    abort at once can beat its marker), so its last recorded call ended."""
+    w = with_ledger(raised(i, n, "UnavailableError", message or UNHEALTHY.format(1), t,
+                           steps=range(calls if recorded else calls - 1)))
+    if recorded:
+        last = dataclasses.replace(w.calls[-1], raised=True)
+        w = dataclasses.replace(w, calls=w.calls[:-1] + (last,))
+    return w
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_the_worker_that_left_is_named_and_those_that_failed_are_not(recorded):
+    obs = run(failed_in(0, 2, recorded=recorded, message=RESET if not recorded else ""),
+              left(1, 2))
+    v = diagnose(obs)
+    assert (v.outcome, v.rule, v.culprits, v.ambiguous) == ("failed", "left_early", (1,), False)
+    assert v.text.startswith(
+        "FAILED: worker 1 returned and its process ended after 9 calls of `step`; worker 0 "
+        "then failed in call 10 with UnavailableError; culprit: worker 1 (it left while they "
+        "still needed it in a collective; with 2 workers one call more on worker 0 would look "
+        "the same)"), v.text
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_from_three_workers_the_one_that_left_is_named_without_a_doubt(n):
+    obs = run(*(left(i, n) if i == 1 else failed_in(i, n, t=2.5 + i) for i in range(n)))
+    v = diagnose(obs)
+    assert (v.rule, v.culprits, v.ambiguous) == ("left_early", (1,), False)
+    assert "would look the same" not in v.text
+    stayed = ",".join(str(i) for i in range(n) if i != 1)
+    assert f"workers {stayed} then failed in call 10 with UnavailableError" in v.text
+
+
+def test_workers_still_waiting_for_the_one_that_left_are_said_to_wait():
+    obs = run(with_ledger(blocked(0, 2), blocked=True), left(1, 2), ended_by="hang")
+    v = diagnose(obs)
+    assert (v.outcome, v.rule, v.culprits) == ("hang", "left_early", (1,))
+    assert "worker 0 then waited in call 10" in v.text
+
+
+def test_a_worker_that_stayed_until_the_run_was_decided_did_not_leave():
+    # on_return="stay": its process ends at teardown, after the run's end
+    obs = run(failed_in(0, 3), left(1, 3, exit_time=21.5), failed_in(2, 3))
+    assert blame_of(obs) is None
+    assert diagnose(obs).rule != "left_early"
+
+
+def test_when_most_workers_left_the_ones_that_stayed_are_for_the_majority_rules():
+    obs = run(failed_in(0, 3, calls=11), left(1, 3, calls=10), left(2, 3, calls=10))
+    assert blame_of(obs) is None
+
+
+def test_a_peer_that_failed_before_any_worker_left_is_not_explained_by_it():
+    obs = run(failed_in(0, 2, t=1.0), left(1, 2))
+    assert blame_of(obs) is None
+
+
+def test_the_per_step_counts_outrank_it_when_they_name_the_other_worker():
+    # Worker 0 made an extra all-reduce in step 5; worker 1 did all it
+    # should, returned and left.  The ledger's counts name worker 0.
+    extra = with_ledger(blocked(0, 2), {s: (2 if s == 5 else 1) for s in range(10)},
+                        blocked=True)
+    obs = run(extra, dataclasses.replace(with_ledger(returned(1, 2)), exit_time=2.1),
+              ended_by="hang")
+    assert blame_of(obs) is None
+    v = diagnose(obs)
+    assert (v.rule, v.culprits) == ("collective_counts", (0,))
+
+
+def test_without_a_ledger_it_says_steps():
+    obs = run(raised(0, 2, "UnavailableError", UNHEALTHY.format(1), 12.0, steps=range(10)),
+              dataclasses.replace(returned(1, 2, steps=range(9))), )
+    v = diagnose(obs)
+    assert (v.rule, v.culprits) == ("left_early", (1,))
+    assert v.text.startswith("FAILED: worker 1 returned and its process ended after 9 steps; "
+                             "worker 0 then failed at step 9 with UnavailableError"), v.text
+
+
+def blame_of(obs):
+    return R.left_early(facts_of(obs))
+
+
+# ------------------------------------------------------------ died at exit
+
+def test_every_worker_returned_and_one_died_at_exit():
+    obs = run(dataclasses.replace(returned(0, 3), exit_code=-6, exit_time=2.3),
+              returned(1, 3), returned(2, 3))
+    v = diagnose(obs)
+    assert (v.outcome, v.rule, v.culprits, v.ambiguous) == (
+        Outcome.CRASHED_AT_EXIT, "died_at_exit", (0,), False)
+    assert v.outcome == "crashed_at_exit"
+    assert v.text.splitlines()[0] == (
+        "CRASHED_AT_EXIT: training completed (all 3 workers returned their values), then "
+        "worker 0 died at exit (exit code -6, SIGABRT) 0.3s after it returned: a cluster "
+        "manager sees the job fail; culprit: worker 0")
+    assert "worker 0: returned, then died at exit (exit code -6, SIGABRT)" in v.text
+
+
+@pytest.mark.parametrize("code, killed, outcome", [
+    (3, False, "crashed_at_exit"),    # os._exit(3) in an atexit handler
+    (0, False, "completed"),
+    (-9, True, "completed"),          # the harness ended it once the run was decided
+])
+def test_what_counts_as_a_death_at_exit(code, killed, outcome):
+    obs = run(dataclasses.replace(returned(0, 2), exit_code=code, killed_by_harness=killed),
+              returned(1, 2))
+    assert diagnose(obs).outcome == outcome
+
+
+def test_a_death_during_training_outranks_one_at_exit():
+    obs = run(dataclasses.replace(returned(0, 2), exit_code=-6),
+              raised(1, 2, "ValueError", "bad batch", 1.0))
+    assert diagnose(obs).outcome == "failed"
+
+
+def test_a_fault_that_never_acted_fails_a_run_that_crashed_only_at_exit():
+    outcome, text = fail_unacted(Outcome.CRASHED_AT_EXIT, "CRASHED_AT_EXIT: ...",
+                                 [("Crash(worker=1, step=50)", "worker 1 ran 10 steps")])
+    assert outcome == Outcome.FAILED and text.startswith("FAILED: Crash(worker=1, step=50)")
