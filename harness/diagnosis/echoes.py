@@ -23,8 +23,10 @@ from harness.core.protocol import WorkerError
 _ECHO_TYPES = frozenset({"UnavailableError", "CancelledError"})
 _ECHO_MARKERS = ("collective ops is aborted by", "[_derived_]", "unhealthy",
                  "stopped sending heartbeats", "socket closed", "connection reset")
-# A collective timing out means a peer never joined: a report about a peer.
-_DEADLINE_ECHO = ("heartbeat", "collective has timed out")
+# A collective timing out means a peer never joined: a report about a peer;
+# so does the coordination service's registration barrier timing out (a
+# peer never registered: it started late, or never).
+_DEADLINE_ECHO = ("heartbeat", "collective has timed out", "wait_for_all_tasks_to_register")
 # Config errors are causes even when TensorFlow wraps them in derived text.
 _ROOT_MARKERS = ("is joining a group with", "could not start grpc server")
 _TASK_RE = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
