@@ -16,6 +16,7 @@ import os
 
 import pytest
 
+from harness.diagnosis.echoes import short_type
 from scenarios.meta import culprit_check_of, declared
 
 _LAST_RESULT = "_mwms_scenario_last_result"
@@ -69,12 +70,17 @@ def _last_result(item):
 OUTCOMES_FILE = "MWMS_SCENARIO_OUTCOMES"
 
 
+def _raised_types(result) -> set:
+    """The short type names of what the run's workers raised."""
+    return {short_type(w.exception.type_name) for w in result.workers
+            if w.exception is not None}
+
+
 def _record_outcome(item, result) -> None:
     path = os.environ.get(OUTCOMES_FILE)
     if not path or result is None:
         return
-    raised = sorted({w.exception.type_name.rsplit(".", 1)[-1]
-                     for w in result.workers if w.exception is not None})
+    raised = sorted(_raised_types(result))
     line = json.dumps({"test": item.nodeid, "outcome": str(result.outcome),
                        "error": result.error, "raised": raised,
                        "workers": len(result.workers)})
@@ -85,12 +91,12 @@ def _record_outcome(item, result) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     fn = getattr(item, "function", None)
+    meta = declared(fn)
     try:
         outcome = yield  # re-raises when the test body failed, skipped or xfailed
     finally:
-        if declared(fn) is not None:
+        if meta is not None:
             _record_outcome(item, _last_result(item))
-    meta = declared(fn)
     if meta is not None:
         result = _last_result(item)
         if result is None:
@@ -101,8 +107,7 @@ def pytest_runtest_call(item):
                 f"{item.name}: its last run ended {result.outcome!r}, but @scenario declares "
                 f"{' or '.join(meta.outcomes)} (the catalogue in docs/scenarios.md says so too)\n{result.report()}")
         if meta.error is not None:
-            raised = {w.exception.type_name.rsplit('.', 1)[-1]
-                      for w in result.workers if w.exception is not None}
+            raised = _raised_types(result)
             if meta.error not in raised and result.error != meta.error:
                 raise AssertionError(
                     f"{item.name}: @scenario declares error {meta.error!r}, but the workers "

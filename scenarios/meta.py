@@ -4,7 +4,8 @@ the catalogue's table (docs/scenarios.md) and for the outcome the test must see.
 ``@scenario(outcome=..., source=..., fixed_by=...)`` on a test function:
 
 ``outcome``
-    What the scenario's run ends as on this TensorFlow version: one of
+    What the scenario's run ends as on every TensorFlow minor that ``on``
+    does not name: one of
     ``completed``, ``failed``, ``crashed``, ``hang``, or a tuple of them when
     TensorFlow is not deterministic here (the docstring must then say so).
     ``scenarios/conftest.py`` checks, after the test body passed, that the
@@ -60,15 +61,18 @@ NO_FIX = "no fix completes"
 # Keras 2 on the installed TensorFlow: tf_keras (TF_USE_LEGACY_KERAS=1) from
 # 2.16, plain tf.keras on 2.15 (see harness.core.versions).  The scenarios
 # that say "tf_keras" mean this.
-KERAS_2 = versions.keras2_env(versions.installed_minor())
-KERAS_2_PACKAGE = versions.keras2_package(versions.installed_minor())
-DEFAULT_IS_KERAS_3 = versions.keras_of(versions.installed_minor(), legacy=False) == "keras3"
+INSTALLED_MINOR = versions.installed_minor()
+KERAS_2 = versions.keras2_env(INSTALLED_MINOR)
+KERAS_2_PACKAGE = versions.keras2_package(INSTALLED_MINOR)
+DEFAULT_IS_KERAS_3 = versions.keras_of(INSTALLED_MINOR, legacy=False) == "keras3"
 
 
 def use_keras2(monkeypatch) -> None:
     """Make the run's workers see Keras 2 as ``tf.keras``."""
     for name, value in KERAS_2.items():
         monkeypatch.setenv(name, value)
+
+
 DOC_LABELS = ("TensorFlow:", "Source:", "Fix:")
 
 
@@ -119,8 +123,12 @@ def _outcomes(outcome: Union[str, Tuple[str, ...]]) -> Tuple[str, ...]:
 def minors(spec: str) -> Tuple[Minor, Minor]:
     """``"2.15"`` -> ((2, 15), (2, 15)); ``"2.15-2.17"`` -> ((2, 15), (2, 17))."""
     first, _, last = spec.partition("-")
-    span = versions.minor_of(first), versions.minor_of(last or first)
-    if not (versions.supported(span[0]) and versions.supported(span[1])) or span[0] > span[1]:
+    try:
+        span = versions.minor_of(first), versions.minor_of(last or first)
+    except ValueError:
+        span = None
+    if span is None or not (versions.supported(span[0]) and versions.supported(span[1])) \
+            or span[0] > span[1]:
         raise ValueError(f"@scenario: on={spec!r} is not a range of minors within "
                          f"{versions.range_text()}")
     return span
@@ -152,10 +160,7 @@ def declared(fn, minor: Optional[Minor] = None) -> Optional[Scenario]:
     meta = getattr(fn, "scenario", None)
     if meta is None:
         return None
-    if minor is None:
-        installed = versions.installed_tensorflow()
-        minor = versions.minor_of(installed) if installed else versions.NEWEST
-    return meta.on(minor)
+    return meta.on(INSTALLED_MINOR if minor is None else minor)
 
 
 def culprit_check(scenario_test: str):

@@ -103,6 +103,13 @@ def _failed_tests(junit: str) -> set:
     return failed
 
 
+def _supported_text(minor: str) -> bool:
+    try:
+        return versions.supported(versions.minor_of(minor))
+    except ValueError:
+        return False
+
+
 def cell(row: dict) -> str:
     if row is None:
         return "–"
@@ -152,9 +159,9 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--write", action="store_true", help="write the table into docs/versions.md")
     ns = parser.parse_args(list(argv))
     minors = [m.strip() for m in ns.minors.split(",") if m.strip()]
-    bad = [m for m in minors if not versions.supported(versions.minor_of(m))]
+    bad = [m for m in minors if not _supported_text(m)]
     if bad:
-        parser.error(f"--minors: {', '.join(bad)} outside {versions.range_text()}")
+        parser.error(f"--minors: {', '.join(bad)} not a minor within {versions.range_text()}")
     results: List[Dict] = []
     for minor in minors:
         print(f"== TensorFlow {minor}", flush=True)

@@ -19,7 +19,8 @@ message opening with the harness's verdict.
 - ``errors``: TensorFlow's runner's errors, and the harness's refusals.
 
 It may import :mod:`harness.controller`, :mod:`harness.settings`,
-:mod:`harness.result`, :mod:`harness.errors` and :mod:`harness.core`, and
+:mod:`harness.result`, :mod:`harness.errors`, :mod:`harness.core` and
+:mod:`harness.launch.scratch` (the session's temp directory), and
 TensorFlow lazily; nothing else in :mod:`harness` imports it.  What is
 supported, and what is not and why: ``docs/compat.md``.
 """

@@ -88,8 +88,6 @@ class Incarnation:
             # Ended by the harness once the run was decided: a task that
             # raised exits 1 under TensorFlow's runner; any other was killed.
             return 1 if w.exception is not None else -signal.SIGKILL
-        if not self.running:
-            return None if self.progress is None else self.progress.exit_codes[index]
         p = self.progress
         return p.exit_codes[index] if p is not None and p.exit_codes else None
 

@@ -16,6 +16,7 @@ from harness.compat.errors import (NotInitializedError, OneTaskRestartError,
                                    UnsupportedClusterError)
 from harness.compat.runner import (DEFAULT_TIMEOUT_SEC, MultiProcessRunner, end_all_runners,
                                    manager, shutdown_manager)
+from harness.compat import spec
 from harness.compat.spec import create_cluster_spec
 from harness.compat.task import get_barrier, pooled_call
 from harness.compat.verdict import MultiProcessRunnerResult
@@ -53,7 +54,7 @@ class MultiProcessPoolRunner:
     variable) is not there for the next; ``initializer`` runs before each."""
 
     def __init__(self, cluster_spec, initializer=None, share_gpu=True):
-        MultiProcessRunner(lambda: None, cluster_spec)   # the spec's checks, now
+        spec.num_workers(cluster_spec)   # the spec's checks, now
         self._cluster_spec = cluster_spec
         self._initializer = initializer
 

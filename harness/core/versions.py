@@ -50,8 +50,7 @@ def keras2_requirement(version: str) -> str:
     """What gives Keras 2 beside TensorFlow ``version``: the ``keras`` 2.15
     it already has on 2.15, tf_keras of the same minor from 2.16."""
     major, minor = minor_of(version)
-    package = "tf_keras" if (major, minor) >= FIRST_KERAS_3 else "keras"
-    return f"{package}~={major}.{minor}.0"
+    return f"{keras2_package((major, minor))}~={major}.{minor}.0"
 
 
 def keras2_env(minor: Minor) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import tempfile
 import threading
 import warnings
 from typing import List, Optional, Sequence
@@ -128,10 +127,10 @@ def _forkserver_context(preload: Sequence[str] = ()):
             # this process's environment when it starts.
             _preload_report = os.path.join(scratch.scratch_dir(), "preload-report")
             open(_preload_report, "w").close()
-            _sweep_multiprocess_temp_dir()
             os.environ["MWMS_PRELOAD_REPORT"] = _preload_report
             os.environ["MWMS_PRELOAD"] = ",".join(preload)
         ctx.set_forkserver_preload(["harness.worker.preload"])
+    _sweep_multiprocess_temp_dir()
     return ctx
 
 

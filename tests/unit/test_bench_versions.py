@@ -1,4 +1,6 @@
 """The per-version outcome table (python -m harness.bench.versions): fast, no TensorFlow."""
+import pytest
+
 from harness.bench import versions as bench
 
 
@@ -31,3 +33,11 @@ def test_the_table_replaces_only_what_is_between_the_markers(tmp_path):
     doc.write_text(f"intro\n{bench.START}\nold\n{bench.END}\nafter\n")
     bench.write(str(doc), "new")
     assert doc.read_text() == f"intro\n{bench.START}\nnew\n{bench.END}\nafter\n"
+
+
+def test_minors_that_are_not_minors_in_range_are_a_usage_error(capsys):
+    for bad in ("2.x", "2.14", "nonsense"):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--minors", bad])
+        assert stop.value.code == 2
+        assert f"--minors: {bad} not a minor within tensorflow>=2.15" in capsys.readouterr().err

@@ -62,3 +62,10 @@ def test_the_cli_prints_what_gives_keras_2(monkeypatch, capsys):
     monkeypatch.setattr(versions, "installed_tensorflow", lambda: None)
     assert cli.main(["keras2"]) == 2
     assert "not installed" in capsys.readouterr().err
+
+
+def test_an_on_key_that_is_no_version_names_the_scenario_option():
+    from scenarios import meta
+    for bad in ("2.x", "2.15-two", "3"):
+        with pytest.raises(ValueError, match=r"@scenario: on='.*' is not a range of minors"):
+            meta.minors(bad)
