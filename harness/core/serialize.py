@@ -32,7 +32,7 @@ import pickle
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Sequence, Tuple
 
 import dill
 from dill import _dill
@@ -182,7 +182,7 @@ def _reduce_semaphore(lock):
         family = type(lock).__module__.partition(".")[0]
         raise TypeError(
             f"a {family} {type(lock).__name__} made by a 'fork' context (alone or inside a "
-            f"Condition, Event or Barrier; the default start method on Linux before Python "
+            f"Condition or Event; the default start method on Linux before Python "
             f"3.14) has no name: only a fork of this process can use it, and the workers are "
             f"not forks of it. Make it with {family}.get_context('spawn') or 'forkserver', or "
             f"pass a manager's: {family}.Manager().Event(), .Lock(), .Barrier(n)")
@@ -227,27 +227,39 @@ def _refuse(family: str, what: str, counterpart: str) -> Callable[[Any], Any]:
     return reduce
 
 
-def _refuse_shared_ctypes(family: str) -> Callable[[Any], Any]:
+CTYPES = (ctypes.Array, ctypes.Structure, ctypes.Union, ctypes._SimpleCData)
+
+
+def _refuse_shared_ctypes(families: Sequence[str]) -> Callable[[Any], Any]:
     """A RawValue or RawArray is a ctypes object over shared memory, which
-    would otherwise be sent as a private copy."""
-    refuse = _refuse(family, "RawValue or RawArray", "Value(typecode, value) or .list()")
-    heap = _loaded(family, "heap")
-    return lambda obj: (refuse(obj) if isinstance(getattr(obj, "_wrapper", None),
-                                                  heap.BufferWrapper) else NotImplemented)
+    would otherwise be sent as a private copy; one reducer tells every
+    loaded family's apart (a ctypes type has one reducer)."""
+    checks = [(_loaded(family, "heap").BufferWrapper,
+               _refuse(family, "RawValue or RawArray", "Value(typecode, value) or .list()"))
+              for family in families]
+
+    def reduce(obj):
+        wrapper = getattr(obj, "_wrapper", None)
+        for kind, refuse in checks:
+            if isinstance(wrapper, kind):
+                refuse(obj)
+        return NotImplemented
+    return reduce
 
 
 def _multiprocessing_reducers() -> List[Tuple[type, Callable[[Any], Any]]]:
     """(type, reducer) for each kind of multiprocessing object that is not
-    pickled as dill would pickle it; only loaded modules can have made one."""
+    pickled as dill would pickle it; only loaded modules can have made one.
+    An object takes the first row its type matches."""
     out: List[Tuple[type, Callable[[Any], Any]]] = []
+    shared = [f for f in FAMILIES if _loaded(f, "sharedctypes") is not None]
+    if shared:
+        out.append((CTYPES, _refuse_shared_ctypes(shared)))
     for family in FAMILIES:
         for module, name, what, counterpart in _REFUSED:
             cls = getattr(_loaded(family, module), name, None)
             if cls is not None:
                 out.append((cls, _refuse(family, what, counterpart)))
-        if _loaded(family, "sharedctypes") is not None:
-            out.append(((ctypes.Array, ctypes.Structure, ctypes.Union, ctypes._SimpleCData),
-                        _refuse_shared_ctypes(family)))
         managers, synchronize = _loaded(family, "managers"), _loaded(family, "synchronize")
         if managers is not None:
             out.append((managers.BaseProxy, _reduce_proxy))

@@ -89,8 +89,10 @@ def test_a_run_that_simply_ended_says_nothing_of_restarts():
     (lambda: multiprocessing.Pipe()[0], "Manager().Queue()"),
     (lambda: multiprocessing.Value("i", 1), "Manager().Value"),
     (lambda: multiprocessing.RawArray("d", 3), "Manager().Value"),
+    (lambda: multiprocess.RawArray("d", 3), "multiprocess.Manager().Value"),
+    (lambda: multiprocess.RawValue("i", 1), "multiprocess.Manager().Value"),
 ], ids=["Event", "Lock", "multiprocess-Semaphore", "Barrier", "Queue", "Pipe", "Value",
-        "RawArray"])
+        "RawArray", "multiprocess-RawArray", "multiprocess-RawValue"])
 def test_what_only_an_inheriting_child_could_use_is_refused_naming_what_works(make,
                                                                              counterpart):
     """These are the default (fork) context's: they start no process."""
