@@ -24,7 +24,14 @@ class WorkerResult:
     recorded (:class:`~harness.diagnosis.observations.Collective`: function, call, step,
     kind, shape, dtype, state), empty when the ledger was off;
     ``observation`` what the parent observed of it
-    (:class:`~harness.diagnosis.observations.WorkerObservation`).
+    (:class:`~harness.diagnosis.observations.WorkerObservation`); ``pid`` its
+    process id (None where the backend does not say); ``attempt`` which run
+    of this task it is (its cluster's attempt, or under
+    ``restart_policy="task"`` how many times the task was restarted before);
+    ``attempts``: under ``restart_policy="task"``, each of the task's
+    processes in order, this last one included (one :class:`WorkerResult`
+    each: a restarted task's ended ones hold its error, exit code, log and
+    steps).
     """
 
     index: int
@@ -35,6 +42,14 @@ class WorkerResult:
     last_step: Optional[int] = None
     stack: str = ""
     observation: Optional[WorkerObservation] = dataclasses.field(default=None, repr=False)
+    attempt: int = 0
+    pid: Optional[int] = None
+    attempts: Tuple["WorkerResult", ...] = dataclasses.field(default=(), repr=False)
+
+    @property
+    def restarts(self) -> int:
+        """How many times this task was restarted (``restart_policy="task"``)."""
+        return max(0, len(self.attempts) - 1)
 
     @property
     def collectives(self) -> tuple:
@@ -58,7 +73,11 @@ class RunResult:
     - ``outcome``: an :class:`~harness.diagnosis.observations.Outcome`, equal
       to ``"completed"``, ``"failed"``, ``"crashed"`` or ``"hang"``
       (precedence in that reverse order: a crash outranks an error, an
-      error outranks a hang).
+      error outranks a hang), or ``"crashed_at_exit"``: every worker
+      returned its value (``return_values`` hold them), then a worker's
+      process died at exit (``on_return="exit"``), which a cluster manager
+      reads as a failed job; not a pass, and not restarted by
+      ``restart_on``, which names outcomes of training.
     - ``workers``: a :class:`WorkerResult` per worker, by index.
     - ``culprits``: the worker indexes the diagnosis blames (sorted).
     - ``diagnosis``: the text to read first.

@@ -121,6 +121,16 @@ def parse_restart_on(value: Any, option: str = "run(restart_on=...)") -> frozens
     return frozenset(out)
 
 
+# What a restart starts again: the whole cluster, or only the task that
+# crashed or failed (a pod restart: the others keep their processes).
+RESTART_POLICIES = ("cluster", "task")
+DEFAULT_RESTART_POLICY = "cluster"
+
+
+def parse_restart_policy(value: Any, option: str = "--mwms-restart-policy") -> str:
+    return parse_choice(value, option, RESTART_POLICIES)
+
+
 def parse_choice(value: Any, option: str, choices: tuple) -> str:
     v = str(value).strip().lower()
     if v not in choices:
@@ -269,6 +279,14 @@ OPTIONS = (
            "Each restart pays a cluster start-up again; a hang is restarted only when "
            "`run(restart_on=...)` asks.",
            parse=parse_restarts, marker=True),
+    Option("restart-policy", "|".join(RESTART_POLICIES), DEFAULT_RESTART_POLICY,
+           DEFAULT_RESTART_POLICY,
+           "with restarts: `cluster` restarts every worker when one crashed or failed; `task` "
+           "restarts only that worker (same address and `TF_CONFIG`, a fresh process; each "
+           "worker up to K times) while the others keep running, as a pod restart does",
+           "`task` is what Kubernetes does to one failed pod; TensorFlow's collectives then "
+           "often fail on the others (the restarted task's incarnation is new).",
+           parse=parse_restart_policy, marker=True),
     Option("network", "|".join(NETWORK_MODES), "auto", "auto",
            "`isolated` runs each cluster in a network namespace of its own, unreachable "
            "from the host; `auto` does where the machine allows it (the session header "
@@ -340,6 +358,7 @@ class RunSettings:
     state_dir: Optional[str] = None
     preload: tuple = ()
     restarts: int = 0
+    restart_policy: str = DEFAULT_RESTART_POLICY
     network: str = "auto"
     report_dir: Optional[str] = None
     report: str = "failed"

@@ -183,3 +183,42 @@ def test_no_check_without_every_worker_returning(mwms_cluster):
     result = mwms_cluster.run(drifting_loop, timeout=20, grace=1, check_replicas=True,
                               faults=[Crash(1, 1)])
     assert result.outcome == "crashed" and result.replicas is None
+
+
+# ---------------------------------------------------------------- task restarts
+
+def exits_before_its_strategy(exit_code=1):
+    """Worker 1's first process exits before it builds its strategy; every
+    process returns (its restart count, its pid)."""
+    ctx = harness.context()
+    if ctx.index == 1 and ctx.attempt == 0:
+        os._exit(exit_code)
+    return attempt_loop(n_steps=3), os.getpid()
+
+
+@pytest.mark.mwms(workers=3)
+def test_task_policy_restarts_the_crashed_worker_alone(mwms_cluster):
+    """TensorFlow 2.21, measured: a task that dies before it builds its
+    strategy and comes back is taken in by peers still waiting in theirs;
+    they never fail, so only its process is new."""
+    result = mwms_cluster.run(exits_before_its_strategy, timeout=20, grace=2, restarts=1,
+                              restart_policy="task")
+    result.assert_completed()
+    assert len(result.attempts) == 1 and [w.restarts for w in result.workers] == [0, 1, 0]
+    first, second = result.workers[1].attempts
+    assert (first.exit_code, first.attempt, second.attempt) == (1, 0, 1)
+    assert first.pid != second.pid
+    # the others kept their processes: the pids they returned are those started
+    assert [r[1] for r in result.return_values] == [w.pid for w in result.workers]
+    assert [r[0] for r in result.return_values] == [0, 1, 0]
+    assert result.diagnosis.startswith("COMPLETED after 1 task restart: worker 1 crashed "
+                                       "before its first step (exit code 1) and was restarted")
+
+
+def test_task_restarts_end_when_a_worker_used_them(mwms_cluster):
+    result = mwms_cluster.run(attempt_loop, timeout=20, grace=1, restarts=1,
+                              restart_policy="task",
+                              faults=[Crash(1, 0, attempt=0), Crash(1, 0, attempt=1)])
+    result.assert_crashed(culprits=[1])
+    assert [a.exit_code for a in result.workers[1].attempts] == [1, 1]
+    assert "worker 1 not restarted: worker 1 used its 1 restart" in result.diagnosis

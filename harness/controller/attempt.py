@@ -14,9 +14,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
 from harness.controller.ledger_view import LedgerView
-from harness.controller.outcome import judge
+from harness.controller.outcome import judge, with_task_restarts
 from harness.controller.replicas import compare as compare_replicas
 from harness.controller.request import RunRequest
+from harness.controller.restarts import POLICIES, TaskRestarter, incarnation_plan, specs_dir
 from harness.controller.teardown import dump_stacks, stop_workers
 from harness.controller.watch import TrackedWorker, WatchLoop
 from harness.core import progress, protocol, serialize
@@ -84,7 +85,9 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
 
 def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Optional[dict]],
                 plan: Sequence[Fault], files: str) -> RunResult:
-    """One attempt: start the workers, watch them, stop them, decide."""
+    """One attempt: start the workers, watch them, stop them, decide.
+    Under ``restart_policy="task"``, a worker that crashed or failed is
+    restarted within the attempt (:mod:`harness.controller.restarts`)."""
     req = job.request
     specs = worker_specs(job, attempt, configs, plan, files)
     readers = []
@@ -96,17 +99,35 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     tracked: List[TrackedWorker] = []
     ended_by = EndedBy.HANG
     timeout = req.settings.timeout
+
+    def track(h: WorkerHandle, reader: progress.Reader) -> TrackedWorker:
+        return TrackedWorker(h, WorkerObservation(
+            index=h.index, tf_config=job.network.logical(configs[h.index]), ledger=req.ledger),
+            LedgerView(start), reader, pid=getattr(h, "pid", None))
+
+    def start_again(index: int, incarnation: int) -> TrackedWorker:
+        """Worker ``index``'s next process: the same TF_CONFIG, its own files."""
+        spec = worker_specs(job, incarnation, configs,
+                            faults_module.in_attempt(req.plan, incarnation),
+                            specs_dir(files, index, incarnation))[index]
+        progress.create(spec.progress_path)
+        readers.append(progress.Reader(spec.progress_path))
+        specs[index] = spec
+        handle = launcher.start([spec])[0]
+        handles.append(handle)
+        return track(handle, readers[-1])
+
+    restarter = task_restarter(req, start_again, lambda w, k: ended_result(w, specs[w.index], k))
     try:
-        handles = launcher.start(specs)
+        handles.extend(launcher.start(specs))
         # The clock of the run starts once the workers exist: a forkserver
         # still importing TensorFlow (the first run of a session) is no
         # hang of theirs.
         start = time.monotonic()
         job.network.workers_started()
-        tracked = [TrackedWorker(h, WorkerObservation(
-            index=h.index, tf_config=job.network.logical(configs[h.index]), ledger=req.ledger),
-            LedgerView(start), readers[h.index]) for h in handles]
-        loop = WatchLoop(tracked, req.settings, start, req.progress, attempt, job.network)
+        tracked = [track(h, readers[h.index]) for h in handles]
+        loop = WatchLoop(tracked, req.settings, start, req.progress, attempt, job.network,
+                         restarter)
         ended_by = loop.loop()
         timeout = loop.timeout   # the progress callback may have set it
         # The run's clock (events, hang detection) and the user's (the
@@ -118,7 +139,9 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         if ended_by != EndedBy.ALL_FINISHED:
             dump_stacks(tracked, specs)
     finally:
-        stop_workers(tracked, handles, start)
+        # The live processes: a restarted worker's ended ones are gone already.
+        stop_workers(tracked, [h for h in handles if restarter is None
+                               or all(h is not e for e in restarter.ended)], start)
     obs = RunObservation(
         num_workers=req.settings.workers, timeout=timeout,
         grace=req.settings.grace, ended_by=ended_by, duration=duration, workers=tuple(
@@ -126,16 +149,39 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         replicas=check_replicas(tracked, specs, req.tolerance))
     for reader in readers:
         reader.close()
-    return attempt_result(obs, plan, tracked, specs, total, attempt)
+    if restarter is None:
+        return attempt_result(obs, plan, tracked, specs, total, attempt)
+    incarnations = [restarter.incarnation(i) for i in range(req.settings.workers)]
+    result = attempt_result(obs, incarnation_plan(req.plan, incarnations), tracked, specs,
+                            total, attempt, incarnations)
+    return with_task_restarts(result, restarter.history, restarter.not_restarted, req.plan)
+
+
+def task_restarter(req: RunRequest, start_again, result_of) -> Optional[TaskRestarter]:
+    """The attempt's TaskRestarter, when its policy restarts tasks."""
+    k = POLICIES[req.settings.restart_policy].task_restarts(req.settings.restarts)
+    if not k:
+        return None
+    return TaskRestarter(req.settings.workers, k, req.restart_on, start_again, result_of)
+
+
+def ended_result(worker: TrackedWorker, spec: protocol.WorkerSpec, incarnation: int) -> WorkerResult:
+    """What one ended process of a restarted worker leaves in its result."""
+    w = worker.observation(stack=read_capped(spec.stack_path))
+    return WorkerResult(index=w.index, exception=w.error, exit_code=w.exit_code,
+                        log=read_capped(spec.log_path), last_step=w.last_step, stack=w.stack,
+                        observation=w, attempt=incarnation, pid=worker.pid)
 
 
 def attempt_result(obs: RunObservation, plan: Sequence[Fault], tracked: List[TrackedWorker],
-                   specs: Sequence[protocol.WorkerSpec], total: float, attempt: int) -> RunResult:
+                   specs: Sequence[protocol.WorkerSpec], total: float, attempt: int,
+                   incarnations: Optional[Sequence[int]] = None) -> RunResult:
     judged = judge(obs, plan)
     workers = tuple(
         WorkerResult(index=w.index, return_value=_load_return(t), exception=w.error,
                      exit_code=w.exit_code, log=read_capped(specs[w.index].log_path),
-                     last_step=w.last_step, stack=w.stack, observation=w)
+                     last_step=w.last_step, stack=w.stack, observation=w,
+                     attempt=incarnations[w.index] if incarnations else attempt, pid=t.pid)
         for w, t in zip(obs.workers, tracked))
     return RunResult(outcome=judged.outcome, workers=workers,
                      culprits=tuple(judged.verdict.culprits), diagnosis=judged.text,

@@ -20,6 +20,7 @@ from harness.controller.attempt import Job, load_value, run_attempt
 from harness.controller.outcome import certain_to_recur, combine_attempts, judge
 from harness.controller.replicas import compare_reference
 from harness.controller.request import RunRequest, make_request
+from harness.controller.restarts import POLICIES
 from harness.controller.scripts import script_main
 from harness.controller.watch import Progress
 from harness.core import tfconfig
@@ -63,8 +64,8 @@ class Cluster:
             grace: Optional[float] = None, sync_check: bool = False,
             env: Optional[dict] = None, ledger=True,
             step_fn: Optional[str] = None, restarts: Optional[int] = None,
-            restart_on=DEFAULT_RESTART_ON, check_replicas=False, reference=False,
-            on_return: str = "stay",
+            restart_on=DEFAULT_RESTART_ON, restart_policy: Optional[str] = None,
+            check_replicas=False, reference=False, on_return: str = "stay",
             progress: Optional[Callable[[Progress], None]] = None) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
@@ -108,7 +109,8 @@ class Cluster:
           An attempt that failed in a way every attempt would is not
           restarted (a worker raised before ``fn`` ran: ``fn`` or its
           arguments could not be unpickled; or one raised ``SettingError``),
-          and the diagnosis ends with ``not restarted:`` and why.
+          and the diagnosis ends with ``not restarted:`` and why.  With
+          ``restart_policy="task"`` only the worker that crashed or failed is.
         - ``check_replicas``: ``True`` (1e-6) or a tolerance (``atol`` and
           ``rtol``; ``0``: bit for bit) fingerprints the mirrored variables
           on every worker when ``fn`` returns; workers that disagree fail
@@ -131,9 +133,9 @@ class Cluster:
         request = make_request(
             self.settings, self.launcher.start_method, fn, args, kwargs, faults=faults,
             sync_check=sync_check, env=env, restart_on=restart_on, timeout=timeout,
-            grace=grace, restarts=restarts, ledger=ledger, step_fn=step_fn,
-            check_replicas=check_replicas, reference=reference, on_return=on_return,
-            progress=progress)
+            grace=grace, restarts=restarts, restart_policy=restart_policy, ledger=ledger,
+            step_fn=step_fn, check_replicas=check_replicas, reference=reference,
+            on_return=on_return, progress=progress)
         result = self.submit(request)
         self.runs.append(result)
         return result
@@ -159,7 +161,8 @@ class Cluster:
                 # Every attempt on the ports reserved once: a restarted
                 # cluster is found at the same addresses, and a port of the
                 # last attempt in TIME_WAIT is not probed again.
-                for attempt in range(settings.restarts + 1):
+                allowed = POLICIES[settings.restart_policy].cluster_attempts(settings.restarts)
+                for attempt in range(allowed):
                     plan = faults_module.in_attempt(request.plan, attempt)
                     configs = network.new_attempt(faults_module.configs_under(
                         plan, tfconfig.cluster_configs(placement.ports,
@@ -170,7 +173,7 @@ class Cluster:
                     attempts.append(run_attempt(self.launcher, job, attempt, configs, plan, files))
                     if attempts[-1].verdict.outcome not in request.restart_on:
                         break
-                    if attempt < settings.restarts:
+                    if attempt + 1 < allowed:
                         not_restarted = certain_to_recur(attempts[-1].observation.workers)
                         if not_restarted:
                             break
@@ -186,8 +189,8 @@ class Cluster:
                    env: Optional[dict] = None, faults: Sequence = (),
                    timeout: Optional[float] = None, grace: Optional[float] = None,
                    ledger=True, restarts: Optional[int] = None,
-                   restart_on=DEFAULT_RESTART_ON, check_replicas=False,
-                   reference=False, on_return: str = "exit") -> RunResult:
+                   restart_on=DEFAULT_RESTART_ON, restart_policy: Optional[str] = None,
+                   check_replicas=False, reference=False, on_return: str = "exit") -> RunResult:
         """Run a script on every worker as ``python path argv...`` would, or
         ``python -m module argv...`` with ``module=``; see
         :mod:`harness.controller.scripts`.
@@ -204,7 +207,8 @@ class Cluster:
                            start_method=self.launcher.start_method)
         return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
                         ledger=ledger, restarts=restarts, restart_on=restart_on,
-                        check_replicas=check_replicas, reference=reference,
+                        restart_policy=restart_policy, check_replicas=check_replicas,
+                        reference=reference,
                         on_return=on_return)
 
     def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
@@ -216,7 +220,8 @@ class Cluster:
         ref_files = os.path.join(tmpdir, "reference")
         os.mkdir(ref_files, 0o700)
         ref_job = dataclasses.replace(
-            job, request=dataclasses.replace(req, settings=req.settings.with_overrides(workers=1),
+            job, request=dataclasses.replace(req, settings=req.settings.with_overrides(workers=1,
+                                                                                  restarts=0),
                                              sync_check=False),
             envs=job.envs[:1], netns=job.netns[:1] if job.netns else None,
             reference_workers=req.settings.workers)

@@ -5,19 +5,22 @@ A run that was asked for a fault and did not get it is not a pass: the
 test would believe its job survives what never happened.  That rule is
 :func:`fail_unacted`, the one place it is written; :func:`judge` applies it
 to an attempt, :func:`combine_attempts` to faults of attempts that never ran.
-Which failed attempts are not worth restarting is :func:`certain_to_recur`.
+Which failed attempts are not worth restarting is :func:`certain_to_recur`;
+an attempt whose tasks were restarted one by one (``restart_policy="task"``)
+tells their story through :func:`with_task_restarts`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
 from harness.core import protocol
 from harness.diagnosis import Verdict, diagnose
+from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.faults import Fault
-from harness.result import RunResult
+from harness.result import RunResult, WorkerResult
 
 # (the fault as it prints, why it never acted)
 Unacted = Tuple[str, str]
@@ -111,3 +114,78 @@ def combine_attempts(attempts: Sequence[RunResult], plan: Sequence[Fault],
         text = "\n".join(parts)
     return dataclasses.replace(last, outcome=outcome, diagnosis=text, duration=total,
                                faults_never_acted=never, attempts=tuple(attempts))
+
+
+# Lines of a TensorFlow error message that say nothing of their own.
+_NOT_TELLING = ("Graph execution error", "Detected at node", "File ", "[[", "The error could")
+
+
+def telling_line(message: str) -> str:
+    """The first line of an error message that says what went wrong
+    (TensorFlow's often opens with "Graph execution error:")."""
+    lines = [l.strip() for l in (message or "").strip().splitlines() if l.strip()]
+    for line in lines:
+        if not line.startswith(_NOT_TELLING) and not line.endswith(":"):
+            return line
+    return lines[0] if lines else ""
+
+
+def _ended_as(w: WorkerResult) -> str:
+    """How one ended process of a restarted task ended, for the story."""
+    step = f" at step {w.last_step}" if w.last_step is not None else " before its first step"
+    if w.exception is not None:
+        return (f"failed{step} with {short_type(w.exception.type_name)}: "
+                f"{telling_line(w.exception.message)[:240]}")
+    return f"crashed{step} ({exit_text(w.exit_code)})"
+
+
+def task_story(history: Mapping[int, Sequence[WorkerResult]]) -> Tuple[str, Tuple[int, ...]]:
+    """The restarts of ``restart_policy="task"`` (each task's ended
+    processes, ``history``), and the tasks restarted, first first.  A
+    process that ended of its own cause comes before those that reported a
+    peer's failure (an echo: :mod:`harness.diagnosis.echoes`), whatever the
+    order the parent heard of them in: the two arrive within a millisecond."""
+    def when(w: WorkerResult):
+        seen = w.observation
+        t = (seen.finish_time if seen.error is not None else seen.exit_time) if seen else None
+        return is_echo(w.exception), t if t is not None else 0.0
+
+    ended = sorted((w for ws in history.values() for w in ws), key=when)
+    story = "; ".join(f"worker {w.index} {_ended_as(w)} and was restarted" for w in ended)
+    order = tuple(dict.fromkeys(w.index for w in ended))
+    return story, order
+
+
+def with_task_restarts(result: RunResult, history: Mapping[int, Sequence[WorkerResult]],
+                       not_restarted: Mapping[int, str], plan: Sequence[Fault]) -> RunResult:
+    """An attempt's result under ``restart_policy="task"``: each task's
+    processes in ``workers[i].attempts``, and, when a task was restarted,
+    the story first.  A run that did not complete after a restart is blamed
+    on the task restarted first: what the others did after is what its
+    failure and its restart led to.  A fault planned for a restart that
+    never came never acted."""
+    workers = tuple(dataclasses.replace(w, attempts=tuple(history.get(w.index, ())) + (w,))
+                    for w in result.workers)
+    story, order = task_story(history)
+    unreached = tuple((repr(f), f"worker {f.worker} was restarted "
+                                f"{len(history.get(f.worker, ()))} times, so its attempt "
+                                f"{f.attempt} never ran")
+                      for f in plan if f.attempt > len(history.get(f.worker, ())))
+    outcome, text = fail_unacted(result.outcome, result.diagnosis, unreached)
+    if not order and not not_restarted:
+        return dataclasses.replace(result, workers=workers, outcome=outcome, diagnosis=text,
+                                   faults_never_acted=result.faults_never_acted + unreached)
+    verdict, culprits = result.verdict, result.culprits
+    if order and outcome != Outcome.COMPLETED:
+        first = history[order[0]][0]
+        culprits = (order[0],)
+        if verdict is not None:
+            verdict = dataclasses.replace(verdict, culprits=culprits, ambiguous=False,
+                                          step=first.last_step, rule="task_restart")
+    restarts = sum(len(ws) for ws in history.values())
+    head = (f"{outcome.upper()} after {restarts} task restart{'s' if restarts != 1 else ''}: "
+            f"{story}; then:\n" if order else "")
+    notes = "".join(f"\nworker {i} not restarted: {why}" for i, why in sorted(not_restarted.items()))
+    return dataclasses.replace(result, workers=workers, outcome=outcome, culprits=culprits,
+                               verdict=verdict, diagnosis=f"{head}{text}{notes}",
+                               faults_never_acted=result.faults_never_acted + unreached)

@@ -18,8 +18,9 @@ from harness.errors import SerializationError, SettingError
 from harness.faults import Fault
 from harness.launch.backends import backend_of
 from harness.network import NetworkChoice, choose_network
+from harness.controller.restarts import check_restart_on
 from harness.settings import (DEFAULT_RESTART_ON, RunSettings, parse_grace, parse_restart_on,
-                              parse_restarts, parse_seconds)
+                              parse_restart_policy, parse_restarts, parse_seconds)
 
 LEDGER_LEVELS = ("calls", "collectives")
 # run(on_return=...): a worker whose fn returned stays until the run is
@@ -34,8 +35,8 @@ class RunRequest:
     Attributes, one per argument of :meth:`harness.controller.Cluster.run`:
 
     - ``payload``: ``fn``, ``args`` and ``kwargs``, serialized for the workers.
-    - ``settings``: the cluster's settings with ``timeout``, ``grace`` and
-      ``restarts`` applied.
+    - ``settings``: the cluster's settings with ``timeout``, ``grace``,
+      ``restarts`` and ``restart_policy`` applied.
     - ``plan``: the fault plan (``faults``), checked against N and the restarts.
     - ``sync_check``, ``env`` (the workers' extra variables), ``ledger`` (a
       level name or None), ``step_fn``, ``restart_on`` (the outcomes that
@@ -135,6 +136,7 @@ VALIDATORS = {
     "timeout": _optional(parse_seconds, "run(timeout=...)"),
     "grace": _optional(parse_grace, "run(grace=...)"),
     "restarts": _optional(parse_restarts, "run(restarts=...)"),
+    "restart_policy": _optional(parse_restart_policy, "run(restart_policy=...)"),
     "ledger": parse_ledger,
     "step_fn": parse_step_fn,
     "restart_on": lambda value: parse_restart_on(value, "run(restart_on=...)"),
@@ -156,7 +158,9 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
               {**checked, "restart_on": restart_on}.items()}
     settings = settings.with_overrides(timeout=values.pop("timeout", None),
                                        grace=values.pop("grace", None),
-                                       restarts=values.pop("restarts", None))
+                                       restarts=values.pop("restarts", None),
+                                       restart_policy=values.pop("restart_policy", None))
+    check_restart_on(settings.restart_policy, values["restart_on"])
     plan = faults_module.validate(faults, settings.workers, settings.restarts)
     payload = serialize_call(fn, args, kwargs)
     backend = backend_of(settings)

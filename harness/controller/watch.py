@@ -54,6 +54,8 @@ class TrackedWorker:
     # The replica check's fingerprints (a tuple of VariablePrint), or the
     # text of why the worker could not make them.
     replica_prints: Any = None
+    # The process id, read at its start (None where the backend does not say).
+    pid: Optional[int] = None
 
     def note(self, **changes: Any) -> None:
         self.seen = dataclasses.replace(self.seen, **changes)
@@ -94,6 +96,9 @@ class TrackedWorker:
             variables=self.replica_prints if isinstance(self.replica_prints, tuple) else ())
 
 
+# restart_policy="task": how long a worker that raised gets to exit by
+# itself before the harness kills it to start its next process.
+RAISED_EXIT_WAIT = 5.0
 # How often a run with a progress callback reports to it.
 PROGRESS_EVERY = 0.5
 
@@ -130,8 +135,11 @@ class WatchLoop:
 
     def __init__(self, workers: List[TrackedWorker], settings: RunSettings, start: float,
                  on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0,
-                 network: Optional[RunNetwork] = None):
+                 network: Optional[RunNetwork] = None, restarter=None):
         self.on_progress = on_progress
+        # restart_policy="task": restarts a worker that crashed or failed
+        # (a TaskRestarter); its failure then starts no grace.
+        self.restarter = restarter
         self.network = network or RunNetwork()   # for network faults' commands
         self.attempt = attempt
         self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
@@ -173,7 +181,28 @@ class WatchLoop:
 
     def _on_raised(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         worker.note(error=msg.data, finish_time=now - self.start)
-        self._failure_at(now)
+        if self._restarts(worker):
+            self._restart(worker, now)
+        else:
+            self._failure_at(now)
+
+    def _restarts(self, worker: TrackedWorker) -> bool:
+        """Whether ``worker``, which ended badly, gets a fresh process."""
+        return self.restarter is not None and self.restarter.wants(worker)
+
+    def _restart(self, worker: TrackedWorker, now: float) -> None:
+        """Put ``worker``'s next process in its place; what a fault asked the
+        parent to signal the ended one is void.  A worker that raised exits
+        by itself at once; one that does not within :data:`RAISED_EXIT_WAIT`
+        is killed."""
+        if worker.seen.exit_code is None:
+            worker.handle.join(RAISED_EXIT_WAIT)
+            code = worker.handle.exitcode
+            worker.note(exit_code=code, exit_time=time.monotonic() - self.start,
+                        killed_by_harness=code is None)
+        worker.channel_open = False
+        self.actions = [a for a in self.actions if a.worker != worker.index or a.signal is None]
+        self.workers[self.workers.index(worker)] = self.restarter.restart(worker, now)
 
     def _on_fault(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         fault = msg.data
@@ -215,7 +244,9 @@ class WatchLoop:
         self._drain(worker, now)
         worker.note(exit_code=code, exit_time=now - self.start)
         worker.channel_open = False
-        if not worker.finished:
+        if self._restarts(worker):
+            self._restart(worker, now)
+        elif not worker.finished:
             self._failure_at(now)
         self.last_progress = now
 
@@ -293,6 +324,8 @@ class WatchLoop:
             now = time.monotonic()
             for obj in ready:
                 what, worker = waitables[obj]
+                if not any(worker is w for w in self.workers):
+                    continue     # restarted while this batch was handled
                 if what == "conn":
                     self._drain(worker, now)
                 else:

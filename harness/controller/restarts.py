@@ -1,0 +1,150 @@
+"""What a restart starts again: the policy table, and one task's restart.
+
+``run(restarts=K, restart_policy=...)`` picks a row of :data:`POLICIES`:
+
+- ``cluster``: an attempt that ends in an outcome of ``restart_on`` is
+  started again whole, up to K times (:mod:`harness.controller.cluster`).
+- ``task``: within the one attempt, a worker that crashed or failed gets a
+  fresh process, up to K times per worker, on its own address and
+  ``TF_CONFIG``, while the others keep theirs, as Kubernetes restarts one
+  pod (``restartPolicy: OnFailure``).  :class:`TaskRestarter` does it for
+  the watch loop.  A restarted worker's failure starts no grace for its
+  peers; ``restart_on`` may not name ``hang`` (a hang has no one task).
+  ``fn`` reads the task's own restart count as ``context().attempt``, and
+  a fault's ``attempt`` is its worker's restart count.  Each task's
+  processes are in ``result.workers[i].attempts``; the diagnosis tells the
+  restarts first, causes before echoes, and a run that does not complete
+  after one is blamed on the task restarted first
+  (:func:`harness.controller.outcome.with_task_restarts`).
+
+Which end of one worker a restart follows is :func:`task_outcome`, a plain
+function of its observation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Dict, List, Optional, Sequence
+
+from harness.controller.outcome import certain_to_recur
+from harness.diagnosis.observations import Outcome, WorkerObservation
+from harness.errors import SettingError
+from harness.result import WorkerResult
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+    """One row of :data:`POLICIES`: from ``restarts=K``, how many whole
+    attempts a run may have and how many times each task may be restarted
+    within one, and which ``restart_on`` outcomes make sense."""
+
+    name: str
+    cluster_attempts: Callable[[int], int]
+    task_restarts: Callable[[int], int]
+    restartable: frozenset
+
+
+POLICIES: Dict[str, RestartPolicy] = {
+    "cluster": RestartPolicy("cluster", cluster_attempts=lambda k: k + 1,
+                             task_restarts=lambda k: 0,
+                             restartable=frozenset({Outcome.CRASHED, Outcome.FAILED,
+                                                    Outcome.HANG})),
+    # A hang has no one task to restart: the run ends as a hang.
+    "task": RestartPolicy("task", cluster_attempts=lambda k: 1, task_restarts=lambda k: k,
+                          restartable=frozenset({Outcome.CRASHED, Outcome.FAILED})),
+}
+
+
+def check_restart_on(policy: str, restart_on: frozenset) -> None:
+    """A SettingError when ``restart_on`` names an outcome ``policy`` cannot restart."""
+    extra = restart_on - POLICIES[policy].restartable
+    if extra:
+        raise SettingError(
+            f"run(restart_on=...): {', '.join(sorted(extra))} cannot restart one task "
+            f"(restart_policy={policy!r}): a hang has no one task to restart; use "
+            f"restart_policy='cluster' to restart a hung cluster")
+
+
+def task_outcome(w: WorkerObservation) -> Optional[str]:
+    """How worker ``w``'s process ended, as a restart sees it: FAILED (it
+    raised), CRASHED (it exited without returning, by itself or a signal
+    not the harness's), or None (it returned, or it runs on)."""
+    if w.error is not None:
+        return Outcome.FAILED
+    if w.returned or w.exit_code is None or w.killed_by_harness:
+        return None
+    return Outcome.CRASHED
+
+
+class TaskRestarter:
+    """Restarts one worker of a running attempt (``restart_policy="task"``).
+
+    ``start(index, incarnation)`` starts worker ``index``'s process for its
+    ``incarnation``-th run (its spec's files in a directory of their own)
+    and returns its :class:`~harness.controller.watch.TrackedWorker`.  What
+    each ended incarnation left is kept in :attr:`history` (worker index to
+    its :class:`~harness.result.WorkerResult` list, in order), and why a
+    worker that ended badly was not restarted in :attr:`not_restarted`."""
+
+    def __init__(self, num_workers: int, restarts: int, restart_on: frozenset,
+                 start: Callable[[int, int], object],
+                 result_of: Callable[[object, int], WorkerResult]):
+        self.left = [restarts] * num_workers
+        self.restarts = restarts
+        self.restart_on = restart_on
+        self._start = start
+        self._result_of = result_of
+        self.history: Dict[int, List[WorkerResult]] = {i: [] for i in range(num_workers)}
+        self.not_restarted: Dict[int, str] = {}
+        self.ended: List[object] = []     # the handles of the processes that ended
+
+    def incarnation(self, index: int) -> int:
+        return len(self.history[index])
+
+    def wants(self, worker) -> bool:
+        """Whether ``worker`` (a TrackedWorker whose process ended badly, or
+        that raised) is to be restarted; notes why not when it is not."""
+        outcome = task_outcome(worker.seen) if worker.seen.error is None else Outcome.FAILED
+        if outcome is None or outcome not in self.restart_on:
+            return False
+        if self.left[worker.index] <= 0:
+            self.not_restarted[worker.index] = (
+                f"worker {worker.index} used its {self.restarts} restart"
+                f"{'s' if self.restarts != 1 else ''}")
+            return False
+        # Its phases so far (the record gets them only when the run ends).
+        recur = certain_to_recur([dataclasses.replace(worker.seen, events=tuple(worker.events))])
+        if recur:
+            self.not_restarted[worker.index] = recur
+            return False
+        return True
+
+    def restart(self, worker, now: float):
+        """Keep what ``worker``'s ended process left, start its next one."""
+        i = worker.index
+        worker.handle.join(0)
+        worker.handle.kill_tree()       # what the ended process started goes with it
+        worker.handle.join(5)
+        if worker.seen.exit_code is None:
+            worker.note(exit_code=worker.handle.exitcode)
+        self.history[i].append(self._result_of(worker, self.incarnation(i)))
+        worker.handle.close()
+        self.ended.append(worker.handle)
+        self.left[i] -= 1
+        return self._start(i, self.incarnation(i))
+
+
+def specs_dir(files: str, index: int, incarnation: int) -> str:
+    """Where worker ``index``'s ``incarnation``-th process keeps its files
+    (the first one's are the attempt's own)."""
+    if incarnation == 0:
+        return files
+    path = os.path.join(files, f"worker-{index}-restart-{incarnation}")
+    os.makedirs(path, 0o700, exist_ok=True)
+    return path
+
+
+def incarnation_plan(plan: Sequence, incarnations: Sequence[int]) -> tuple:
+    """The faults of ``plan`` that belong to each worker's current
+    incarnation (a fault's ``attempt`` is its worker's restart count)."""
+    return tuple(f for f in plan if f.attempt == incarnations[f.worker])

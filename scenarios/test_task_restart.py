@@ -1,0 +1,165 @@
+"""One task restarted into a running cluster, as Kubernetes restarts one pod.
+
+``run(restarts=1, restart_policy="task")``: the worker that crashed gets a
+fresh process on its own address and ``TF_CONFIG`` while the others keep
+theirs, and each of them is restarted in turn when it fails.  What
+TensorFlow does then depends on when the restarted task comes back: before
+its peers noticed it was gone, after they failed, or after they finished.
+"""
+import os
+import re
+import time
+
+import pytest
+
+import harness
+from harness.faults import Crash
+from scenarios.meta import NO_FIX, scenario
+
+STEPS = 6
+AT = 3       # worker 1 dies at this step's boundary, its peers in the step's all-reduce
+# How late the restarted task comes back: past the ~10 s in which its peers
+# learn of a dead peer from the coordination service's heartbeats.
+LATE = 13.0
+# Restarts per task: a peer may need two (see the first scenario).
+RESTARTS = 4
+
+
+def restartable_loop(late: float = 0.0, exit_after_loop: bool = False):
+    """Six all-reduce steps; returns (this process's restart count, pid).
+    A restarted worker 1 sleeps ``late`` seconds before it builds its
+    strategy (a pod that takes long to come back); with ``exit_after_loop``
+    worker 1's first process exits 3 once its loop is done (the others
+    return meanwhile)."""
+    import tensorflow as tf
+    ctx = harness.context()
+    if ctx.index == 1 and ctx.attempt > 0:
+        time.sleep(late)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    for _ in ctx.steps(STEPS):
+        step()
+    if exit_after_loop and ctx.index == 1 and ctx.attempt == 0:
+        os._exit(3)
+    return ctx.attempt, os.getpid()
+
+
+def _at(workers):
+    return [pytest.param(n, marks=pytest.mark.mwms(workers=n), id=f"{n}w") for n in workers]
+
+
+def _first_error(result, i):
+    error = result.workers[i].attempts[0].exception
+    assert error is not None, result.diagnosis
+    return error
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers", _at([2, 3, 4]))
+@scenario(outcome="completed", source="kubernetes restartPolicy: OnFailure; google/automl#964; "
+          "TensorFlow's PeerFailureRecoverTest")
+def test_a_task_restarted_at_once_makes_every_peer_fail_and_restart(mwms_cluster, workers):
+    """A task restarted before its peers noticed it was gone: each peer fails
+    in the step it waits in, is restarted in turn, and the job completes.
+
+    TensorFlow: TensorFlow 2.21, measured (2, 3 and 4 workers, forkserver
+    workers on one machine): worker 1 dies at step 3's boundary while the
+    others wait in step 3's all-reduce, and is back within a second.  Its
+    new process cannot join the running collective group: worker 0 raises
+    ``AbortedError`` ("/job:worker/replica:0/task:1 unexpectedly tried to
+    connect with a different incarnation. It has likely restarted."), and
+    with 3 or 4 workers the others raise ``UnavailableError`` ("Connection
+    reset by peer") or the same ``AbortedError``.  Each restarted process
+    builds a strategy anew.  A peer restarted while another still ran its
+    first process may fail once more, in the new group's first all-reduce
+    (``AbortedError`` naming task 1; 2 runs in 5 at 3 workers), as
+    TensorFlow's own test says ("it's not guaranteed that the cluster only
+    restarts once"); with restarts left to each task, every task's last
+    process runs the six steps from 0 and returns.
+
+    Source: Kubernetes restarts the one pod that failed
+    (``restartPolicy: OnFailure``); google/automl#964 quotes the
+    incarnation error; TensorFlow's ``PeerFailureRecoverTest`` relies on it.
+
+    Fix: this (the job restarts from scratch or a checkpoint on every task,
+    since every task restarts).
+    """
+    result = mwms_cluster.run(restartable_loop, timeout=30, grace=5, restarts=RESTARTS,
+                              restart_policy="task", faults=[Crash(1, AT)])
+    result.assert_completed()
+    crashed = result.workers[1].attempts[0]
+    assert (crashed.exit_code, crashed.last_step, crashed.exception) == (1, AT, None)
+    assert _first_error(result, 0).type_name.endswith("AbortedError")
+    assert "different incarnation" in _first_error(result, 0).message
+    for i in range(2, workers):
+        assert _first_error(result, i).type_name.rpartition(".")[2] in (
+            "UnavailableError", "AbortedError"), result.diagnosis
+    assert all(w.restarts >= 1 for w in result.workers)
+    assert [v[0] for v in result.return_values] == [w.restarts for w in result.workers]
+    assert re.match(rf"COMPLETED after \d+ task restarts: worker 1 crashed at step {AT} "
+                    rf"\(exit code 1\) and was restarted;", result.diagnosis), result.diagnosis
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="kubernetes restartPolicy: OnFailure; "
+          "kubeflow/trainer#1458 (a pod restarted three times)")
+def test_a_task_restarted_late_finds_its_peers_failed_and_restarted(mwms_cluster):
+    """A task that comes back after its peers failed: they were restarted
+    meanwhile, and the job completes on every task's second process.
+
+    TensorFlow: TensorFlow 2.21, measured (2 workers): worker 1 dies at
+    step 3's boundary and its new process waits 13 s before it builds its
+    strategy.  About 10 s after the death worker 0 raises
+    ``UnavailableError`` naming task 1 (the coordination service's
+    heartbeats), is restarted, and the two new processes form the cluster
+    again and run the six steps.
+
+    Source: Kubernetes restarts the one pod that failed; how long it takes
+    to come back (an image pull, a node) decides what its peers see.
+
+    Fix: this.
+    """
+    result = mwms_cluster.run(restartable_loop, kwargs={"late": LATE}, timeout=30, grace=5,
+                              restarts=1, restart_policy="task", faults=[Crash(1, AT)])
+    result.assert_completed()
+    error = _first_error(result, 0)
+    assert error.type_name.endswith("UnavailableError") and "task:1" in error.message
+    assert [w.restarts for w in result.workers] == [1, 1]
+    # worker 0 failed, and was restarted, before worker 1's new process built its strategy
+    failed_at = result.workers[0].attempts[0].observation.exit_time
+    assert failed_at < result.workers[1].attempts[0].observation.exit_time + LATE
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="hang", source="kubeflow/kubeflow#147; kubeflow/trainer#1997",
+          fixed_by=NO_FIX)
+def test_a_task_restarted_after_its_peers_finished_waits_for_ever(mwms_cluster):
+    """A task that dies after its last step and is restarted once its peers
+    have returned waits for them for ever: the job never ends.
+
+    TensorFlow: TensorFlow 2.21, measured (2 workers): worker 1 exits 3
+    after its six steps; worker 0 has returned.  Worker 1's new process
+    blocks in ``MultiWorkerMirroredStrategy()`` (the collective group's
+    set-up waits for a peer that will never build a strategy again) until
+    the harness's hang timeout; nothing fails.  The diagnosis blames the
+    restarted task.
+
+    Source: kubeflow/kubeflow#147 and kubeflow/trainer#1997: a worker
+    restarted after the others finished, and the job held its GPUs.
+
+    Fix: none makes the restarted task complete: it must not be restarted
+    once its peers are done (a job whose chief finished is done), or the
+    whole job must restart (``restart_policy="cluster"``) so that every task
+    runs again.
+    """
+    result = mwms_cluster.run(restartable_loop, kwargs={"exit_after_loop": True}, timeout=5,
+                              grace=5, restarts=1, restart_policy="task")
+    result.assert_hang().assert_culprit(1)
+    assert result.workers[0].returned and result.workers[0].restarts == 0
+    crashed = result.workers[1].attempts[0]
+    assert (crashed.exit_code, crashed.last_step) == (3, STEPS - 1)
+    assert result.workers[1].last_step is None and "strategy creation" in result.diagnosis

@@ -1,0 +1,146 @@
+"""restart_policy="task" without TensorFlow: the option, the policy table,
+which end of a worker a restart follows, and the story the result tells."""
+import dataclasses
+import types
+
+import pytest
+
+from harness import faults as F
+from harness.controller.outcome import judge, task_story, telling_line, with_task_restarts
+from harness.controller.request import make_request
+from harness.controller.restarts import (POLICIES, TaskRestarter, check_restart_on,
+                                         incarnation_plan, task_outcome)
+from harness.diagnosis.observations import Outcome
+from harness.errors import SettingError
+from harness.result import RunResult, WorkerResult
+from harness.settings import (OPTION, RunSettings, parse_marker, parse_restart_policy,
+                              read_settings)
+from observations import died, raised, returned, run
+
+pytestmark = pytest.mark.timeout(30)
+
+INCARNATION = ("Collective ops is aborted by: Error reported from /job:worker/task:1: "
+               "/job:worker/replica:0/task:1 unexpectedly tried to connect with a different "
+               "incarnation. It has likely restarted.")
+
+
+def test_the_option_is_one_row_with_its_places_and_a_validator_naming_them():
+    option = OPTION["restart-policy"]
+    assert (option.flag, option.ini, option.default, option.marker) == (
+        "--mwms-restart-policy", "mwms_restart_policy", "cluster", True)
+    assert parse_restart_policy(" Task ") == "task"
+    with pytest.raises(SettingError, match=r"--mwms-restart-policy: 'pod' is not one of "
+                                           r"cluster, task"):
+        parse_restart_policy("pod")
+    assert parse_marker({"restart_policy": "task"}) == {"restart_policy": "task"}
+    with pytest.raises(SettingError, match=r"@pytest.mark.mwms\(restart_policy=...\)"):
+        parse_marker({"restart_policy": 1})
+    settings = read_settings(lambda o: ("task" if o.name == "restart-policy" else o.default,
+                                        "cli"))
+    assert settings.restart_policy == "task"
+    with pytest.raises(SettingError, match="--restart-policy"):
+        read_settings(lambda o: ("x" if o.name == "restart-policy" else o.default, "cli"))
+
+
+def test_run_takes_the_policy_and_refuses_a_hang_it_cannot_restart():
+    req = make_request(RunSettings(), "forkserver", len, restarts=2, restart_policy="task")
+    assert (req.settings.restart_policy, req.settings.restarts) == ("task", 2)
+    assert make_request(RunSettings(), "forkserver", len).settings.restart_policy == "cluster"
+    with pytest.raises(SettingError, match=r"run\(restart_policy=...\): 'all'"):
+        make_request(RunSettings(), "forkserver", len, restart_policy="all")
+    with pytest.raises(SettingError, match=r"run\(restart_on=...\): hang cannot restart one task"):
+        make_request(RunSettings(), "forkserver", len, restart_policy="task",
+                     restart_on="crash,hang")
+    check_restart_on("cluster", frozenset({Outcome.HANG}))
+
+
+def test_the_policy_table_says_how_many_attempts_and_task_restarts():
+    cluster, task = POLICIES["cluster"], POLICIES["task"]
+    assert (cluster.cluster_attempts(3), cluster.task_restarts(3)) == (4, 0)
+    assert (task.cluster_attempts(3), task.task_restarts(3)) == (1, 3)
+
+
+def test_a_worker_that_raised_or_died_is_restartable_one_that_returned_or_was_killed_not():
+    assert task_outcome(raised(0, 2, "ValueError", "x", 1.0)) == Outcome.FAILED
+    assert task_outcome(died(0, 2, -9, 1.0)) == Outcome.CRASHED
+    assert task_outcome(died(0, 2, 0, 1.0)) == Outcome.CRASHED      # exit 0 without returning
+    assert task_outcome(returned(0, 2)) is None
+    killed = dataclasses.replace(died(0, 2, -9, 1.0), killed_by_harness=True)
+    assert task_outcome(killed) is None
+
+
+def _tracked(obs):
+    return types.SimpleNamespace(seen=obs, events=list(obs.events), index=obs.index)
+
+
+def test_the_restarter_counts_per_worker_and_says_why_not():
+    r = TaskRestarter(2, 1, frozenset({Outcome.CRASHED}), start=None, result_of=None)
+    assert r.wants(_tracked(died(1, 2, 1, 1.0)))
+    assert not r.wants(_tracked(raised(1, 2, "ValueError", "x", 1.0)))   # fail not asked for
+    r.left[1] = 0
+    assert not r.wants(_tracked(died(1, 2, 1, 1.0)))
+    assert r.not_restarted == {1: "worker 1 used its 1 restart"}
+    # an error raised before fn ran comes back in every process
+    r2 = TaskRestarter(2, 3, frozenset({Outcome.FAILED}), start=None, result_of=None)
+    early = dataclasses.replace(raised(0, 2, "SerializationError", "x", 1.0), events=())
+    assert not r2.wants(_tracked(early)) and "before fn ran" in r2.not_restarted[0]
+
+
+def test_a_faults_attempt_is_its_workers_restart_count():
+    plan = (F.Crash(1, 3), F.Crash(1, 2, attempt=1), F.Crash(0, 1, attempt=1))
+    assert incarnation_plan(plan, [0, 1]) == (F.Crash(1, 2, attempt=1),)
+    assert incarnation_plan(plan, [1, 0]) == (F.Crash(1, 3), F.Crash(0, 1, attempt=1))
+
+
+def _ended(obs, attempt=0):
+    return WorkerResult(index=obs.index, exception=obs.error, exit_code=obs.exit_code,
+                        last_step=obs.last_step, observation=obs, attempt=attempt)
+
+
+def _result(obs_run, plan=()):
+    judged = judge(obs_run, plan)
+    workers = tuple(WorkerResult(index=w.index, exception=w.error, exit_code=w.exit_code,
+                                 last_step=w.last_step, observation=w) for w in obs_run.workers)
+    return RunResult(judged.outcome, workers, judged.verdict.culprits, judged.text, 1.0,
+                     obs_run, judged.verdict, judged.never)
+
+
+def test_the_story_puts_the_cause_before_the_echoes_whatever_the_order_heard():
+    crash = _ended(died(1, 3, 1, 2.0, steps=range(4)))
+    echo = _ended(raised(2, 3, "tensorflow.UnavailableError",
+                         "Graph execution error:\n\nCollective ops is aborted by: "
+                         "recvmsg:Connection reset by peer", 1.9))
+    story, order = task_story({0: [], 1: [crash], 2: [echo]})
+    assert order == (1, 2)
+    assert story == ("worker 1 crashed at step 3 (exit code 1) and was restarted; worker 2 "
+                     "failed at step 3 with UnavailableError: Collective ops is aborted by: "
+                     "recvmsg:Connection reset by peer and was restarted")
+    assert telling_line("Graph execution error:\n\nDetected at node x\n" + INCARNATION) == \
+        INCARNATION
+
+
+def test_a_run_that_fails_after_a_restart_is_blamed_on_the_task_restarted_first():
+    last = run(raised(0, 2, "tensorflow.AbortedError", INCARNATION, 3.0),
+               returned(1, 2, steps=()))
+    crash = _ended(died(1, 2, 1, 1.0, steps=range(9)))
+    result = with_task_restarts(_result(last), {0: [], 1: [crash]}, {0: "worker 0 used its 0"},
+                                ())
+    assert result.outcome == Outcome.FAILED and result.culprits == (1,)
+    assert (result.verdict.culprits, result.verdict.step, result.verdict.ambiguous) == \
+        ((1,), 8, False)
+    assert result.diagnosis.startswith("FAILED after 1 task restart: worker 1 crashed at step 8 "
+                                       "(exit code 1) and was restarted; then:\nFAILED")
+    assert result.diagnosis.endswith("\nworker 0 not restarted: worker 0 used its 0")
+    assert [len(w.attempts) for w in result.workers] == [1, 2]
+    assert result.workers[1].attempts[0] is crash and result.workers[1].restarts == 1
+
+
+def test_without_a_restart_the_result_is_the_attempts_and_a_fault_never_reached_fails():
+    done = run(returned(0, 2), returned(1, 2))
+    plain = with_task_restarts(_result(done), {0: [], 1: []}, {}, ())
+    assert plain.outcome == Outcome.COMPLETED and plain.diagnosis == _result(done).diagnosis
+    assert [w.restarts for w in plain.workers] == [0, 0]
+    unreached = with_task_restarts(_result(done), {0: [], 1: []}, {},
+                                   (F.Crash(1, 2, attempt=1),))
+    assert unreached.outcome == Outcome.FAILED
+    assert "attempt 1 never ran" in unreached.diagnosis
