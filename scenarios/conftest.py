@@ -76,55 +76,54 @@ def _raised_types(result) -> set:
             if w.exception is not None}
 
 
-def _record_outcome(item, result) -> None:
+def _record_outcome(item, result, passed: bool) -> None:
     path = os.environ.get(OUTCOMES_FILE)
     if not path or result is None:
         return
     raised = sorted(_raised_types(result))
     line = json.dumps({"test": item.nodeid, "outcome": str(result.outcome),
                        "error": result.error, "raised": raised,
-                       "workers": len(result.workers)})
+                       "workers": len(result.workers), "passed": passed})
     with open(path, "a") as f:   # one line per write: xdist workers append side by side
         f.write(line + "\n")
+
+
+def _check_declared(item, meta) -> None:
+    """The test's last run ended as its ``@scenario`` declares, or an AssertionError."""
+    result = _last_result(item)
+    if result is None:
+        raise AssertionError(f"{item.name}: a @scenario test must run its scenario on "
+                             f"mwms_cluster (directly or through scenario_run)")
+    if result.outcome not in meta.outcomes:
+        raise AssertionError(
+            f"{item.name}: its last run ended {result.outcome!r}, but @scenario declares "
+            f"{' or '.join(meta.outcomes)} (the catalogue in docs/scenarios.md says so too)\n{result.report()}")
+    if meta.error is not None:
+        raised = _raised_types(result)
+        if meta.error not in raised and result.error != meta.error:
+            raise AssertionError(
+                f"{item.name}: @scenario declares error {meta.error!r}, but the workers "
+                f"raised {sorted(raised) or 'nothing'}\n{result.report()}")
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     fn = getattr(item, "function", None)
     meta = declared(fn)
+    passed = False
     try:
-        outcome = yield  # re-raises when the test body failed, skipped or xfailed
+        try:
+            outcome = yield  # re-raises when the test body failed, skipped or xfailed
+        except pytest.skip.Exception:
+            passed = True
+            raise
+        if meta is not None:
+            _check_declared(item, meta)
+        elif culprit_check_of(fn) is None and item.name.startswith("test_"):
+            raise AssertionError(f"{item.name}: every test in scenarios/ is a @scenario or a "
+                                 f"@culprit_check (see scenarios/meta.py)")
+        passed = True
+        return outcome
     finally:
         if meta is not None:
-            _record_outcome(item, _last_result(item))
-    if meta is not None:
-        result = _last_result(item)
-        if result is None:
-            raise AssertionError(f"{item.name}: a @scenario test must run its scenario on "
-                                 f"mwms_cluster (directly or through scenario_run)")
-        if result.outcome not in meta.outcomes:
-            raise AssertionError(
-                f"{item.name}: its last run ended {result.outcome!r}, but @scenario declares "
-                f"{' or '.join(meta.outcomes)} (the catalogue in docs/scenarios.md says so too)\n{result.report()}")
-        if meta.error is not None:
-            raised = _raised_types(result)
-            if meta.error not in raised and result.error != meta.error:
-                raise AssertionError(
-                    f"{item.name}: @scenario declares error {meta.error!r}, but the workers "
-                    f"raised {sorted(raised) or 'nothing'}\n{result.report()}")
-    elif culprit_check_of(fn) is None and item.name.startswith("test_"):
-        raise AssertionError(f"{item.name}: every test in scenarios/ is a @scenario or a "
-                             f"@culprit_check (see scenarios/meta.py)")
-    return outcome
-
-
-@pytest.fixture(autouse=True)
-def _no_worker_left_behind(no_leftover_workers):
-    """Every scenario: no TensorFlow process of it outlives it (conftest.py at the root)."""
-
-
-@pytest.fixture(autouse=True)
-def _keras_chosen_by_the_scenario(monkeypatch):
-    """Each scenario states its Keras (tf_keras ones set TF_USE_LEGACY_KERAS
-    themselves): the caller's shell must not choose it for them."""
-    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+            _record_outcome(item, _last_result(item), passed)
