@@ -216,11 +216,16 @@ def test_an_unmodified_script_on_ray_from_the_command_line(tmp_path):
     cluster the command starts and ends itself, with a fault, named."""
     from test_cli import harness_cli
     before = ray_dirs()
-    proc = harness_cli(tmp_path, "-n", "2", "--timeout", "5", "--backend", "ray",
-                       "--ray-nodes", "2", "--fault", "SkipStep(1, 2)", "--expect", "hang",
+    # harness run ends a worker whose script ended (on_return="exit"): worker
+    # 1 leaves while worker 0 needs it, which fails with UnavailableError at
+    # once or after TensorFlow's 10 s heartbeat timeout, under the 30 s one.
+    proc = harness_cli(tmp_path, "-n", "2", "--timeout", "30", "--grace", "20",
+                       "--backend", "ray", "--ray-nodes", "2", "--fault", "SkipStep(1, 2)",
+                       "--expect", "failed",
                        "steps.py", "--", "--steps", "5", timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "culprit: worker 1" in proc.stdout, proc.stdout
+    assert "worker 1 returned and its process ended after 4 calls" in proc.stdout, proc.stdout
     assert not [d for d in ray_dirs() if d not in before]
 
 

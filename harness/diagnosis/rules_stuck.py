@@ -283,8 +283,8 @@ def left_early(f: Facts) -> Optional[Blame]:
     stayed would look the same; the text says so, and names the one that
     left: the one whose process was gone while a collective needed it.
     Where the ledgers' per-step counts (``collective_counts``) name a
-    culprit, they are the better evidence: it answers only when they name
-    the same, or nothing."""
+    culprit without doubt, they are the better evidence: it answers only
+    when they name the same, or no one for sure."""
     obs = f.obs
     left = [w for w in f.workers if w.left_during(obs)]
     stuck = [w for w in f.workers if w.error is not None or not w.finished]
@@ -326,8 +326,8 @@ def left_early(f: Facts) -> Optional[Blame]:
     culprits = [w.index for w in left]
     reason = "it left while they still needed it in a collective"
     counted = collective_counts(f)
-    if counted is not None:
-        if counted.ambiguous or sorted(counted.culprits) != sorted(culprits):
+    if counted is not None and not counted.ambiguous:
+        if sorted(counted.culprits) != sorted(culprits):
             return None   # the per-step counts name another: they are the better evidence
         reason += f"; it {counted.reason}"
     elif len(f.workers) == 2:
