@@ -2,14 +2,17 @@
 
 The wrong ``TF_CONFIG`` comes from the ``BadTFConfig`` fault, always on the
 last worker (the chief stays right), except for the one set too late, which
-``fn`` does itself.  Each run trains the seed's loop for 10 steps.
+``fn`` does itself.  Each run trains the seed's loop for 10 steps.  Last, a
+worker listed by a host name that resolves late or never
+(``UnresolvedHost``: the DNS race of tensorflow#53098).
 """
 import os
 
 import pytest
 
-from harness.faults import BadTFConfig
-from scenarios.meta import culprit_check, culprit_from_three, scenario
+from harness.faults import BadTFConfig, UnresolvedHost
+from harness.network import namespace as netns
+from scenarios.meta import NO_FIX, culprit_check, culprit_from_three, scenario
 
 STEPS = 10
 
@@ -257,3 +260,153 @@ def test_tf_config_set_after_strategy(mwms_cluster):
                                timeout=20, check_replicas=True)
     checked.assert_failed(error="ReplicaDivergence").assert_cannot_tell(range(n))
     assert checked.replicas.divergence.sides == tuple((i,) for i in range(n))
+
+
+# -- a worker's host name that does not resolve yet (UnresolvedHost) ----------
+
+NAMES = netns.names_available()
+needs_names = pytest.mark.skipif(not NAMES[0], reason=(
+    f"a host name that resolves late needs a namespace with an /etc/hosts of its own: "
+    f"{NAMES[1]}"))
+# When a name resolves, in seconds after the workers start.  Too late: long
+# after the first collective (about 1 s in, more under load); the run has
+# ended by then.  In time: a chief's name, while every worker still waits
+# in strategy creation (which they reach 0.5 s in, a few seconds under load).
+PEER_TOO_LATE = 15
+PEER_AWAITED = 4
+CHIEF_RESOLVES = 5
+
+
+def train_when_names_resolve(deadline=60.0):
+    """The seed's loop, once every host of the cluster list resolves (the
+    fix for the race: wait for the peers' names, as an init container
+    does, before making the strategy); returns (seconds waited, what
+    ``train_and_report`` returns)."""
+    import json
+    import socket
+    import time
+    hosts = [a.rpartition(":")[0] for a in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]]
+    stop = time.monotonic() + deadline
+    for host in hosts:
+        while True:
+            try:
+                socket.getaddrinfo(host, None)
+                break
+            except OSError:
+                if time.monotonic() > stop:
+                    raise
+                time.sleep(0.1)
+    return time.monotonic() - (stop - deadline), train_and_report()
+
+
+@needs_names
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="UnavailableError", source="tensorflow#53098",
+          fixed_by="test_peer_name_awaited_before_the_strategy")
+def test_peer_name_resolves_too_late(mwms_cluster):
+    """The last worker is listed by a Service name its peers cannot resolve
+    until 15 s after the workers start (``UnresolvedHost``).
+
+    TensorFlow: every strategy is made (the coordination service needs only
+    the chief's address), and the first collective fails at once on the
+    peers that must reach the last worker: ``UnavailableError`` "errors
+    resolving mwms-worker-N:PORT ... Name or service not known syscall:
+    getaddrinfo".  No retry: within the run's first second the step has
+    failed, and the worker listed by name fails as its peers abort.  A name
+    that resolves a moment after the first collective is as late as one
+    that never does (measured: resolved 4 s after the workers started, the
+    first collective had failed 3 s before).  The harness names the worker
+    whose address did not resolve, not those that raised.
+
+    Source: tensorflow#53098, kubeflow/trainer#1458 (a worker exits on the
+    DNS lookup of its peer's Service name; the pod restarts, the job fails).
+
+    Fix: wait until every peer's name resolves before making the strategy
+    (see the next scenario).
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(train_and_report, timeout=20, grace=6,
+                              faults=[UnresolvedHost(last, PEER_TOO_LATE)])
+    result.assert_failed(error="UnavailableError").assert_culprit(last)
+    assert result.verdict.rule == "unresolved_address"
+    assert f"worker {last}'s address mwms-worker-{last}:" in result.diagnosis
+    assert "did not resolve" in result.diagnosis
+
+
+@needs_names
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="tensorflow#53098")
+def test_peer_name_awaited_before_the_strategy(mwms_cluster):
+    """Fixed: the last worker's name resolves 4 s after the workers start,
+    and each worker waits until every host of its cluster list resolves
+    before it makes the strategy.
+
+    TensorFlow: the strategy and every collective find the peer; the
+    workers train in step.
+
+    Source: tensorflow#53098; kubeflow/trainer#1458 (an init container that
+    waits for the Services' DNS records).
+
+    Fix: this is the fix.
+    """
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(train_when_names_resolve, timeout=20,
+                              faults=[UnresolvedHost(last, PEER_AWAITED)])
+    result.assert_completed()
+    assert len({tuple(losses) for _, (_, losses) in result.return_values}) == 1
+    # The fault acted: the name did not resolve at first.
+    assert max(waited for waited, _ in result.return_values) > 0.1
+
+
+@needs_names
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="kubeflow/trainer#1458")
+def test_chief_name_resolves_while_the_workers_wait(mwms_cluster):
+    """Fixed, in the sense that TensorFlow waits: the chief's name resolves
+    5 s after the workers start.
+
+    TensorFlow: every worker's coordination agent (the chief's own too)
+    dials the chief's name, and retries in silence while it does not
+    resolve; once it does, the cluster forms (about 1 s later: its backoff)
+    and trains.  The coordination service waits for registration up to
+    ``cluster_register_timeout_in_ms`` (an hour by default).
+
+    Source: kubeflow/trainer#1458 (the chief's Service not yet in DNS).
+
+    Fix: nothing to fix: within the registration timeout a late chief name
+    only delays the start.
+    """
+    result = mwms_cluster.run(train_and_report, timeout=20,
+                              faults=[UnresolvedHost(0, CHIEF_RESOLVES)])
+    result.assert_completed()
+    # The fault acted: each worker's lookup failed before its strategy was
+    # made, and came good later (its lookups and TensorFlow's race).
+    for w in result.observation.workers:
+        kinds = [e.kind for e in w.events]
+        assert kinds.index("name_unresolved") < kinds.index("strategy_created"), kinds
+        assert "name_resolved" in kinds, kinds
+
+
+@needs_names
+@pytest.mark.timeout(60)
+@scenario(outcome="hang", source="kubeflow/trainer#1458", fixed_by=NO_FIX)
+def test_chief_name_never_resolves(mwms_cluster):
+    """The chief is listed by a name that never resolves.
+
+    TensorFlow: every worker waits in strategy creation, with nothing in
+    any log (the coordination agents retry the lookup in silence) until the
+    registration timeout, an hour by default.  The harness's hang timeout
+    ends it; its verdict names the chief, whose address the workers' own
+    lookups found unresolvable.
+
+    Source: kubeflow/trainer#1458; tensorflow#60706 (workers that wait for
+    a peer that never registers).
+
+    Fix: none completes without the name; set
+    ``cluster_register_timeout_in_ms`` low, or wait for the names with a
+    deadline (``train_when_names_resolve``), to fail fast.
+    """
+    result = mwms_cluster.run(train_and_report, timeout=5, faults=[UnresolvedHost(0)])
+    result.assert_hang().assert_culprit(0)
+    assert result.verdict.rule == "unresolved_address"
+    assert "every worker waited in strategy creation" in result.diagnosis

@@ -4,6 +4,8 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
+import time
 
 import psutil
 import pytest
@@ -128,7 +130,7 @@ def test_the_session_header_says_where_clusters_run(pytester):
 
 # ---------------------------------------------------------------- network faults
 
-from harness.faults import Bandwidth, FaultError, Partition, needs_network  # noqa: E402
+from harness.faults import Bandwidth, FaultError, Partition, UnresolvedHost, needs_network  # noqa: E402
 
 
 def timed_steps(size=1, n=10):
@@ -386,3 +388,72 @@ def reset_in_flight(twin=False):
                 subprocess.run(["ss", "-K", "state", "established"], capture_output=True)
             time.sleep(0.3)
         step()
+
+
+# -- a worker's address that does not resolve ---------------------------------
+
+def name_a_worker_then_reduce(worker, name):
+    """The user's own mistake: its TF_CONFIG lists worker ``worker`` by a
+    host name nobody can resolve (a Service not yet, or never, in DNS)."""
+    config = json.loads(os.environ["TF_CONFIG"])
+    port = config["cluster"]["worker"][worker].rpartition(":")[2]
+    config["cluster"]["worker"][worker] = f"{name}:{port}"
+    os.environ["TF_CONFIG"] = json.dumps(config)
+    return allreduce_loop(5)
+
+
+@needs_isolation
+@pytest.mark.parametrize("worker, outcome", [(1, "failed"), (0, "hang")])
+def test_the_unresolved_address_twin_reads_as_the_fault_does(mwms_cluster, worker, outcome):
+    """UnresolvedHost's twin: no hosts file of the harness's, the user's
+    TF_CONFIG names a worker ``mwms-nowhere.invalid`` (in the run's network
+    namespace a lookup fails at once, "Temporary failure in name
+    resolution").  The verdict names that worker, as for the fault
+    (scenarios/test_tf_config.py): a peer from TensorFlow's errors, the
+    chief from the workers' lookups while all wait in strategy creation."""
+    result = mwms_cluster.run(name_a_worker_then_reduce, args=(worker, "mwms-nowhere.invalid"),
+                              timeout=4, grace=3)
+    assert (result.outcome, result.culprits, result.verdict.rule) == (
+        outcome, (worker,), "unresolved_address"), result.diagnosis
+    assert f"worker {worker}'s address mwms-nowhere.invalid:" in result.diagnosis
+
+
+@pytest.mark.mwms(network="host")
+def test_a_name_fault_needs_a_hosts_file_of_its_own(mwms_cluster):
+    """On the host's network there is no /etc/hosts of the run's own:
+    refused, with the reason, before any process starts."""
+    with pytest.raises(SettingError, match=r"UnresolvedHost.*\(--mwms-network=host\)"):
+        mwms_cluster.run(allreduce_loop, faults=[UnresolvedHost(1)])
+    assert mwms_cluster.runs == []
+
+
+def test_a_cluster_with_a_hosts_file_of_its_own_leaves_the_hosts_alone():
+    """The run's /etc/hosts is its own: a name it resolves is not the
+    host's, and none of its copies is left behind in the temp directory."""
+    ok, why = netns.names_available()
+    if not ok:
+        pytest.skip(why)
+    before = set(os.listdir(tempfile.gettempdir()))
+    with open("/etc/hosts") as f:
+        hosts = f.read()
+    with netns.Namespace(names=True) as ns:
+        inside = ["nsenter", "-t", str(ns.anchor.pid), "-U", "-n", "-m",
+                  "--preserve-credentials", "getent", "hosts", "mwms-worker-9"]
+
+        def lookup(until: int):
+            """getent's status once it is ``until`` (2: not found), or after 2 s."""
+            for _ in range(100):
+                done = subprocess.run(inside, capture_output=True, text=True)
+                if done.returncode == until:
+                    break
+                time.sleep(0.02)
+            return done
+
+        assert lookup(until=2).returncode == 2
+        ns.resolve("mwms-worker-9", "127.0.0.1", 0)
+        assert lookup(until=0).stdout.split() == ["127.0.0.1", "mwms-worker-9"]
+        ns.forget()
+        assert lookup(until=2).returncode == 2
+    with open("/etc/hosts") as f:
+        assert f.read() == hosts
+    assert not {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("tmp")}

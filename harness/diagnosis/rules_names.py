@@ -124,8 +124,11 @@ def unresolved_address(f: Facts) -> Optional[Blame]:
     owned = {a: v for a, v in by_error.items() if _owner(a, cluster) is not None}
     if len(owned) == 1:
         address, (why, seen) = next(iter(owned.items()))
-        raised = sorted(seen)
-        return _blame(_owner(address, cluster), address, why, raised,
+        owner = _owner(address, cluster)
+        # The owner may repeat its peers' words (their abort reaches it):
+        # it is not one that failed to reach itself.
+        raised = sorted(seen - {owner}) or sorted(seen)
+        return _blame(owner, address, why, raised,
                       f"{names(raised)} failed the first time "
                       f"{'it' if len(raised) == 1 else 'they'} reached it "
                       f"({_error_types(f, raised)}; TensorFlow does not look it up again)", f)
