@@ -146,7 +146,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         num_workers=req.settings.workers, timeout=timeout,
         grace=req.settings.grace, ended_by=ended_by, duration=duration, workers=tuple(
             w.observation(stack=read_capped(specs[w.index].stack_path)) for w in tracked),
-        replicas=check_replicas(tracked, specs, req.tolerance))
+        replicas=check_replicas(tracked, specs, req.tolerance), exit_on_return=req.exit_on_return)
     for reader in readers:
         reader.close()
     if restarter is None:

@@ -226,11 +226,14 @@ class WorkerObservation:
                 and not self.killed_by_harness)
 
     def left_during(self, obs: "RunObservation") -> bool:
-        """Returned, and its process ended while the run was still watched
-        (``on_return="exit"``): its peers saw it leave.  A worker that stays
-        (``on_return="stay"``) ends only once the run is decided."""
-        return (self.returned and self.error is None and self.exit_time is not None
-                and not self.killed_by_harness and self.exit_time <= obs.duration)
+        """Returned, and its process ended by itself, as a script's does
+        (``obs.exit_on_return``), or while the run was still watched: its
+        peers saw it leave.  A worker that stays (``on_return="stay"``) ends
+        only once the run is decided and it is released."""
+        return (self.returned and self.error is None and self.exit_code is not None
+                and not self.killed_by_harness
+                and (obs.exit_on_return or (self.exit_time is not None
+                                            and self.exit_time <= obs.duration)))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -289,7 +292,10 @@ class RunObservation:
     """What the parent saw of one run (one attempt of a run with restarts).
     ``replicas`` is the replica check's finding (``run(check_replicas=...)``),
     None when the check was off or the workers did not all return;
-    ``reference`` the single-worker reference check's (``run(reference=...)``)."""
+    ``reference`` the single-worker reference check's (``run(reference=...)``);
+    ``exit_on_return`` whether a worker whose ``fn`` returned ended its
+    process at once (``on_return="exit"``, as a script ends), so that its
+    peers saw it leave, however late the parent saw its exit."""
 
     num_workers: int
     timeout: float
@@ -299,6 +305,7 @@ class RunObservation:
     workers: Tuple[WorkerObservation, ...]
     replicas: Optional[ReplicaCheck] = None
     reference: Optional[ReferenceCheck] = None
+    exit_on_return: bool = False
 
     @property
     def last_progress_time(self) -> float:

@@ -79,6 +79,15 @@ def test_a_worker_that_stayed_until_the_run_was_decided_did_not_leave():
     assert diagnose(obs).rule != "left_early"
 
 
+def test_a_script_that_exited_is_known_to_have_left_however_late_its_exit_was_seen():
+    # on_return="exit": the worker ends its process once it returned; the
+    # parent may see that exit only after the peers' errors ended the run.
+    obs = dataclasses.replace(run(failed_in(0, 2, t=2.2, message=RESET, recorded=False),
+                                  left(1, 2, exit_time=21.5)), exit_on_return=True)
+    v = diagnose(obs)
+    assert (v.rule, v.culprits) == ("left_early", (1,))
+
+
 def test_when_most_workers_left_the_ones_that_stayed_are_for_the_majority_rules():
     obs = run(failed_in(0, 3, calls=11), left(1, 3, calls=10), left(2, 3, calls=10))
     assert blame_of(obs) is None
