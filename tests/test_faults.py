@@ -106,3 +106,26 @@ def test_sync_check_turns_a_skip_into_an_immediate_error(mwms_cluster, n):
 def test_sync_check_passes_a_healthy_run(mwms_cluster):
     result = mwms_cluster.run(training_loop, sync_check=True).assert_completed()
     assert result.return_values == [float(mwms_cluster.num_workers) * STEPS] * mwms_cluster.num_workers
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_start_delay_past_the_registration_timeout_names_the_late_worker(mwms_cluster, n):
+    """The last worker starts 3.5 s late, past the job's own registration
+    timeout of 1 s (scenarios/test_late_workers.py).  TensorFlow 2.19-2.21,
+    measured: the others raise DeadlineExceededError at the registration
+    barrier about 1 s past the timeout and exit 1; the late worker, seen to
+    start after them, is the one named.  2.15-2.18 have no registration
+    barrier: the late worker is waited for, and the run completes."""
+    from scenarios.test_late_workers import GRACE, HAS_BARRIER, LATE, REGISTER_TIMEOUT, train
+    mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=n)
+    last = n - 1
+    result = mwms_cluster.run(train, kwargs={"register_timeout": REGISTER_TIMEOUT}, timeout=20,
+                              grace=GRACE, faults=[F.StartDelay(last, LATE)])
+    if not HAS_BARRIER:
+        result.assert_completed()
+        return
+    assert (result.outcome, result.culprits, result.verdict.rule) == (
+        "failed", (last,), "late_start"), result.report()
+    assert result.diagnosis.startswith(f"FAILED: worker {last} started "), result.diagnosis
+    for w in result.workers[:last]:
+        assert w.exception.type_name.endswith("DeadlineExceededError") and w.exit_code == 1

@@ -151,3 +151,22 @@ def test_the_rule_reads_no_fault_event():
     noted = (Event(0.0, "fault", data="StartDelay(worker=1, seconds=5)"),) + CREATING
     obs = run(blocked(0, 2, events=CREATING), blocked(1, 2, events=noted), ended_by="hang")
     assert late_start(facts_of(obs)) is None
+
+
+# ---------------------------------------------------------------- the fault
+
+def test_start_delay_takes_seconds_or_none_and_one_per_worker_and_attempt():
+    from harness import faults
+    from harness.errors import FaultError
+    assert faults.validate([faults.StartDelay(1, 2.5), faults.StartDelay(0, None)], 2)
+    assert repr(faults.StartDelay(1, None)) == "StartDelay(worker=1, seconds=None)"
+    with pytest.raises(FaultError, match="seconds must be 0 or more"):
+        faults.validate([faults.StartDelay(1, -1)], 2)
+    with pytest.raises(FaultError, match="seconds must be a number"):
+        faults.validate([faults.StartDelay(1, "5")], 2)
+    with pytest.raises(FaultError, match="already has a StartDelay"):
+        faults.validate([faults.StartDelay(1, 1), faults.StartDelay(1, 2)], 2)
+    assert faults.validate([faults.StartDelay(1, 1), faults.StartDelay(1, 2, attempt=1)], 2,
+                           restarts=1)
+    with pytest.raises(FaultError, match="does not exist"):
+        faults.validate([faults.StartDelay(2, 1)], 2)
