@@ -28,6 +28,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # The anchor: bring lo up, say so, then hold the namespaces until stdin closes.
@@ -77,9 +78,10 @@ def anchor_failed(anchor: subprocess.Popen, default: str) -> OSError:
 # a name it lacks fails at once, "Name or service not known", as a name
 # the cluster's DNS does not know yet).  The copies are bind-mounted, then
 # unlinked, so nothing of them is left outside.  It then reads commands:
-# "resolve SECONDS NAME ADDRESS" (NAME resolves to ADDRESS from SECONDS on;
-# written in place, so the bind mount sees it) and "forget" (every name
-# unresolved again, pending ones dropped: a new attempt).
+# "resolve NAME ADDRESS" (NAME resolves to ADDRESS from now on; written in
+# place, so the bind mount sees it) and "forget" (every name unresolved
+# again: a new attempt).  When is the parent's business (a timer thread,
+# so no process of the anchor's outlives it).
 NAMED_ANCHOR = r"""
 ip link set lo up || exit 1
 d=$(mktemp -d) || exit 1
@@ -89,15 +91,11 @@ ok=$?
 rm -rf "$d"
 [ $ok -eq 0 ] || exit 1
 base=$(cat /etc/hosts)
-timers=""
-trap 'kill $timers 2>/dev/null' EXIT
 echo ready
-while read -r cmd seconds name address; do
+while read -r cmd name address; do
   case "$cmd" in
-    resolve) ( sleep "$seconds"; echo "$address $name" >> /etc/hosts ) &
-             timers="$timers $!" ;;
-    forget) kill $timers 2>/dev/null; timers=""
-            printf '%s\n' "$base" > /etc/hosts ;;
+    resolve) echo "$address $name" >> /etc/hosts ;;
+    forget) printf '%s\n' "$base" > /etc/hosts ;;
   esac
 done
 """
@@ -112,6 +110,7 @@ class Namespace:
 
     def __init__(self, names: bool = False) -> None:
         self.names = names
+        self.timers: List[threading.Timer] = []
         self.anchor = (start_anchor(NAMED_ANCHOR, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                                     flags="-Urnm") if names else start_anchor(ANCHOR))
         if self.anchor.stdout.readline().strip() != b"ready":
@@ -126,11 +125,20 @@ class Namespace:
 
     def resolve(self, name: str, address: str, seconds: float) -> None:
         """``name`` resolves to ``address`` in the namespace ``seconds`` from now."""
-        self._command(f"resolve {seconds:g} {name} {address}")
+        timer = threading.Timer(seconds, self._command, (f"resolve {name} {address}",))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
 
     def forget(self) -> None:
         """No name of :meth:`resolve` resolves any more, nor will."""
+        self._cancel()
         self._command("forget")
+
+    def _cancel(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        self.timers.clear()
 
     def _command(self, line: str) -> None:
         try:
@@ -141,6 +149,7 @@ class Namespace:
 
     def close(self) -> None:
         """End the anchor: the namespace goes with the last process in it."""
+        self._cancel()
         end_anchor(self.anchor)
 
     def __enter__(self) -> "Namespace":
