@@ -21,8 +21,9 @@ from harness.diagnosis.words import names
 
 # A worker that starts, or enters strategy creation, this many seconds after
 # the first one is late: far above the spread of a forkserver's forks
-# (0.1-0.2 s for 4 workers on 2 busy cores, measured), below any wait
-# TensorFlow gives up after.
+# (0.1-0.2 s for 4 workers on 2 busy cores, measured).  One less late than
+# this that still outlasted a shorter registration timeout is not named
+# here: the verdict is left to the rules that follow.
 LATE_START = 2.0
 
 
@@ -46,8 +47,9 @@ def _waiting_before_strategy(w: WorkerObservation) -> bool:
     return phase(w) == protocol.STARTED and not w.finished and not w.died
 
 
-def _lateness(f: Facts) -> Dict[int, str]:
-    """The late workers, each with what is late about it, worded."""
+def _lateness(f: Facts) -> Dict[int, Tuple[str, bool]]:
+    """The late workers, each with what is late about it, worded, and
+    whether it came at all (started and entered strategy creation)."""
     starts = [t for t in map(started_at, f.workers) if t is not None]
     joins = [t for t in (_first_event(w, protocol.STRATEGY_CREATING) for w in f.workers)
              if t is not None]
@@ -58,16 +60,17 @@ def _lateness(f: Facts) -> Dict[int, str]:
     for w in f.workers:
         start, join = started_at(w), _first_event(w, protocol.STRATEGY_CREATING)
         if never_started(w):
-            late[w.index] = f"{names([w.index])} never started"
+            late[w.index] = (f"{names([w.index])} never started", False)
         elif start is not None and start - first_start > LATE_START:
-            late[w.index] = f"{names([w.index])} started {start - first_start:.1f}s late"
+            late[w.index] = (f"{names([w.index])} started {start - first_start:.1f}s late",
+                             join is not None)
         elif join is not None and join - first_join > LATE_START:
             late[w.index] = (f"{names([w.index])} entered strategy creation "
                              f"{join - first_join:.1f}s after the first worker (it started on "
-                             f"time: its code before the strategy took that long)")
+                             f"time: its code before the strategy took that long)", True)
         elif _waiting_before_strategy(w):
             late[w.index] = (f"{names([w.index])} never entered strategy creation (it started "
-                             f"on time, and its code before the strategy had not returned)")
+                             f"on time, and its code before the strategy had not returned)", False)
     return late
 
 
@@ -101,23 +104,46 @@ def _waits(on_time: List[WorkerObservation], ended: str) -> str:
     return "; ".join(clauses)
 
 
+# TensorFlow's words for a peer that did not register in time (the
+# coordination service's registration barrier, 2.19 and later).
+REGISTRATION_TIMEOUT = "wait_for_all_tasks_to_register"
+
+
+def _registration_timed_out(w: WorkerObservation) -> bool:
+    return w.error is not None and REGISTRATION_TIMEOUT in (w.error.message or "").lower()
+
+
+def _gave_up_waiting(w: WorkerObservation) -> bool:
+    """It died, or raised TensorFlow's report that a peer did not register."""
+    return w.died or _registration_timed_out(w)
+
+
 def late_start(f: Facts) -> Optional[Blame]:
     """A worker that started ``LATE_START`` s or more after the first, or
     never, or that entered strategy creation that much later than the first
     (or never, still in its own code), while every other worker ended in
-    strategy creation, waiting for the cluster to form (raised there, died
-    there, or still blocked): the late one is the cause, whatever the others
-    raised or how they died (TensorFlow's registration barrier times out on
-    them, not on it).  A ``TF_CONFIG`` that disagrees is better evidence,
-    and leaves the blame to the ``config`` rule."""
+    strategy creation waiting for the cluster to form: the late one is the
+    cause, whatever the others raised or how they died (TensorFlow's
+    registration barrier times out on them, not on it).
+
+    The others may still be waiting (a hang) only for one that never came:
+    one that came late is admitted by TensorFlow, so with everyone waiting
+    still its lateness explains nothing (nor does a launcher's slow start,
+    ``spawn``'s imports, say).  Any error but the registration's timeout
+    (an address that does not resolve, say) or a ``TF_CONFIG`` that
+    disagrees is better evidence, and leaves the blame to the rules that
+    read it."""
     late = _lateness(f)
     on_time = [w for w in f.workers if w.index not in late]
     if not late or not on_time or f.config_issues \
-            or any(phase(w) != protocol.STRATEGY_CREATING for w in on_time):
+            or any(phase(w) != protocol.STRATEGY_CREATING for w in on_time) \
+            or any(w.error is not None and not _registration_timed_out(w) for w in on_time):
+        return None
+    if any(came for _, came in late.values()) and not all(map(_gave_up_waiting, on_time)):
         return None
     obs = f.obs
     waited = _waits(on_time, f"until the hang timeout ({obs.timeout:.1f}s without progress)"
                     if obs.ended_by == EndedBy.HANG else "until the run was ended")
-    told = "; ".join(late[i] for i in sorted(late))
+    told = "; ".join(late[i][0] for i in sorted(late))
     return Blame(sorted(late), f"{told}: the others waited for it to join the cluster", None,
                  headline=f"{told}; {waited}")

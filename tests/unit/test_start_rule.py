@@ -132,6 +132,23 @@ def test_it_passes_when_the_late_worker_came_in_time_or_the_others_got_further()
     assert late_start(facts_of(on_time)) is None
 
 
+def test_one_that_came_late_explains_no_wait_that_goes_on_nor_an_error_of_their_own():
+    # TensorFlow admits a worker that comes late: with everyone still
+    # waiting after it came, its lateness (a launcher's slow start) explains
+    # nothing.
+    came = run(blocked(0, 3, events=CREATING), blocked(1, 3, events=CREATING),
+               blocked(2, 3, events=late(3.0)), ended_by="hang")
+    assert late_start(facts_of(came)) is None
+    # The others failed of an error of their own, not of waiting.
+    own = run(raised(0, 3, "UnavailableError", "errors resolving mwms-worker-1:20001", 3.0,
+                     events=CREATING),
+              raised(1, 3, "UnavailableError", "errors resolving mwms-worker-1:20001", 3.0,
+                     events=CREATING),
+              raised(2, 3, "UnavailableError", "errors resolving mwms-worker-1:20001", 9.0,
+                     events=late(3.0)))
+    assert late_start(facts_of(own)) is None
+
+
 def test_a_worker_that_died_before_reporting_is_a_crash_not_a_late_start():
     obs = run(blocked(0, 2, events=CREATING), died(1, 2, -9, 0.5, events=()))
     v = diagnose(obs)
@@ -160,6 +177,9 @@ def test_start_delay_takes_seconds_or_none_and_one_per_worker_and_attempt():
     from harness.errors import FaultError
     assert faults.validate([faults.StartDelay(1, 2.5), faults.StartDelay(0, None)], 2)
     assert repr(faults.StartDelay(1, None)) == "StartDelay(worker=1, seconds=None)"
+    from harness.cli import parse_fault   # --fault takes it as it prints
+    assert parse_fault("StartDelay(worker=1, seconds=None)") == faults.StartDelay(1, None)
+    assert parse_fault("StartDelay(2, 3.5)") == faults.StartDelay(2, 3.5)
     with pytest.raises(FaultError, match="seconds must be 0 or more"):
         faults.validate([faults.StartDelay(1, -1)], 2)
     with pytest.raises(FaultError, match="seconds must be a number"):
