@@ -1,9 +1,11 @@
 """harness.compat on real TensorFlow workers: what TensorFlow's and
 tf-keras's multi-worker tests rely on from TensorFlow's runner (return
 values and ``[worker-i]:`` lines, a task's own error raised in the test,
-a peer's death, ``auto_restart``, a preempted cluster started again task
-by task, ``terminate``, a hang at ``join``'s timeout, the pool), each
-with the harness's verdict opening the error's message."""
+a peer's death, ``auto_restart`` restarting one task (TensorFlow's
+``PeerFailureRecoverTest`` bodies), a preempted cluster started again task
+by task, ``terminate`` and one task started again into its running
+cluster, a hang at ``join``'s timeout, the pool), each with the harness's
+verdict opening the error's message."""
 import json
 import os
 import re
@@ -114,14 +116,69 @@ def exit_on_first_attempt(attempts):
     return _sum(strategy)
 
 
-def test_auto_restart_restarts_the_cluster_and_returns_the_last_attempts_values():
+def test_auto_restart_restarts_the_task_that_exited_and_returns_the_last_values():
     attempts = mpr.manager().dict()
     runner = mpr.MultiProcessRunner(exit_on_first_attempt, mwtb.create_cluster_spec(num_workers=2),
                                     args=(attempts,), auto_restart=True)
     runner.start()
     assert runner.join(timeout=120).return_value == [2.0, 2.0]
-    assert dict(attempts) == {0: 2, 1: 2}
-    assert runner.results[-1].restarts == 1
+    result = runner.results[-1]
+    assert result.restarts == 0     # no cluster restart: one task at a time
+    assert dict(attempts) == {i: len(w.attempts) for i, w in enumerate(result.workers)}
+    first = result.workers[1].attempts[0]
+    assert first.exit_code == 1 and first.exception is None
+
+
+def exit_creating_variables(attempts):
+    """PeerFailureRecoverTest.test_creating_variable's body: worker 1's
+    first process exits between two variables' initial broadcasts."""
+    import tensorflow as tf
+    strategy = _strategy(health_check_every=3)
+    i = _index()
+    attempts[i] = attempts.get(i, 0) + 1
+    with strategy.scope():
+        tf.Variable(1.)
+        if attempts[i] == 1 and i == 1:
+            os._exit(1)
+        v = tf.Variable(tf.random.uniform(()))
+        return v.read_value().numpy()
+
+
+def exit_between_large_reduces(attempts):
+    """PeerFailureRecoverTest.test_quick_recover's body: long health checks,
+    a large all-reduce, worker 1's first process exits after the first."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import collective_all_reduce_strategy as lib
+    lib.CollectiveAllReduceExtended._check_alive_interval = 30
+    lib.CollectiveAllReduceExtended._check_alive_initial_timeout = 30
+    strategy = _strategy(health_check_every=3)
+    i = _index()
+    attempts[i] = attempts.get(i, 0) + 1
+
+    @tf.function
+    def replica_fn():
+        value = tf.ones((64, 64))
+        tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [value, value])
+
+    strategy.run(replica_fn)
+    if attempts[i] == 1 and i == 1:
+        os._exit(1)
+    strategy.run(replica_fn)
+
+
+@pytest.mark.parametrize("body", [exit_creating_variables, exit_between_large_reduces])
+def test_peer_failure_recover_bodies_restart_one_task_at_a_time(body):
+    attempts = mpr.manager().dict()
+    runner = mpr.MultiProcessRunner(body, mwtb.create_cluster_spec(num_workers=2),
+                                    args=(attempts,), auto_restart=True)
+    runner.start()
+    values = runner.join(timeout=90).return_value
+    result = runner.results[-1]
+    assert result.restarts == 0 and result.workers[1].restarts >= 1
+    assert result.workers[1].attempts[0].exit_code == 1
+    assert dict(attempts) == {i: len(w.attempts) for i, w in enumerate(result.workers)}
+    if body is exit_creating_variables:
+        assert len(values) == 2 and values[0] == values[1]
 
 
 def preemptible(ready, preempted, runs):
@@ -165,26 +222,37 @@ def test_a_preempted_cluster_is_started_again_task_by_task():
     assert len(runner.results) == 2
 
 
-def wait_or_sleep(go):
-    if _index() == 0:
-        return "done" if go.wait(90) else "never told"
-    time.sleep(120)
+def wait_or_sleep(go, starts):
+    """Worker 0 waits to be told; worker 1's first process sleeps, its
+    second returns at once.  Each returns its pid."""
+    i = _index()
+    starts[i] = starts.get(i, 0) + 1
+    if i == 0:
+        return ("done" if go.wait(90) else "never told"), os.getpid()
+    if starts[i] == 1:
+        time.sleep(120)
+    return "back", os.getpid()
 
 
-def test_one_task_into_a_running_cluster_is_refused_and_terminate_is_no_error():
-    go = mpr.manager().Event()
+def test_one_task_is_started_again_into_the_running_cluster_and_terminate_is_no_error():
+    m = mpr.manager()
+    go, starts = m.Event(), m.dict()
     runner = mpr.MultiProcessRunner(wait_or_sleep, mwtb.create_cluster_spec(num_workers=2),
-                                    args=(go,))
+                                    args=(go, starts))
     runner.start()
-    assert runner.get_process_id("worker", 1) is not None
+    pids = [runner.get_process_id("worker", i) for i in (0, 1)]
+    assert None not in pids
     runner.terminate("worker", 1)
     assert not runner.process_exists("worker", 1) and runner.process_exists("worker", 0)
-    started = time.monotonic()
-    with pytest.raises(mpr.OneTaskRestartError, match="worker-0 still runs"):
-        runner.start_single_process("worker", 1)
-    assert time.monotonic() - started < 5
+    with pytest.raises(ValueError, match="worker-0 is still running"):
+        runner.start_single_process("worker", 0)
+    runner.start_single_process("worker", 1)
+    assert runner.get_process_id("worker", 0) == pids[0]
+    assert runner.get_process_id("worker", 1) not in (None, pids[1])
     go.set()
-    assert runner.join(timeout=60).return_value == ["done"]
+    assert runner.join(timeout=60).return_value == [("done", pids[0]),
+                                                    ("back", runner.results[-1].workers[1].pid)]
+    assert dict(starts) == {0: 1, 1: 2} and runner.results[-1].workers[1].restarts == 1
 
 
 def one_never_reduces():

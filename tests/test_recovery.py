@@ -212,7 +212,7 @@ def test_task_policy_restarts_the_crashed_worker_alone(mwms_cluster):
     assert [r[1] for r in result.return_values] == [w.pid for w in result.workers]
     assert [r[0] for r in result.return_values] == [0, 1, 0]
     assert result.diagnosis.startswith("COMPLETED after 1 task restart: worker 1 crashed "
-                                       "before its first step (exit code 1) and was restarted")
+                                       "(exit code 1) and was restarted")
 
 
 def test_task_restarts_end_when_a_worker_used_them(mwms_cluster):

@@ -37,5 +37,6 @@ class UnsupportedClusterError(NotImplementedError):
 
 
 class OneTaskRestartError(NotImplementedError):
-    """Starting one task into a cluster whose other tasks still run: the
-    harness starts and restarts whole clusters only."""
+    """What the harness cannot do with one task: start it into a running
+    cluster of another size, or ``join()`` a cluster some of whose tasks
+    were never asked for."""

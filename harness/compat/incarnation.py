@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Optional, Set
 
-from harness.controller import Cluster, Progress
+from harness.controller import Cluster, Progress, Steer
 from harness.result import RunResult
 
 
@@ -35,6 +35,8 @@ class Incarnation:
         self.result: Optional[RunResult] = None
         self.error: Optional[BaseException] = None
         self.started = threading.Event()          # pids known, or the run is over
+        self.to_start: Set[int] = set()           # tasks to start again into the run
+        self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="mwms-compat-run", daemon=True)
 
     def start(self) -> None:
@@ -57,14 +59,32 @@ class Incarnation:
             sys.stderr.write(f"pytest-mwms: the cluster ended before join(): "
                              f"{self.result.diagnosis}\n")
 
-    def _on_progress(self, p: Progress) -> Optional[float]:
+    def _on_progress(self, p: Progress) -> Steer:
         self.progress = p
         if p.pids and all(pid is not None for pid in p.pids):
             self.started.set()
+        with self._lock:
+            start, self.to_start = tuple(sorted(self.to_start)), set()
         if self.deadline is None:
-            return None
+            return Steer(start=start)
         # The hang timer then runs out at the deadline, whatever progress is made.
-        return p.idle + max(0.0, self.deadline - time.monotonic())
+        return Steer(p.idle + max(0.0, self.deadline - time.monotonic()), start)
+
+    def start_again(self, index: int, wait: float) -> bool:
+        """Start task ``index``, whose process has ended, again into the
+        running cluster (its peers keep theirs); True once its new process
+        has started, within ``wait`` seconds."""
+        before = self.progress.pids[index] if self.progress and self.progress.pids else None
+        with self._lock:
+            self.to_start.add(index)
+        self.terminated.discard(index)
+        until = time.monotonic() + wait
+        while self.running and time.monotonic() < until:
+            p = self.progress
+            if p is not None and p.pids and p.pids[index] != before:
+                return True
+            time.sleep(0.05)
+        return False
 
     @property
     def running(self) -> bool:

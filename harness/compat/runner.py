@@ -3,11 +3,13 @@
 Each cluster the runner starts is one ``Cluster.run`` in a thread
 (:class:`~harness.compat.incarnation.Incarnation`): ``start()`` starts it,
 ``join()`` waits for it and turns its :class:`~harness.result.RunResult`
-into TensorFlow's result or error (:mod:`harness.compat.verdict`).  The
-harness starts and restarts clusters whole, so ``auto_restart`` restarts
-every task when one fails, and ``start_single_process`` starts a cluster
-once each of its tasks is asked for, after every task of the one before
-has exited; one task into a running cluster is refused, by name.
+into TensorFlow's result or error (:mod:`harness.compat.verdict`).  As
+TensorFlow's runner does, ``auto_restart`` starts again only the task that
+exited non-zero, while the others run on (the harness's
+``restart_policy="task"``), and ``start_single_process`` starts a task
+whose process has ended again into its running cluster; once every task
+of a cluster has exited, it starts a new cluster when each of its tasks
+is asked for.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from harness.launch import scratch
 from harness.settings import RunSettings
 
 DEFAULT_TIMEOUT_SEC = 200
-# auto_restart: how many times a cluster is restarted, at most (TensorFlow's
+# auto_restart: how many times each task is restarted, at most (TensorFlow's
 # runner restarts until join's timeout; a bound keeps a task that always
 # fails from restarting for the whole timeout).
 AUTO_RESTARTS = 5
@@ -182,58 +184,65 @@ class MultiProcessRunner:
 
     def start_single_process(self, task_type, task_id, cluster_spec=None, fn=None, args=None,
                              kwargs=None):
-        """Ask for one task; the cluster starts once every task is asked for.
-
-        The harness starts clusters whole: while another task of the last
-        cluster still runs this raises :class:`OneTaskRestartError`."""
+        """Start one task.  Into a running cluster whose task ``task_id`` has
+        exited, it is started again at once, its peers keeping their
+        processes (a pod restart); otherwise the cluster starts once every
+        task is asked for, after every task of the one before has exited."""
         spec.check_task(task_type, task_id, self._n)
         if cluster_spec is not None and spec.num_workers(cluster_spec) != self._n:
             raise OneTaskRestartError(
                 f"start_single_process with a cluster_spec of {spec.num_workers(cluster_spec)} "
                 f"workers into a cluster of {self._n}: pytest-mwms cannot change a running "
                 f"cluster's size")
+        call = ((self._fn, self._args, self._kwargs) if fn is None
+                else (fn, tuple(args or ()), dict(kwargs or {})))
         with self._lock:
             if self._joined:
                 raise ValueError("cannot start new processes after MultiProcessRunner.join() "
                                  "is called")
-            self._after_last_cluster(task_id)
+            if self._into_running_cluster(task_id, call):
+                return
             if task_id in self._pending:
                 raise ValueError(f"worker-{task_id} was already started")
-            self._pending[task_id] = ((self._fn, self._args, self._kwargs) if fn is None
-                                      else (fn, tuple(args or ()), dict(kwargs or {})))
+            self._pending[task_id] = call
             if len(self._pending) == self._n:
                 tasks, self._pending = self._pending, {}
                 self._launch(tasks)
 
-    def _after_last_cluster(self, task_id: int) -> None:
+    def _into_running_cluster(self, task_id: int, call: tuple) -> bool:
+        """Start ``task_id`` again into the last cluster while another of its
+        tasks runs (True), or wait for the last cluster to end (False)."""
         last = self._current()
         if last is None or not last.running:
-            return
-        if not last.all_exited():
-            p = last.progress
-            still = [i for i, s in enumerate(p.states) if s == "running"] if p else []
-            raise OneTaskRestartError(
-                f"start_single_process('worker', {task_id}) while "
-                f"{', '.join(f'worker-{i}' for i in still) or 'the cluster'} still runs: "
-                f"pytest-mwms cannot start one task into a running cluster (it starts and "
-                f"restarts whole clusters: auto_restart=True restarts every task when one "
-                f"fails; start each task anew once all have exited)")
-        last.wait(time.monotonic() + STOP_MARGIN_SEC)
+            return False
+        if last.all_exited():
+            last.wait(time.monotonic() + STOP_MARGIN_SEC)
+            return False
+        if last.exit_code(task_id) is None:
+            raise ValueError(f"start_single_process('worker', {task_id}): worker-{task_id} "
+                             f"is still running")
+        last.shared.payloads[task_id] = _payload(*call)
+        if not last.start_again(task_id, STOP_MARGIN_SEC):
+            raise SubprocessTimeoutError(
+                f"start_single_process('worker', {task_id}): the task did not start again "
+                f"within {STOP_MARGIN_SEC:g} s (its cluster ended meanwhile?)", None,
+                last.result)
+        return True
 
     def _launch(self, tasks: Dict[int, tuple]) -> None:
+        # auto_restart: as TensorFlow's runner does, only the task that exited
+        # non-zero is started again, while the others run on.
         restarts = AUTO_RESTARTS if self._auto_restart else 0
-        with light_testcases():
-            payloads = {i: (getattr(fn, "__module__", None) if getattr(fn, "__module__", None)
-                            not in ("__main__", None) else None,
-                            serialize.dumps((fn, args, kwargs)))
-                        for i, (fn, args, kwargs) in tasks.items()}
+        payloads = {i: _payload(*call) for i, call in tasks.items()}
         m = manager()
-        shared = Shared(statuses=m.dict(), starts=m.dict(),
-                        barriers=tuple(m.Barrier(self._n) for _ in range(restarts + 1)),
+        # One barrier, as TensorFlow's runner has: a restarted task comes back
+        # to the barrier its peers are at.
+        shared = Shared(statuses=m.dict(), starts=m.dict(), barriers=(m.Barrier(self._n),),
+                        payloads=m.dict(),
                         eager=self._eager, grpc_fail_fast=self._grpc_fail_fast)
         inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
                           timeout=self._hang_timeout, grace=GRACE_SEC, restarts=restarts,
-                          restart_on="crash,fail", on_return="exit")
+                          restart_on="crash,fail", restart_policy="task", on_return="exit")
         self._incarnations.append(inc)
         inc.start()
 
@@ -337,7 +346,8 @@ class MultiProcessRunner:
         if kind == "raise":
             error = result.workers[index].exception
             exc = verdict.rebuild_exception(
-                verdict.status_of(dict(inc.shared.statuses), index, result.attempt), error)
+                verdict.status_of(dict(inc.shared.statuses), index, result.workers[index].attempt),
+                error)
             exc.mpr_result, exc.run_result = mpr_result, result
             if error is not None and hasattr(exc, "add_note"):
                 exc.add_note(f"worker-{index}'s traceback:\n{error.traceback}")
@@ -347,6 +357,15 @@ class MultiProcessRunner:
                 f"{result.diagnosis}\n\n{verdict.TIMEOUT_TEXT.format(timeout)}", mpr_result, result)
         raise UnexpectedSubprocessExitError(
             f"{result.diagnosis}\n\n{verdict.exit_text(result, index)}", mpr_result, result)
+
+
+def _payload(fn, args, kwargs) -> tuple:
+    """A task's call as its worker takes it: the module ``fn`` came from
+    (None for ``__main__``), and ``(fn, args, kwargs)`` pickled."""
+    module = getattr(fn, "__module__", None)
+    with light_testcases():
+        return (module if module not in ("__main__", None) else None,
+                serialize.dumps((fn, args, kwargs)))
 
 
 def end_all_runners(wait: float = STOP_MARGIN_SEC) -> None:

@@ -40,13 +40,16 @@ class Shared:
     times it started (its attempt); ``barriers``: one manager barrier per
     attempt, as a barrier that a killed task left waited on is spent;
     ``eager``: whether the parent ran eagerly; ``grpc_fail_fast``: the
-    runner's argument, for ``GRPC_FAIL_FAST``."""
+    runner's argument, for ``GRPC_FAIL_FAST``; ``payloads``: a managed
+    dict, task index to the call ``start_single_process`` gave it when it
+    started the task again into the running cluster."""
 
     statuses: Any
     starts: Any
     barriers: Tuple[Any, ...]
     eager: bool = True
     grpc_fail_fast: Optional[bool] = None
+    payloads: Any = None
 
 
 def task_index() -> int:
@@ -92,7 +95,8 @@ def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
     """The function each harness worker runs: its task's ``fn``."""
     global _barrier
     index = task_index()
-    module, payload = tasks[index]
+    again = shared.payloads.get(index) if shared.payloads is not None else None
+    module, payload = again or tasks[index]
     attempt = shared.starts.get(index, 0)
     shared.starts[index] = attempt + 1
     _barrier = shared.barriers[min(attempt, len(shared.barriers) - 1)]

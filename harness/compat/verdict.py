@@ -39,12 +39,14 @@ def attempts_of(result: RunResult) -> Tuple[RunResult, ...]:
 
 def output_lines(results: Sequence[RunResult]) -> List[str]:
     """Every worker's lines, run by run and attempt by attempt, worker by
-    worker (TensorFlow's are interleaved as they come)."""
+    worker, a restarted task's processes in turn (TensorFlow's are
+    interleaved as they come)."""
     lines: List[str] = []
     for result in results:
         for attempt in attempts_of(result):
             for w in attempt.workers:
-                lines += prefixed(w.index, w.log)
+                for process in w.attempts or (w,):
+                    lines += prefixed(w.index, process.log)
     return lines
 
 

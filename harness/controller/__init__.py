@@ -5,6 +5,8 @@
 - ``attempt``: one attempt (start, watch, stop, decide); ``watch``: the
   watch loop; ``teardown``: stacks and the end of every process;
 - ``outcome``: the verdict with unacted faults, and attempts combined;
+- ``restarts``: what a restart starts again (the whole cluster, or one
+  task into its running attempt);
 - ``ledger_view``, ``replicas``: what the workers recorded, and the replica
   and reference comparisons; ``scripts``: ``run_script``'s parent half.
 
@@ -16,6 +18,6 @@ the plugin, the command line and :mod:`harness`'s lazy ``Cluster``.
 """
 from harness.controller.cluster import Cluster
 from harness.controller.outcome import combine_attempts
-from harness.controller.watch import Progress
+from harness.controller.watch import Progress, Steer
 
-__all__ = ["Cluster", "Progress", "combine_attempts"]
+__all__ = ["Cluster", "Progress", "Steer", "combine_attempts"]

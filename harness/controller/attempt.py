@@ -159,10 +159,11 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
 
 def task_restarter(req: RunRequest, start_again, result_of) -> Optional[TaskRestarter]:
     """The attempt's TaskRestarter, when its policy restarts tasks."""
-    k = POLICIES[req.settings.restart_policy].task_restarts(req.settings.restarts)
-    if not k:
+    policy = POLICIES[req.settings.restart_policy]
+    if not policy.restarts_tasks:
         return None
-    return TaskRestarter(req.settings.workers, k, req.restart_on, start_again, result_of)
+    return TaskRestarter(req.settings.workers, policy.task_restarts(req.settings.restarts),
+                         req.restart_on, start_again, result_of)
 
 
 def ended_result(worker: TrackedWorker, spec: protocol.WorkerSpec, incarnation: int) -> WorkerResult:

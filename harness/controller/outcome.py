@@ -12,6 +12,7 @@ tells their story through :func:`with_task_restarts`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Mapping, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
@@ -118,12 +119,15 @@ def combine_attempts(attempts: Sequence[RunResult], plan: Sequence[Fault],
 
 # Lines of a TensorFlow error message that say nothing of their own.
 _NOT_TELLING = ("Graph execution error", "Detected at node", "File ", "[[", "The error could")
+# The op TensorFlow names before an eager collective's message.
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}")
 
 
 def telling_line(message: str) -> str:
     """The first line of an error message that says what went wrong
     (TensorFlow's often opens with "Graph execution error:")."""
-    lines = [l.strip() for l in (message or "").strip().splitlines() if l.strip()]
+    lines = [_FUNCTION_NODE.sub("", l).strip() for l in (message or "").strip().splitlines()]
+    lines = [l for l in lines if l]
     for line in lines:
         if not line.startswith(_NOT_TELLING) and not line.endswith(":"):
             return line
@@ -132,7 +136,7 @@ def telling_line(message: str) -> str:
 
 def _ended_as(w: WorkerResult) -> str:
     """How one ended process of a restarted task ended, for the story."""
-    step = f" at step {w.last_step}" if w.last_step is not None else " before its first step"
+    step = f" at step {w.last_step}" if w.last_step is not None else ""
     if w.exception is not None:
         return (f"failed{step} with {short_type(w.exception.type_name)}: "
                 f"{telling_line(w.exception.message)[:240]}")

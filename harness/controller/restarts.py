@@ -43,6 +43,12 @@ class RestartPolicy:
     task_restarts: Callable[[int], int]
     restartable: frozenset
 
+    @property
+    def restarts_tasks(self) -> bool:
+        """Whether one task can be started again into its running attempt
+        (automatically, K times; or when asked, through a :class:`Steer`)."""
+        return self.cluster_attempts(1) == 1
+
 
 POLICIES: Dict[str, RestartPolicy] = {
     "cluster": RestartPolicy("cluster", cluster_attempts=lambda k: k + 1,
@@ -108,6 +114,8 @@ class TaskRestarter:
         if outcome is None or outcome not in self.restart_on:
             return False
         if self.left[worker.index] <= 0:
+            if not self.restarts:
+                return False     # only starts asked for: nothing to say
             self.not_restarted[worker.index] = (
                 f"worker {worker.index} used its {self.restarts} restart"
                 f"{'s' if self.restarts != 1 else ''}")
@@ -119,8 +127,9 @@ class TaskRestarter:
             return False
         return True
 
-    def restart(self, worker, now: float):
-        """Keep what ``worker``'s ended process left, start its next one."""
+    def restart(self, worker, now: float, asked: bool = False):
+        """Keep what ``worker``'s ended process left, start its next one;
+        one ``asked`` for from outside uses none of its restarts."""
         i = worker.index
         worker.handle.join(0)
         worker.handle.kill_tree()       # what the ended process started goes with it
@@ -130,7 +139,7 @@ class TaskRestarter:
         self.history[i].append(self._result_of(worker, self.incarnation(i)))
         worker.handle.close()
         self.ended.append(worker.handle)
-        self.left[i] -= 1
+        self.left[i] -= 0 if asked else 1
         return self._start(i, self.incarnation(i))
 
 

@@ -116,7 +116,7 @@ class Progress:
     The callback may return a number: the hang timeout from then on, for
     this attempt (an outside deadline, such as :mod:`harness.compat`'s
     ``join(timeout)``, is met through the hang timer, so the run ends with
-    the stacks and the verdict a hang gets)."""
+    the stacks and the verdict a hang gets); or a :class:`Steer`."""
 
     attempt: int
     elapsed: float
@@ -126,6 +126,17 @@ class Progress:
     states: Tuple[str, ...]
     pids: Tuple[Optional[int], ...] = ()
     exit_codes: Tuple[Optional[int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Steer:
+    """What a progress callback may return besides a number: the hang
+    timeout from then on (None: unchanged), and under
+    ``restart_policy="task"`` the workers whose ended process is to be
+    started again now (:mod:`harness.compat`'s ``start_single_process``)."""
+
+    timeout: Optional[float] = None
+    start: Tuple[int, ...] = ()
 
 
 class WatchLoop:
@@ -190,7 +201,7 @@ class WatchLoop:
         """Whether ``worker``, which ended badly, gets a fresh process."""
         return self.restarter is not None and self.restarter.wants(worker)
 
-    def _restart(self, worker: TrackedWorker, now: float) -> None:
+    def _restart(self, worker: TrackedWorker, now: float, asked: bool = False) -> None:
         """Put ``worker``'s next process in its place; what a fault asked the
         parent to signal the ended one is void.  A worker that raised exits
         by itself at once; one that does not within :data:`RAISED_EXIT_WAIT`
@@ -202,7 +213,7 @@ class WatchLoop:
                         killed_by_harness=code is None)
         worker.channel_open = False
         self.actions = [a for a in self.actions if a.worker != worker.index or a.signal is None]
-        self.workers[self.workers.index(worker)] = self.restarter.restart(worker, now)
+        self.workers[self.workers.index(worker)] = self.restarter.restart(worker, now, asked)
 
     def _on_fault(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         fault = msg.data
@@ -286,8 +297,22 @@ class WatchLoop:
             self.attempt, now - self.start, now - self.last_progress, self.timeout,
             tuple(steps), tuple(states), tuple(getattr(w.handle, "pid", None) for w in self.workers),
             tuple(w.seen.exit_code for w in self.workers)))
+        if isinstance(wanted, Steer):
+            self._start_asked(wanted.start, now)
+            wanted = wanted.timeout
         if isinstance(wanted, (int, float)) and not isinstance(wanted, bool):
             self.timeout = max(0.0, float(wanted))
+
+    def _start_asked(self, indexes: Tuple[int, ...], now: float) -> None:
+        """Start again the workers asked for whose process has ended; once
+        none of the workers is a failed one, no grace runs."""
+        ended = [w for w in self.workers if w.index in indexes and w.seen.exit_code is not None]
+        if self.restarter is None or not ended:
+            return
+        for worker in ended:
+            self._restart(worker, now, asked=True)
+        if not any(w.seen.error is not None or w.seen.died for w in self.workers):
+            self.first_failure = None
 
     def loop(self) -> EndedBy:
         while True:

@@ -15,9 +15,10 @@ from harness.core.protocol import WorkerError
 pytestmark = pytest.mark.timeout(30)
 
 
-def _worker(index, returned=True, exception=None, exit_code=0, value=None):
+def _worker(index, returned=True, exception=None, exit_code=0, value=None, attempts=()):
     return types.SimpleNamespace(index=index, returned=returned, exception=exception,
-                                 exit_code=exit_code, return_value=value, log="")
+                                 exit_code=exit_code, return_value=value, log="",
+                                 attempts=attempts, attempt=len(attempts) and len(attempts) - 1)
 
 
 def _result(outcome, workers, culprits=(), ended_by="all_finished"):
@@ -109,6 +110,13 @@ def test_lines_are_prefixed_as_tensorflows_runner_prefixes_them():
     r = _result("completed", [_worker(0), _worker(1)])
     r.workers[0].log, r.workers[1].log = "zero", "one\n"
     assert verdict.output_lines([r]) == ["[worker-0]:    zero\n", "[worker-1]:    one\n"]
+    # a task started again: each of its processes' lines, in turn
+    ended = types.SimpleNamespace(log="first")
+    again = _worker(1, attempts=(ended, None))
+    again.attempts = (ended, again)
+    again.log = "second"
+    r = _result("completed", [_worker(0), again])
+    assert verdict.output_lines([r]) == ["[worker-1]:    first\n", "[worker-1]:    second\n"]
 
 
 def test_the_verdict_opens_the_message_of_a_plain_and_an_op_error():

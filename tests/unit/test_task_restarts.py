@@ -117,6 +117,8 @@ def test_the_story_puts_the_cause_before_the_echoes_whatever_the_order_heard():
                      "recvmsg:Connection reset by peer and was restarted")
     assert telling_line("Graph execution error:\n\nDetected at node x\n" + INCARNATION) == \
         INCARNATION
+    assert telling_line("{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/"
+                        "replica:0/task:0/device:CPU:0}} " + INCARNATION) == INCARNATION
 
 
 def test_a_run_that_fails_after_a_restart_is_blamed_on_the_task_restarted_first():
