@@ -6,9 +6,10 @@ import io
 import pytest
 
 from harness import faults as F
-from harness.cli import (PLAIN_EVERY, StatusLine, UsageError, format_progress, parse_fault,
-                         split_command)
+from harness.cli import (PLAIN_EVERY, StatusLine, UsageError, _parser, format_progress,
+                         parse_fault, settings_from_args, split_command)
 from harness.controller import Progress
+from harness.errors import SettingError
 
 
 @pytest.mark.parametrize("fault", [
@@ -99,3 +100,12 @@ class _Stream(io.StringIO):
 
     def isatty(self):
         return self._tty
+
+
+def test_the_restart_policy_flag_reaches_the_settings_and_a_bad_one_is_named():
+    ns = _parser().parse_args(["--restarts", "2", "--restart-policy", "task"])
+    settings = settings_from_args(ns)
+    assert (settings.restarts, settings.restart_policy) == (2, "task")
+    assert settings_from_args(_parser().parse_args([])).restart_policy == "cluster"
+    with pytest.raises(SettingError, match="--restart-policy: 'pod'"):
+        settings_from_args(_parser().parse_args(["--restart-policy", "pod"]))
