@@ -110,7 +110,7 @@ class TaskRestarter:
     def wants(self, worker) -> bool:
         """Whether ``worker`` (a TrackedWorker whose process ended badly, or
         that raised) is to be restarted; notes why not when it is not."""
-        outcome = task_outcome(worker.seen) if worker.seen.error is None else Outcome.FAILED
+        outcome = task_outcome(worker.seen)
         if outcome is None or outcome not in self.restart_on:
             return False
         if self.left[worker.index] <= 0:
