@@ -6,6 +6,14 @@ Checked here (:func:`script_main`): the file or module exists, the
 arguments are strings, and no environment variable TensorFlow reads once,
 at import, is asked of a worker that is forked from a forkserver which
 imported TensorFlow already (:func:`check_import_time_env`).
+
+A script's worker ends as a job's process does: ``Cluster.run_script`` and
+``harness run`` run it with ``on_return="exit"``, so once the script ended
+the worker's atexit handlers run and its process exits, and its peers see
+it leave (``run(fn)`` keeps ``"stay"``).  A worker that leaves while the
+others still need it in a collective is named as the one that left; one
+whose process dies at exit after every worker returned makes the run
+``crashed_at_exit``.
 """
 from __future__ import annotations
 

@@ -269,11 +269,14 @@ def left_early(f: Facts) -> Optional[Blame]:
     as every script's does), while the others still needed it in a
     collective: they fail because it left, or wait for it, and are not to
     blame.  TensorFlow 2.21, measured (a script whose worker 1 runs one
-    call of its all-reducing ``step`` fewer): the peer that receives from
-    it fails at once (``UnavailableError``, "Connection reset by peer" in
-    ``RecvBuf``), the others about 10 s later (``UnavailableError``, "tasks
-    are unhealthy (stopped sending heartbeats)", the coordination service's
-    heartbeat timeout).
+    call of its all-reducing ``step`` fewer, at 2, 3 and 4 workers): the
+    workers other than 0 fail within 0.15 s (``UnavailableError``,
+    "Connection reset by peer" in ``RecvBuf``, or "Socket closed"), worker
+    0, the coordination service's leader, after its heartbeat timeout,
+    8.5-10.7 s (``UnavailableError``, "tasks are unhealthy (stopped sending
+    heartbeats)").  A call aborted at once can be missing from the ledger:
+    a worker that raised after its last recorded call ended raised in the
+    next one.
 
     Where it left is the ledger's: the others' last call of a function,
     raised or pending, is one the leaver never made (or, with no ledger,
