@@ -61,6 +61,12 @@ class WorkerResult:
         """Whether ``fn`` returned on this worker."""
         return self.observation.returned if self.observation else self.exception is None
 
+    @property
+    def died_at_exit(self) -> bool:
+        """Whether this worker returned and its process then died, by a signal
+        or a non-zero status (``Outcome.CRASHED_AT_EXIT``)."""
+        return bool(self.observation and self.observation.died_at_exit)
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the worker's log."""
         return "\n".join(self.log.rstrip().splitlines()[-lines:])
@@ -141,10 +147,11 @@ class RunResult:
         return getattr(self.verdict, "error", None)
 
     def report(self) -> str:
-        """The diagnosis, then the log tail of each worker that did not return."""
+        """The diagnosis, then the log tail of each worker that did not
+        return, or died at exit."""
         parts = [self.diagnosis]
         for w in self.workers:
-            if w.observation is not None and w.observation.returned:
+            if w.observation is not None and w.observation.returned and not w.died_at_exit:
                 continue
             parts.append(f"--- worker {w.index} (exit code {w.exit_code}), last "
                          f"{LOG_TAIL_LINES} log lines ---\n{w.log_tail() or '(empty log)'}")

@@ -460,6 +460,7 @@ def test_a_script_that_dies_at_exit_after_training_crashed_at_exit(mwms_cluster,
         f"CRASHED_AT_EXIT: training completed (all {len(result.workers)} workers returned "
         f"their values), then worker 0 died at exit ("), result.diagnosis
     assert "worker 0: returned, then died at exit" in result.diagnosis
+    assert f"--- worker 0 (exit code {code})" in result.report()   # its log tail
 
 
 @pytest.mark.timeout(90)

@@ -72,7 +72,7 @@ def report_sections(runs: Sequence, timelines: Dict[int, Tuple[str, ...]],
         if run.outcome == Outcome.COMPLETED:
             continue
         for w in run.workers:
-            if w.returned:
+            if w.returned and not w.died_at_exit:
                 continue
             out.append((f"{tag}: worker {w.index} log tail (exit code {w.exit_code})",
                         w.log_tail() or "(empty log)"))

@@ -160,3 +160,19 @@ def test_a_fault_that_never_acted_fails_a_run_that_crashed_only_at_exit():
     outcome, text = fail_unacted(Outcome.CRASHED_AT_EXIT, "CRASHED_AT_EXIT: ...",
                                  [("Crash(worker=1, step=50)", "worker 1 ran 10 steps")])
     assert outcome == Outcome.FAILED and text.startswith("FAILED: Crash(worker=1, step=50)")
+
+
+def test_the_log_tail_of_a_worker_that_died_at_exit_is_shown():
+    from harness.report.pytest_report import report_sections
+    from harness.result import RunResult, WorkerResult
+    obs = run(dataclasses.replace(returned(0, 2), exit_code=-6), returned(1, 2))
+    v = diagnose(obs)
+    workers = tuple(WorkerResult(w.index, exit_code=w.exit_code, log=f"log of {w.index}\n"
+                                 "Fatal Python error: Aborted" if w.index == 0 else "ok",
+                                 observation=w) for w in obs.workers)
+    result = RunResult(v.outcome, workers, v.culprits, v.text, 1.0, obs, v)
+    assert workers[0].died_at_exit and not workers[1].died_at_exit
+    assert "--- worker 0 (exit code -6)" in result.report()
+    assert "--- worker 1" not in result.report()
+    titles = [t for t, _ in report_sections([result], {})]
+    assert titles == ["mwms run: crashed_at_exit", "mwms run: worker 0 log tail (exit code -6)"]
