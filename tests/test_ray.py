@@ -5,10 +5,12 @@ over the nodes, nothing left behind, SIGKILL of pytest included.
 Skipped, with the reason, where Ray is not installed
 (``pip install -e '.[ray]'``)."""
 import glob
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -252,3 +254,67 @@ def test_joining_a_running_cluster_by_address_leaves_it_running():
         assert {"gcs_server", "raylet"} <= names, names
     finally:
         held.close()
+
+
+# -- nodes that share nothing ---------------------------------------------------
+
+from harness.network import namespace as netns  # noqa: E402
+
+ALIKE_CASES = {
+    "completes": [],
+    "Crash": [F.Crash(1, 3)],
+    "SkipStep": [F.SkipStep(1, 3)],
+    "Pause": [F.Pause(1, 3)],
+}
+HOSTS_NODES = 2
+SWITCH = netns.switch_available()
+
+
+@needs_ray
+@pytest.mark.skipif(not SWITCH[0], reason=f"no namespace per node here: {SWITCH[1]}")
+def test_nodes_that_share_nothing_give_the_same_verdicts(tmp_path):
+    """The Ray backend on nodes that share nothing but the code
+    (:mod:`harness.launch.ray.hosts`): each node in a network namespace of
+    its own (its own address, no loopback in common) with a private /tmp;
+    the controller on the head node's host.  The verdicts are the local
+    backend's, the blocked workers' stacks come back, each worker sees
+    only its own node, and nothing of the cluster is left."""
+    marker = tempfile.NamedTemporaryFile(prefix="mwms-marker-", dir="/tmp", delete=False)
+    marker.close()
+    tmpdir = tempfile.mkdtemp(prefix="mwms-rh-", dir="/tmp")
+    held = subprocess.Popen([sys.executable, "-m", "harness.launch.ray.hosts",
+                             str(HOSTS_NODES), tmpdir], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        ready = raylaunch._readline(held.stdout, raylaunch.START_TIMEOUT).split()
+        assert ready[:1] == ["ready"], ready
+        _, gcs, user_ns, net_ns = ready
+        here = os.path.dirname(__file__)
+        driven = subprocess.run(
+            [sys.executable, os.path.join(here, "ray_hosts_driver.py"), user_ns, net_ns, gcs,
+             os.path.join(tmpdir, "ray"), marker.name], capture_output=True, text=True,
+            timeout=180, cwd=os.path.dirname(here),
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])})
+        lines = [json.loads(line) for line in driven.stdout.splitlines() if line.startswith("{")]
+        assert len(lines) == len(ALIKE_CASES) + 1, driven.stdout[-3000:] + driven.stderr[-3000:]
+        for line in lines[:-1]:
+            case = line["case"]
+            local = Cluster(RunSettings(workers=2, timeout=TIMEOUT, grace=3, network="host")).run(
+                allreduce_loop, args=(6,), faults=ALIKE_CASES[case])
+            assert tuple(line["verdict"][:1]) + (tuple(line["verdict"][1]), line["verdict"][2]) \
+                == _verdict(local), line["diagnosis"]
+            if case in ("SkipStep", "Pause"):   # the blocked worker's stack came back
+                assert line["stacks"][0], line["diagnosis"]
+        where = lines[-1]
+        assert where["outcome"] == "completed", where
+        (ns0, address0, sees0), (ns1, address1, sees1) = where["workers"]
+        assert len({ns0, ns1, os.readlink("/proc/self/ns/net")}) == 3, where
+        assert {address0.rpartition(":")[0], address1.rpartition(":")[0]} == {f"{netns.SUBNET}.{i + 1}" for i in range(HOSTS_NODES)}
+        assert not sees0 and not sees1, "a node sees the controller's /tmp"
+    finally:
+        held.stdin.close()
+        held.wait(timeout=60)
+        os.unlink(marker.name)
+    assert not os.path.exists(tmpdir)
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if tmpdir in " ".join(p.info["cmdline"] or [])], "a process of the cluster is left"

@@ -48,6 +48,12 @@ _ending = threading.Lock()
 _tmpdir = ""
 
 
+def remove_at_end(tmpdir: str) -> None:
+    """:func:`end` removes ``tmpdir`` (the cluster's directory)."""
+    global _tmpdir
+    _tmpdir = tmpdir
+
+
 def end(*_) -> None:
     """Kill the cluster, remove its directory (the controller may be dead), exit."""
     if _ending.acquire(blocking=False):
