@@ -20,7 +20,9 @@ returning or raising, not by the harness's hand); else ``failed`` if any
 raised; else ``hang`` if the run ended by the hang detector or a worker never
 returned; else ``failed`` if the replica check found the workers' models
 differ (error ``ReplicaDivergence``) or the run differs from its
-single-worker reference (``ReferenceMismatch``); else ``completed``.  ``fault`` events are never used for blame;
+single-worker reference (``ReferenceMismatch``); else ``crashed_at_exit`` if
+a worker's process died after it returned (every worker returned: training
+completed); else ``completed``.  ``fault`` events are never used for blame;
 the text lists them as "injected".  ``Verdict.step`` is the step where the
 others wait for the culprit when they wait for it, else the culprit's last
 step.
