@@ -6,10 +6,13 @@ address (``tests/test_ray.py``): each of ``NODES`` nodes runs in a network
 namespace of its own on a bridge (:class:`harness.network.namespace.Switch`:
 node ``i`` at ``10.77.0.(i+1)``, no loopback shared with anyone) and a
 mount namespace of its own with a private ``/tmp`` (a tmpfs, its Ray
-session directory in it).  The head node (the GCS, no CPUs: no worker goes
-there unless asked) runs in the bridge's namespace at ``10.77.0.254``,
-where the driver must join it: a Ray driver needs a raylet on its own host,
-sharing its ``/tmp`` (the head's session directory is ``TMPDIR``).
+session directory in it).  The head node (the GCS, no CPUs) runs in the
+bridge's namespace at ``10.77.0.254``, where the driver must join it: a Ray
+driver needs a raylet on its own host, sharing its ``/tmp`` (the head's
+session directory is ``TMPDIR``).  The launcher puts worker ``i`` on the
+``i``-th node in address order, and ``10.77.0.254`` sorts after
+``10.77.0.2`` but before ``10.77.0.3``: with up to 2 nodes and as many
+workers, none is on the head.
 
 Like :mod:`harness.launch.ray.holder`, this process owns all of it: a child
 subreaper, it prints ``ready GCS_ADDRESS USER_NS NET_NS`` (the namespaces a
