@@ -208,8 +208,7 @@ class Cluster:
         return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
                         ledger=ledger, restarts=restarts, restart_on=restart_on,
                         restart_policy=restart_policy, check_replicas=check_replicas,
-                        reference=reference,
-                        on_return=on_return)
+                        reference=reference, on_return=on_return)
 
     def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
                            port: int) -> RunResult:
