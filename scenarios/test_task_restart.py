@@ -5,6 +5,8 @@ fresh process on its own address and ``TF_CONFIG`` while the others keep
 theirs, and each of them is restarted in turn when it fails.  What
 TensorFlow does then depends on when the restarted task comes back: before
 its peers noticed it was gone, after they failed, or after they finished.
+TensorFlow 2.15.1 does the same in all three (measured once at 2, 3 and 4
+workers, the late restart at 2).
 """
 import os
 import re

@@ -110,8 +110,9 @@ class Progress:
     ``idle`` seconds since the last progress (a hang is declared when it
     reaches ``timeout``), and per worker its last reported step (None: none
     yet) and its state: ``running``, ``returned``, ``raised`` or ``exited``;
-    ``pids`` its process id (None where the backend does not say) and
-    ``exit_codes`` its exit code (None while it runs).
+    ``pids`` its process id (a restarted worker's newest; None where the
+    backend does not say) and ``exit_codes`` its exit code (None while it
+    runs).
 
     The callback may return a number: the hang timeout from then on, for
     this attempt (an outside deadline, such as :mod:`harness.compat`'s
