@@ -311,7 +311,8 @@ def test_peer_name_resolves_too_late(mwms_cluster):
     the chief's address), and the first collective fails at once on the
     peers that must reach the last worker: ``UnavailableError`` "errors
     resolving mwms-worker-N:PORT ... Name or service not known syscall:
-    getaddrinfo".  No retry: within the run's first second the step has
+    getaddrinfo" (2.15: "DNS resolution failed", the same address and
+    words in gRPC's JSON).  No retry: within the run's first second the step has
     failed, and the worker listed by name fails as its peers abort.  A name
     that resolves a moment after the first collective is as late as one
     that never does (measured, 3 workers: the name resolved 5 s after the

@@ -34,13 +34,21 @@ from harness.diagnosis.facts import Facts, phase
 from harness.diagnosis.observations import WorkerObservation
 from harness.diagnosis.words import names
 
-# gRPC's words for a lookup that failed, native resolver and c-ares.
+# gRPC's words for a lookup that failed: native resolver and c-ares, and
+# the JSON error of older gRPC (TensorFlow 2.15: "DNS resolution failed"
+# with {"os_error":"...","syscall":"getaddrinfo","target_address":"H:P"}).
+_Q = r'\\?"'   # a quote, escaped or not
 _RESOLVE_RES = (
     re.compile(r"errors resolving ([^\s\[\]]+:\d+)"),
     re.compile(r"Address lookup failed for ([^\s\[\]]+:\d+)"),
     re.compile(r"DNS resolution failed for (?:service: )?([^\s\[\]]+:\d+)"),
+    re.compile(_Q + r"syscall" + _Q + r":" + _Q + r"getaddrinfo" + _Q + r"[^}]*?" + _Q
+               + r"target_address" + _Q + r":" + _Q + r"([^\"\\]+:\d+)"),
+    re.compile(_Q + r"target_address" + _Q + r":" + _Q + r"([^\"\\]+:\d+)" + _Q
+               + r"[^}]*?" + _Q + r"syscall" + _Q + r":" + _Q + r"getaddrinfo"),
 )
-_OS_ERROR_RE = re.compile(r"os_error: ([^\]\"]*?) syscall")
+_OS_ERROR_RES = (re.compile(r"os_error: ([^\]\"]*?) syscall"),
+                 re.compile(_Q + r"os_error" + _Q + r":" + _Q + r"([^\"\\]+)"))
 
 
 def failed_lookups(w: WorkerObservation) -> Dict[str, str]:
@@ -51,8 +59,8 @@ def failed_lookups(w: WorkerObservation) -> Dict[str, str]:
     for pattern in _RESOLVE_RES:
         for address in pattern.findall(text):
             found.setdefault(address, "")
-    why = _OS_ERROR_RE.search(text)
-    return {a: why.group(1).strip() if why else "" for a in found}
+    why = next((m.group(1).strip() for m in (p.search(text) for p in _OS_ERROR_RES) if m), "")
+    return {a: why for a in found}
 
 
 def unresolved_names(w: WorkerObservation) -> Dict[str, Tuple[str, Optional[float]]]:
