@@ -242,6 +242,11 @@ def test_one_task_is_started_again_into_the_running_cluster_and_terminate_is_no_
     runner.start()
     pids = [runner.get_process_id("worker", i) for i in (0, 1)]
     assert None not in pids
+    # Worker 1's first process must have counted its start before it ends,
+    # or its second would take itself for the first and sleep.
+    until = time.monotonic() + 60
+    while len(starts) < 2 and time.monotonic() < until:
+        time.sleep(0.05)
     runner.terminate("worker", 1)
     assert not runner.process_exists("worker", 1) and runner.process_exists("worker", 0)
     with pytest.raises(ValueError, match="worker-0 is still running"):
