@@ -77,6 +77,11 @@ def decide(result: RunResult, terminated: AbstractSet[int] = frozenset()) -> Tup
     exited = [w for w in result.workers if w.index not in terminated and not w.returned]
     for w in sorted(exited, key=lambda w: (not (w.exit_code or 0) > 0, w.index)):
         return "exit", w.index
+    # TensorFlow's join() checks every exit status, a task that returned its
+    # value included, and takes only a positive one (a signal passes).
+    for w in result.workers:
+        if w.index not in terminated and w.died_at_exit and (w.exit_code or 0) > 0:
+            return "exit", w.index
     return "ok", None
 
 

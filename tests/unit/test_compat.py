@@ -15,10 +15,12 @@ from harness.core.protocol import WorkerError
 pytestmark = pytest.mark.timeout(30)
 
 
-def _worker(index, returned=True, exception=None, exit_code=0, value=None, attempts=()):
+def _worker(index, returned=True, exception=None, exit_code=0, value=None, attempts=(),
+            died_at_exit=False):
     return types.SimpleNamespace(index=index, returned=returned, exception=exception,
                                  exit_code=exit_code, return_value=value, log="",
-                                 attempts=attempts, attempt=len(attempts) and len(attempts) - 1)
+                                 attempts=attempts, attempt=len(attempts) and len(attempts) - 1,
+                                 died_at_exit=died_at_exit)
 
 
 def _result(outcome, workers, culprits=(), ended_by="all_finished"):
@@ -94,6 +96,15 @@ def test_an_exit_without_an_error_names_the_non_zero_code_first():
     r.workers[1].exit_code = 3
     assert "exited with exit code 3" in verdict.exit_text(r, 1)
     assert "died by signal 11" in verdict.exit_text(r, 0)
+
+
+def test_a_task_that_returned_then_exited_non_zero_is_an_exit_and_a_signal_is_not():
+    """TensorFlow's join() reads every exit status, and only a positive one fails it."""
+    status = [_worker(0), _worker(1, exit_code=3, died_at_exit=True)]
+    assert verdict.decide(_result("crashed_at_exit", status)) == ("exit", 1)
+    assert verdict.decide(_result("crashed_at_exit", status), terminated={1}) == ("ok", None)
+    signal = [_worker(0), _worker(1, exit_code=-6, died_at_exit=True)]
+    assert verdict.decide(_result("crashed_at_exit", signal)) == ("ok", None)
 
 
 def test_tasks_the_test_terminated_are_no_error():
