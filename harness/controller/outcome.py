@@ -160,14 +160,24 @@ def task_story(history: Mapping[int, Sequence[WorkerResult]]) -> Tuple[str, Tupl
     return story, order
 
 
+def own_cause(result: RunResult) -> Optional[int]:
+    """The one worker the verdict names, when it raised an error of its own
+    (not TensorFlow reporting a peer's failure or restart); else None."""
+    if result.verdict is None or result.verdict.ambiguous or len(result.culprits) != 1:
+        return None
+    error = result.workers[result.culprits[0]].exception
+    return None if error is None or is_echo(error) else result.culprits[0]
+
+
 def with_task_restarts(result: RunResult, history: Mapping[int, Sequence[WorkerResult]],
                        not_restarted: Mapping[int, str], plan: Sequence[Fault]) -> RunResult:
     """An attempt's result under ``restart_policy="task"``: each task's
     processes in ``workers[i].attempts``, and, when a task was restarted,
     the story first.  A run that did not complete after a restart is blamed
     on the task restarted first: what the others did after is what its
-    failure and its restart led to.  A fault planned for a restart that
-    never came never acted."""
+    failure and its restart led to, unless the last processes' verdict
+    names one worker by an error of its own (:func:`own_cause`).  A fault
+    planned for a restart that never came never acted."""
     workers = tuple(dataclasses.replace(w, attempts=tuple(history.get(w.index, ())) + (w,))
                     for w in result.workers)
     story, order = task_story(history)
@@ -180,7 +190,7 @@ def with_task_restarts(result: RunResult, history: Mapping[int, Sequence[WorkerR
         return dataclasses.replace(result, workers=workers, outcome=outcome, diagnosis=text,
                                    faults_never_acted=result.faults_never_acted + unreached)
     verdict, culprits = result.verdict, result.culprits
-    if order and outcome != Outcome.COMPLETED:
+    if order and outcome != Outcome.COMPLETED and own_cause(result) is None:
         first = history[order[0]][0]
         culprits = (order[0],)
         if verdict is not None:

@@ -137,6 +137,19 @@ def test_a_run_that_fails_after_a_restart_is_blamed_on_the_task_restarted_first(
     assert result.workers[1].attempts[0] is crash and result.workers[1].restarts == 1
 
 
+def test_an_error_of_its_own_after_the_restart_keeps_its_culprit():
+    """The cluster recovered from worker 1's crash; then worker 2's own bug
+    failed the run: worker 2 is the culprit, not the task restarted first."""
+    last = run(returned(0, 3, steps=range(4)), returned(1, 3, steps=range(4)),
+               raised(2, 3, "ValueError", "bad batch", 3.0, steps=range(3)))
+    judged = _result(last)
+    assert judged.culprits == (2,) and not judged.verdict.ambiguous
+    crash = _ended(died(1, 3, 1, 1.0, steps=range(2)))
+    result = with_task_restarts(judged, {0: [], 1: [crash], 2: []}, {}, ())
+    assert result.outcome == Outcome.FAILED and result.culprits == (2,)
+    assert result.diagnosis.startswith("FAILED after 1 task restart: worker 1 crashed")
+
+
 def test_without_a_restart_the_result_is_the_attempts_and_a_fault_never_reached_fails():
     done = run(returned(0, 2), returned(1, 2))
     plain = with_task_restarts(_result(done), {0: [], 1: []}, {}, ())
