@@ -25,6 +25,7 @@ mapped to a worker through the cluster list of ``TF_CONFIG``.
 from __future__ import annotations
 
 import collections
+import json
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -80,8 +81,10 @@ def unresolved_names(w: WorkerObservation) -> Dict[str, Tuple[str, Optional[floa
 def worker_list(config) -> Optional[Tuple[str, ...]]:
     """A ``TF_CONFIG``'s ``cluster.worker`` list (None: it has none)."""
     try:
+        if isinstance(config, str):
+            config = json.loads(config)
         workers = config["cluster"]["worker"]
-    except (TypeError, KeyError):
+    except (TypeError, KeyError, ValueError):
         return None
     return tuple(workers) if isinstance(workers, list) else None
 
@@ -103,16 +106,16 @@ def _resolved_later(f: Facts, address: str) -> Optional[float]:
     return min(times) if times else None
 
 
-def _blame(owner: int, address: str, why: str, seen_by: List[int], head: str,
+def _blame(owners: Dict[int, str], why: str, seen_by: List[int], head: str,
            f: Facts) -> Blame:
+    """``owners``: worker -> its address that did not resolve."""
     words = f" ({why})" if why else ""
-    later = _resolved_later(f, address)
-    after = (f"; it resolved {later:.1f} s into the run, too late" if later is not None
-             else "")
-    return Blame([owner], f"its address {address} in TF_CONFIG did not resolve{words}, "
-                 f"as {names(seen_by)} saw{after}", f.worker(owner).last_step,
-                 headline=f"{names([owner])}'s address {address} did not resolve{words}: "
-                          f"{head}{after}")
+    later = [t for t in (_resolved_later(f, a) for a in owners.values()) if t is not None]
+    after = (f"; it resolved {min(later):.1f} s into the run, too late" if later else "")
+    whose = "; ".join(f"{names([w])}'s address {a}" for w, a in sorted(owners.items()))
+    return Blame(sorted(owners), f"its address in TF_CONFIG did not resolve{words}, "
+                 f"as {names(seen_by)} saw{after}", f.worker(min(owners)).last_step,
+                 headline=f"{whose} did not resolve{words}: {head}{after}")
 
 
 def unresolved_address(f: Facts) -> Optional[Blame]:
@@ -129,14 +132,14 @@ def unresolved_address(f: Facts) -> Optional[Blame]:
             seen.add(w.index)
             if why and not old_why:
                 by_error[address] = (why, seen)
-    owned = {a: v for a, v in by_error.items() if _owner(a, cluster) is not None}
-    if len(owned) == 1:
-        address, (why, seen) = next(iter(owned.items()))
-        owner = _owner(address, cluster)
-        # The owner may repeat its peers' words (their abort reaches it):
-        # it is not one that failed to reach itself.
-        raised = sorted(seen - {owner}) or sorted(seen)
-        return _blame(owner, address, why, raised,
+    owners = {_owner(a, cluster): a for a in by_error if _owner(a, cluster) is not None}
+    if owners:
+        why = next((by_error[a][0] for a in owners.values() if by_error[a][0]), "")
+        seen = set().union(*(by_error[a][1] for a in owners.values()))
+        # An owner may repeat its peers' words (their abort reaches it): it
+        # is not one that failed to reach itself.
+        raised = sorted(seen - set(owners)) or sorted(seen)
+        return _blame(owners, why, raised,
                       f"{names(raised)} failed the first time "
                       f"{'it' if len(raised) == 1 else 'they'} reached it "
                       f"({_error_types(f, raised)}; TensorFlow does not look it up again)", f)
@@ -151,7 +154,7 @@ def unresolved_address(f: Facts) -> Optional[Blame]:
     if not saw:
         return None
     why = unresolved_names(f.worker(saw[0]))[leader][0]
-    return _blame(0, leader, why, saw,
+    return _blame({0: leader}, why, saw,
                   f"every worker waited in strategy creation for the coordination service "
                   f"on it, with no error (TensorFlow retries the lookup in silence)", f)
 

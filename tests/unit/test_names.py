@@ -132,3 +132,16 @@ def test_an_address_outside_the_cluster_names_no_one():
         o.raised(0, 2, "UnavailableError", RESOLVE_ERROR.format(w=7, port=1), 1.0, steps=[0]),
         o.blocked(1, 2, steps=[0]), ended_by="grace_expired"))
     assert v.rule != "unresolved_address"
+
+
+def test_two_workers_whose_addresses_did_not_resolve_are_both_named():
+    n, ports = 3, o.ports(3)
+    config = lambda i: tfconfig.name_worker([named(i, n, 1)], 2, tfconfig.host_name(2))[0]
+    v = diagnose(o.run(
+        o.raised(0, n, "UnavailableError", RESOLVE_ERROR.format(w=1, port=ports[1]) + "\n"
+                 + RESOLVE_ERROR.format(w=2, port=ports[2]), 1.0, steps=[0], tf_config=config(0)),
+        o.blocked(1, n, steps=[0], tf_config=config(1)),
+        o.blocked(2, n, steps=[0], tf_config=config(2)), ended_by="grace_expired"))
+    assert (v.culprits, v.ambiguous, v.rule) == ((1, 2), False, "unresolved_address")
+    assert (f"worker 1's address mwms-worker-1:{ports[1]}; worker 2's address "
+            f"mwms-worker-2:{ports[2]} did not resolve") in v.text
