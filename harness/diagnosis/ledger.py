@@ -16,7 +16,7 @@ Functions are matched across workers by name: ids are per worker.
 from __future__ import annotations
 
 import collections
-from typing import Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from harness.diagnosis.observations import Call, CollectiveOp, WorkerObservation
 
@@ -39,6 +39,14 @@ def has_ledger(w: WorkerObservation) -> bool:
     return bool(collective_calls(w))
 
 
+def _launches(w: WorkerObservation) -> Iterator[Tuple[Optional[int], str, int]]:
+    """(step, function name, collectives launched) for each of the worker's
+    calls that launch collectives, in order."""
+    ops, named = _ops(w), _names(w)
+    for c in collective_calls(w):
+        yield c.step, named[c.function], len(ops[c.function])
+
+
 def counts_by_step(w: WorkerObservation,
                    functions: Optional[Collection[str]] = None) -> Optional[Dict[int, int]]:
     """Collectives launched per step (every reported step, 0 when none), by
@@ -47,11 +55,10 @@ def counts_by_step(w: WorkerObservation,
     broadcasts, say) belong to no step."""
     if not w.steps:
         return None
-    ops, named = _ops(w), _names(w)
     counts = {s: 0 for s in w.steps}
-    for c in collective_calls(w):
-        if c.step is not None and (functions is None or named[c.function] in functions):
-            counts[c.step] = counts.get(c.step, 0) + len(ops[c.function])
+    for step, name, n in _launches(w):
+        if step is not None and (functions is None or name in functions):
+            counts[step] = counts.get(step, 0) + n
     return counts
 
 
@@ -59,17 +66,15 @@ def counts_by_function(w: WorkerObservation, step: int) -> Dict[str, int]:
     """Collectives launched in ``step``, per function name (a worker's ids
     are its own; ``<eager broadcast>`` for the variable initialisations
     made outside any function)."""
-    ops, named = _ops(w), _names(w)
     counts: Dict[str, int] = collections.Counter()
-    for c in collective_calls(w):
-        if c.step == step:
-            counts[named[c.function]] += len(ops[c.function])
+    for at, name, n in _launches(w):
+        if at == step:
+            counts[name] += n
     return counts
 
 
 def total_launched(w: WorkerObservation) -> int:
-    ops = _ops(w)
-    return sum(len(ops[c.function]) for c in collective_calls(w))
+    return sum(n for _, _, n in _launches(w))
 
 
 def last_call(w: WorkerObservation) -> Optional[Call]:

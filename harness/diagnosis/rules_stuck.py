@@ -4,7 +4,7 @@ circumstantial.  See :mod:`harness.diagnosis.rules`."""
 from __future__ import annotations
 
 import collections
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from harness.core import protocol
 from harness.diagnosis.echoes import names_unhealthy, short_type, tasks_named_unhealthy
@@ -29,6 +29,38 @@ def _counted(n: int) -> str:
     return "no collective" if n == 0 else f"{n} collective{'s' if n != 1 else ''}"
 
 
+def _odd_ones(counts: Dict[int, int]) -> Optional[Tuple[List[int], int]]:
+    """The workers off a strict majority's count (N >= 3), and that count."""
+    top, hits = collections.Counter(counts.values()).most_common(1)[0]
+    if len(counts) < 3 or 2 * hits <= len(counts):
+        return None
+    return sorted(i for i, n in counts.items() if n != top), top
+
+
+def _told(counts: Dict[int, int], leave_out=()) -> str:
+    """``worker 0 launched 3; worker 1 launched 2``, one part per worker."""
+    return "; ".join(f"{names([i])} launched {n}" for i, n in sorted(counts.items())
+                     if i not in leave_out)
+
+
+def _grouped(counts: Dict[int, int], leave_out) -> str:
+    """What the workers but ``leave_out`` launched, grouped by count."""
+    rest = collections.defaultdict(list)
+    for i, n in counts.items():
+        if i not in leave_out:
+            rest[n].append(i)
+    return "; ".join(f"{names(idx)} launched {n}" for n, idx in sorted(rest.items()))
+
+
+def _lone_deviant(by_step: Dict[int, Dict[int, int]], s: int) -> Optional[Tuple[int, int]]:
+    """The one worker whose count at step ``s`` is off its own usual count,
+    and that usual count."""
+    usual = {i: ledger.usual(counts, s) for i, counts in by_step.items()}
+    deviants = [i for i, counts in by_step.items()
+                if usual[i] is not None and counts[s] != usual[i]]
+    return (deviants[0], usual[deviants[0]]) if len(deviants) == 1 else None
+
+
 def collective_counts(f: Facts) -> Optional[Blame]:
     """From the ledgers: who launched more or fewer collectives than the rest.
 
@@ -47,49 +79,46 @@ def collective_counts(f: Facts) -> Optional[Blame]:
         return None
     by_step = {w.index: ledger.counts_by_step(w) for w in comp}
     if all(v is not None for v in by_step.values()) and all(w.steps for w in comp):
-        common = set.intersection(*(set(v) for v in by_step.values()))
-        differ = sorted(s for s in common if len({v[s] for v in by_step.values()}) > 1)
-        if not differ:
-            return None
-        s = differ[0]
-        at = {i: v[s] for i, v in by_step.items()}
+        return _blame_by_step(f, by_step)
+    return _blame_by_totals(f, {w.index: ledger.total_launched(w) for w in comp})
 
-        def others(odd):   # what the rest launched at that step, grouped by count
-            rest = collections.defaultdict(list)
-            for i, n in at.items():
-                if i not in odd:
-                    rest[n].append(i)
-            return "; ".join(f"{names(idx)} launched {n}" for n, idx in sorted(rest.items()))
-        top, hits = collections.Counter(at.values()).most_common(1)[0]
-        if len(comp) >= 3 and 2 * hits > len(comp):
-            odd = sorted(i for i, n in at.items() if n != top)
-            return Blame(odd, f"launched {_counted(at[odd[0]])} in step {s}, where "
-                         f"{others(odd)}", s)
-        usual = {i: ledger.usual(by_step[i], s) for i in at}
-        deviants = [i for i, n in at.items() if usual[i] is not None and n != usual[i]]
-        if len(deviants) == 1:
-            i = deviants[0]
-            return Blame([i], f"launched {_counted(at[i])} in step {s}, and {usual[i]} in each of "
-                         f"its other steps; in step {s} {others([i])}", s)
-        deviant = _deviant_in_differing_functions(f, s, list(at))
-        if deviant is not None:
-            return deviant
-        told = "; ".join(f"{names([i])} launched {n}" for i, n in sorted(at.items()))
-        return Blame(sorted(at), f"the workers launched different numbers of collectives in "
-                     f"step {s} ({told}), and it cannot tell which count is wrong", s,
-                     ambiguous=True)
-    totals = {w.index: ledger.total_launched(w) for w in comp}
+
+def _blame_by_step(f: Facts, by_step: Dict[int, Dict[int, int]]) -> Optional[Blame]:
+    """The first step whose counts differ, and who is off there."""
+    common = set.intersection(*(set(v) for v in by_step.values()))
+    differ = sorted(s for s in common if len({v[s] for v in by_step.values()}) > 1)
+    if not differ:
+        return None
+    s = differ[0]
+    at = {i: v[s] for i, v in by_step.items()}
+    odd = _odd_ones(at)
+    if odd is not None:
+        return Blame(odd[0], f"launched {_counted(at[odd[0][0]])} in step {s}, where "
+                     f"{_grouped(at, odd[0])}", s)
+    lone = _lone_deviant(by_step, s)
+    if lone is not None:
+        i, usual = lone
+        return Blame([i], f"launched {_counted(at[i])} in step {s}, and {usual} in each of "
+                     f"its other steps; in step {s} {_grouped(at, [i])}", s)
+    deviant = _deviant_in_differing_functions(f, s, list(at))
+    if deviant is not None:
+        return deviant
+    return Blame(sorted(at), f"the workers launched different numbers of collectives in "
+                 f"step {s} ({_told(at)}), and it cannot tell which count is wrong", s,
+                 ambiguous=True)
+
+
+def _blame_by_totals(f: Facts, totals: Dict[int, int]) -> Optional[Blame]:
+    """Without steps: the minority of the totals against a strict majority."""
     if len(set(totals.values())) == 1:
         return None
-    told = "; ".join(f"{names([i])} launched {n}" for i, n in sorted(totals.items()))
-    top, hits = collections.Counter(totals.values()).most_common(1)[0]
-    if len(comp) >= 3 and 2 * hits > len(comp):
-        odd = sorted(i for i, n in totals.items() if n != top)
-        return Blame(odd, f"launched {totals[odd[0]]} collectives where the others launched "
-                     f"{top} ({told})", f.worker(odd[0]).last_step)
+    odd = _odd_ones(totals)
+    if odd is not None:
+        return Blame(odd[0], f"launched {totals[odd[0][0]]} collectives where the others "
+                     f"launched {odd[1]} ({_told(totals)})", f.worker(odd[0][0]).last_step)
     return Blame(sorted(totals), "the workers launched different numbers of collectives and, "
                  "with no steps to place them and no majority, it cannot tell a missing one "
-                 f"from an extra one ({told})", None, ambiguous=True)
+                 f"from an extra one ({_told(totals)})", None, ambiguous=True)
 
 
 def _deviant_in_differing_functions(f: Facts, s: int, workers: List[int]) -> Optional[Blame]:
@@ -106,14 +135,13 @@ def _deviant_in_differing_functions(f: Facts, s: int, workers: List[int]) -> Opt
     if not differing or all(set(c) <= differing for c in per_fn.values()):
         return None   # nothing to leave out: the counts above were these
     scoped = {i: ledger.counts_by_step(f.worker(i), differing) for i in workers}
-    usual = {i: ledger.usual(scoped[i], s) for i in workers}
-    deviants = [i for i in workers if usual[i] is not None and scoped[i][s] != usual[i]]
-    if len(deviants) != 1:
+    lone = _lone_deviant(scoped, s)
+    if lone is None:
         return None
-    i, of = deviants[0], ", ".join(f"`{fn}`" for fn in sorted(differing))
-    rest = "; ".join(f"{names([j])} launched {scoped[j][s]}" for j in workers if j != i)
+    (i, usual), of = lone, ", ".join(f"`{fn}`" for fn in sorted(differing))
+    rest = _told({j: scoped[j][s] for j in workers}, leave_out=[i])
     return Blame([i], f"launched {_counted(scoped[i][s])} of {of} in step {s}, and "
-                 f"{usual[i]} in each of its other steps; in step {s} {rest} (the "
+                 f"{usual} in each of its other steps; in step {s} {rest} (the "
                  f"collectives every worker launched alike there left out)", s)
 
 
