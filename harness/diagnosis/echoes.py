@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import signal
-from typing import List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 from harness.core.protocol import WorkerError
 
@@ -32,9 +32,12 @@ _ROOT_MARKERS = ("is joining a group with", "could not start grpc server")
 _TASK_RE = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
 # The sentences of TensorFlow's collective_param_resolver_local.cc for a
 # collective whose members disagree (the first two measured on 2.15.1 and 2.21).
+SHAPE_MISMATCH = re.compile(
+    r"Shape mismatch in the collective instance \d+\. Op at device (?P<device>\S+) expected "
+    r"shape (?P<mine>\[[^\]]*\]) but another member in the group expected shape "
+    r"(?P<other>\[[^\]]*\])")
 _MISMATCH_RES = (
-    re.compile(r"Shape mismatch in the collective instance \d+\. Op at device \S+ expected shape "
-               r"\[[^\]]*\] but another member in the group expected shape \[[^\]]*\]"),
+    SHAPE_MISMATCH,
     re.compile(r"Collective instance \d+ expected type \d+ and data_type \d+ but got type \d+ "
                r"and data_type \d+"),
     re.compile(r"Instance \d+ already has source \d+, received second claim from \d+"),
@@ -57,6 +60,15 @@ def is_echo(error: Optional[WorkerError]) -> bool:
     if kind in _ECHO_TYPES or any(m in msg for m in _ECHO_MARKERS):
         return True
     return kind == "DeadlineExceededError" and any(m in msg for m in _DEADLINE_ECHO)
+
+
+def shape_mismatches(message: str) -> Iterator[Tuple[int, str, str]]:
+    """(task, its shape, the other member's shape) for each "Shape mismatch"
+    sentence of ``message``: the task that noticed names its own shape."""
+    for found in SHAPE_MISMATCH.finditer(message or ""):
+        task = _TASK_RE.search(found["device"])
+        if task:
+            yield int(task.group(1)), found["mine"], found["other"]
 
 
 def collective_mismatch(message: str) -> Optional[str]:

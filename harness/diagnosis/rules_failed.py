@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import collections
-import re
 from typing import Dict, Optional
 
 from harness.errors import StepDesyncError, odd_ones_out
-from harness.diagnosis.echoes import is_end_of_input, short_type
+from harness.diagnosis.echoes import is_end_of_input, shape_mismatches, short_type
 from harness.diagnosis import ledger
 from harness.diagnosis.facts import Facts
 from harness.diagnosis.words import names
 from harness.diagnosis.blame import Blame
-
-_SHAPE_RE = re.compile(r"Op at device /job:worker/replica:\d+/task:(\d+)\S* expected shape "
-                       r"(\[[^\]]*\]) but another member in the group expected shape "
-                       r"(\[[^\]]*\])")
-
 
 def shape_mismatch(f: Facts) -> Optional[Blame]:
     """Collectives that paired tensors of different shapes.
@@ -31,8 +25,8 @@ def shape_mismatch(f: Facts) -> Optional[Blame]:
     known: Dict[int, str] = {}
     other_shapes = set()
     for w in f.workers:
-        for task, mine, other in _SHAPE_RE.findall((w.error.message or "") if w.error else ""):
-            known[int(task)] = mine
+        for task, mine, other in shape_mismatches(w.error.message if w.error else ""):
+            known[task] = mine
             other_shapes.add(other)
     n = f.obs.num_workers
     if not known or n < 3:
