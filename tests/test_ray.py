@@ -279,15 +279,18 @@ def test_nodes_that_share_nothing_give_the_same_verdicts(tmp_path):
     the controller on the head node's host.  The verdicts are the local
     backend's, the blocked workers' stacks come back, each worker sees
     only its own node, and nothing of the cluster is left."""
+    raylaunch.close_session()   # one Ray cluster at a time on 2 cores (see pytestmark)
     marker = tempfile.NamedTemporaryFile(prefix="mwms-marker-", dir="/tmp", delete=False)
     marker.close()
     tmpdir = tempfile.mkdtemp(prefix="mwms-rh-", dir="/tmp")
-    held = subprocess.Popen([sys.executable, "-m", "harness.launch.ray.hosts",
-                             str(HOSTS_NODES), tmpdir], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    log = tmp_path / "hosts.log"
+    with open(log, "wb") as log_file:
+        held = subprocess.Popen([sys.executable, "-m", "harness.launch.ray.hosts",
+                                 str(HOSTS_NODES), tmpdir], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log_file)
     try:
         ready = raylaunch._readline(held.stdout, raylaunch.START_TIMEOUT).split()
-        assert ready[:1] == ["ready"], ready
+        assert ready[:1] == ["ready"], (ready, log.read_text(errors="replace")[-3000:])
         _, gcs, user_ns, net_ns = ready
         here = os.path.dirname(__file__)
         driven = subprocess.run(
