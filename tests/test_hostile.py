@@ -159,3 +159,27 @@ def test_fifty_runs_keep_parent_memory_and_fds_flat(mwms_cluster):
           f"{rss1 / 2**20:.1f} MiB, open fds {fds0} -> {fds1}")
     assert fds1 - fds0 <= 2
     assert rss1 - rss0 < 30 * 2**20
+
+
+UNGUARDED = """
+from harness.controller import Cluster
+from harness.settings import RunSettings
+print("main module imported as", __name__, flush=True)
+result = Cluster(RunSettings(workers=2, timeout=20)).run(len, args=("ab",))
+print(result.report())
+"""
+
+
+def test_a_script_that_starts_a_cluster_unguarded_finds_why_in_the_workers_logs(tmp_path):
+    """Each worker imports the script's main module again (multiprocess's
+    forkserver and spawn do): at its top level, that starts a cluster
+    inside the worker, which multiprocess refuses before the harness's code
+    runs there.  The workers' logs hold that refusal, so the report says
+    why they died."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=100, cwd=tmp_path).stdout
+    assert "CRASHED" in out, out
+    assert "finished its bootstrapping phase" in out, out
+    assert "if __name__ == '__main__':" in out, out

@@ -159,3 +159,18 @@ class WorkerSpec:
     reference_workers: int = 0   # in a single-worker reference: the N it stands in for
     exit_on_return: bool = False   # exit once fn returned, as a script ends (on_return="exit")
     netns: Optional[tuple] = None  # (user ns path, net ns path) to join first; None: the host's
+
+
+# A worker's process name carries its log's path after this mark, so that
+# the forkserver's child writes to the log from the fork on (see
+# harness.worker.preload), before worker_main redirects its output.
+PROCESS_LOG_MARK = " log="
+
+
+def process_name(spec: "WorkerSpec") -> str:
+    return f"mwms-worker-{spec.index}{PROCESS_LOG_MARK}{spec.log_path}"
+
+
+def log_path_of(process_name: str) -> str:
+    """The log path a :func:`process_name` carries; "" when none."""
+    return process_name.partition(PROCESS_LOG_MARK)[2]

@@ -25,6 +25,7 @@ from typing import List, Optional, Sequence
 import multiprocess
 import psutil
 
+from harness.core import protocol
 from harness.core.protocol import WorkerSpec
 from harness.errors import PreloadWarning, SettingError
 from harness.launch import scratch
@@ -217,7 +218,7 @@ class LocalLauncher(Launcher):
             for spec in specs:
                 parent_conn, child_conn = ctx.Pipe(duplex=True)
                 proc = ctx.Process(target=worker_main, args=(spec, child_conn),
-                                   name=f"mwms-worker-{spec.index}")
+                                   name=protocol.process_name(spec))
                 proc.start()
                 child_conn.close()
                 handles.append(ProcessHandle(spec.index, proc, parent_conn))

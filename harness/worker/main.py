@@ -33,6 +33,8 @@ import threading
 import time
 import traceback
 
+import multiprocess
+
 from harness.core import linux, progress, protocol, serialize
 from harness.errors import HarnessError, SerializationError
 from harness.faults import StartDelay
@@ -158,6 +160,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     start_group_reaper()
     wait_for_start(spec, conn)
     redirect_output(spec.log_path)
+    # The name carried the log's path to the fork (protocol.process_name).
+    multiprocess.current_process().name = f"mwms-worker-{spec.index}"
     stack_file = os.fdopen(os.open(spec.stack_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
                            "w")
     faulthandler.enable(file=sys.stderr, all_threads=True)

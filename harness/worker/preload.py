@@ -72,3 +72,27 @@ for _name in filter(None, (n.strip() for n in os.environ.get("MWMS_PRELOAD", "")
 if os.environ.get("MWMS_PRELOAD_REPORT"):
     with open(os.environ["MWMS_PRELOAD_REPORT"], "w") as _report:
         _report.write("\n".join(_problems))
+
+
+def _output_to_the_workers_log(prepare):
+    """Before multiprocess prepares a forked child (it imports the parent's
+    main module again, which may fail: a script that starts a cluster at
+    its top level), point the child's stdout and stderr at the worker's log,
+    named in its process name: what fails there is in the log, not lost in
+    the server's /dev/null."""
+    def prepare_in_the_log(data):
+        path = protocol.log_path_of(str(data.get("name", "")))
+        if path:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        return prepare(data)
+    return prepare_in_the_log
+
+
+from multiprocess import spawn as _spawn  # noqa: E402
+
+from harness.core import protocol  # noqa: E402
+
+_spawn.prepare = _output_to_the_workers_log(_spawn.prepare)
