@@ -34,11 +34,14 @@ from harness.network.namespace import BRIDGE_HOST, Switch
 
 GCS_PORT = 6379
 OBJECT_STORE = 80 * 1024 * 1024
-START_WAIT = 120.0
+START_WAIT = 100.0   # below the launcher's START_TIMEOUT, so a cluster that fails says so
 
 
 def ray_command(*args: str) -> list:
-    return [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--block",
+    # The bin directory's real path: a virtual environment reached through a
+    # link in /tmp is not there on a node with a /tmp of its own.
+    return [os.path.join(os.path.realpath(os.path.dirname(sys.executable)), "ray"),
+            "start", "--block",
             "--disable-usage-stats", f"--object-store-memory={OBJECT_STORE}", *args]
 
 
@@ -70,7 +73,13 @@ def wait_for_nodes(switch: Switch, tmpdir: str, env: dict, count: int) -> None:
     """Until ``count`` nodes are alive, asked from the bridge's namespace."""
     probe = ("import ray, sys, time\n"
              f"ray.init(address='{BRIDGE_HOST}:{GCS_PORT}', log_to_driver=False)\n"
-             f"while len([n for n in ray.nodes() if n['Alive']]) < {count}: time.sleep(0.2)\n")
+             "said = None\n"
+             f"while True:\n"
+             "    alive = sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])\n"
+             "    if alive != said:\n"
+             "        print('alive:', alive, file=sys.stderr, flush=True); said = alive\n"
+             f"    if len(alive) >= {count}: break\n"
+             "    time.sleep(0.2)\n")
     subprocess.run(["nsenter", "-t", str(switch.anchor.pid), "-U", "-n",
                     "--preserve-credentials", "--", sys.executable, "-c", probe],
                    env={**env, "RAY_TMPDIR": tmpdir}, stdout=sys.stderr, stderr=sys.stderr,
