@@ -308,7 +308,7 @@ def test_chief_only_logging(mwms_cluster, tmp_path):
     assert os.listdir(tmp_path) == ["train.log"]
 
 
-_EVAL_RUN = dict(kwargs={"evaluate": "chief"}, timeout=10, grace=2)
+_EVAL_RUN = dict(kwargs={"evaluate": "chief"}, timeout=10, grace=10)
 
 
 @pytest.mark.timeout(60)

@@ -121,7 +121,7 @@ def test_tf_keras_fit_with_uneven_data(mwms_cluster, monkeypatch):
     batch, which ``fit`` handles.
     """
     use_keras2(monkeypatch)
-    result = mwms_cluster.run(fit, kwargs={"data": "uneven"}, timeout=10, grace=2)
+    result = mwms_cluster.run(fit, kwargs={"data": "uneven"}, timeout=10, grace=10)
     result.assert_failed(culprits=[0], error="InternalError")
     assert "expected type" in result.workers[0].exception.message
     assert result.workers[0].last_step == 3
