@@ -12,6 +12,7 @@ import os
 import re
 import time
 
+import multiprocess
 import pytest
 
 import harness
@@ -27,12 +28,15 @@ LATE = 13.0
 RESTARTS = 4
 
 
-def restartable_loop(late: float = 0.0, exit_after_loop: bool = False):
+def restartable_loop(late: float = 0.0, exit_after_loop: bool = False, done=None):
     """Six all-reduce steps; returns (this process's restart count, pid).
     A restarted worker 1 sleeps ``late`` seconds before it builds its
     strategy (a pod that takes long to come back); with ``exit_after_loop``
     worker 1's first process exits 3 once its loop is done (the others
-    return meanwhile)."""
+    return meanwhile).  With ``done`` (a barrier of every worker), each
+    first process waits there after its loop: worker 1 then leaves only once
+    every peer has finished its last all-reduce, which a peer still
+    receiving from it would otherwise fail ("Connection reset by peer")."""
     import tensorflow as tf
     ctx = harness.context()
     if ctx.index == 1 and ctx.attempt > 0:
@@ -45,6 +49,8 @@ def restartable_loop(late: float = 0.0, exit_after_loop: bool = False):
 
     for _ in ctx.steps(STEPS):
         step()
+    if done is not None and ctx.attempt == 0:
+        done.wait(timeout=30)
     if exit_after_loop and ctx.index == 1 and ctx.attempt == 0:
         os._exit(3)
     return ctx.attempt, os.getpid()
@@ -163,8 +169,11 @@ def test_a_task_restarted_after_its_peers_finished_waits_for_ever(mwms_cluster, 
     whole job must restart (``restart_policy="cluster"``) so that every task
     runs again.
     """
-    result = mwms_cluster.run(restartable_loop, kwargs={"exit_after_loop": True}, timeout=3,
-                              grace=5, restarts=1, restart_policy="task")
+    with multiprocess.Manager() as manager:
+        result = mwms_cluster.run(restartable_loop, timeout=3, grace=5, restarts=1,
+                                  restart_policy="task",
+                                  kwargs={"exit_after_loop": True,
+                                          "done": manager.Barrier(workers)})
     result.assert_hang().assert_culprit(1)
     others = [w for w in result.workers if w.index != 1]
     assert all(w.returned and w.restarts == 0 for w in others)
