@@ -36,7 +36,9 @@ class LedgerView:
                 self.traces[fid] = trace
                 self.ops[fid] = {}
             self.ops[fid][int(data["index"])] = CollectiveOp(
-                str(data["kind"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
+                str(data["kind"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]),
+                tuple(str(part) for part in data.get("label", ())),
+                float(data.get("timeout", 0.0)))
         elif kind == protocol.LEDGER_OFF:
             self.notes.append(f"no collective ledger: {data}")
         else:

@@ -41,7 +41,8 @@ class Kind(TextEnum):
     REPLICAS = "replicas"       # data: tuple of VariablePrint, before RETURNED (check_replicas)
     # The collective ledger (see harness.worker.ledger), told once, at trace time:
     LEDGER_FUNCTION = "ledger_function"      # data: {"id", "name"} of a function
-    LEDGER_COLLECTIVE = "ledger_collective"  # data: {"function", "trace", "index", "kind", "shape", "dtype"}
+    # data: {"function", "trace", "index", "kind", "shape", "dtype", "label", "timeout"}
+    LEDGER_COLLECTIVE = "ledger_collective"
     LEDGER_OFF = "ledger_off"   # data: why the ledger could not be recorded
     # The progress map (harness.core.progress) is half full: read it now.
     DRAIN = "drain"

@@ -67,11 +67,20 @@ class CollectiveOp:
     In a graph TensorFlow packs tensors before it all-reduces them, so
     ``shape`` is the shape of the pack (the gradients of a small model,
     flattened and joined, say), not of one variable.  -1 is a dimension
-    unknown at trace time."""
+    unknown at trace time.
+
+    ``label`` says what it reduces, one name per packed part, learnt when
+    it was traced (the ops that produce its input, through TensorFlow's
+    packing: see :mod:`harness.worker.ledger`); () for an eager
+    collective, which has no graph to read.  ``timeout`` is its
+    ``timeout`` argument in seconds (``CommunicationOptions(timeout_seconds=...)``
+    under MWMS), 0.0 when none: a collective with one ends by raising."""
 
     kind: str                 # "all-reduce", "all-gather" or "broadcast"
     shape: Tuple[int, ...]
     dtype: str
+    label: Tuple[str, ...] = ()
+    timeout: float = 0.0
 
     def __str__(self) -> str:
         return f"{self.kind} {self.dtype}[{','.join(map(str, self.shape))}]"
@@ -333,7 +342,8 @@ class RunObservation:
                 w["error"] = WorkerError(**w["error"])
             w["functions"] = tuple(
                 TracedFunction(f["id"], f["name"], tuple(
-                    CollectiveOp(c["kind"], tuple(c["shape"]), c["dtype"])
+                    CollectiveOp(c["kind"], tuple(c["shape"]), c["dtype"],
+                                 tuple(c.get("label", ())), float(c.get("timeout", 0.0)))
                     for c in f.get("collectives", ())))
                 for f in w.get("functions", ()))
             w["calls"] = tuple(Call(**{**c, "launched": tuple(c.get("launched", ())),

@@ -65,6 +65,28 @@ def _describe_args(how: str, args, kwargs) -> Tuple[Tuple, str]:
     return dims, getattr(dtype, "name", str(dtype))
 
 
+def _timeout_of(position: Optional[int], args, kwargs) -> float:
+    """The collective's ``timeout`` argument in seconds (MWMS passes
+    ``CommunicationOptions(timeout_seconds=...)`` through it); 0.0 when none."""
+    value = kwargs.get("timeout")
+    if value is None and position is not None and position < len(args):
+        value = args[position]
+    try:
+        return float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _timeout_position(original) -> Optional[int]:
+    """Where ``timeout`` stands among ``original``'s positional parameters."""
+    import inspect
+    try:
+        names = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("timeout") if "timeout" in names else None
+
+
 def _trace_first(function, args, kwargs) -> bool:
     """Trace ``function`` for these arguments without running it (the call
     that follows uses the trace), so that a SkipStep can act between the two.
@@ -189,12 +211,13 @@ class Ledger:
                 self.writer.write(progress.CALL_ENDED, fid, number, ended)
 
     # -- collectives ---------------------------------------------------------
-    def collective(self, kind: str, how: str, original, args, kwargs):
+    def collective(self, kind: str, how: str, original, args, kwargs, timeout_at=None):
         from tensorflow.python.eager import context
         from tensorflow.python.framework import ops
         shape, dtype = _describe_args(how, args, kwargs)
+        timeout = _timeout_of(timeout_at, args, kwargs)
         if context.executing_eagerly():
-            return self._eager_collective(kind, shape, dtype, original, args, kwargs)
+            return self._eager_collective(kind, shape, dtype, timeout, original, args, kwargs)
         owner = next((fid for fid, eager in self._stack if eager), None)
         if owner is None:
             return original(*args, **kwargs)   # a graph built outside any tf.function call
@@ -219,13 +242,13 @@ class Ledger:
                                   self._step())
         self.send(protocol.LEDGER_COLLECTIVE,
                   data={"function": owner, "trace": self._traces[owner], "index": index,
-                        "kind": kind, "shape": shape, "dtype": dtype})
+                        "kind": kind, "shape": shape, "dtype": dtype, "timeout": timeout})
         if self.level != "collectives":
             return original(*args, **kwargs)
         return self._with_markers(owner, index, original, args, kwargs)
 
-    def _eager_collective(self, kind, shape, dtype, original, args, kwargs):
-        key = (kind, shape, dtype)
+    def _eager_collective(self, kind, shape, dtype, timeout, original, args, kwargs):
+        key = (kind, shape, dtype, timeout)
         fid = self._eager.get(key)
         if fid is None:
             with self._lock:
@@ -237,7 +260,7 @@ class Ledger:
                     self._eager[key] = fid
             self.send(protocol.LEDGER_COLLECTIVE,
                       data={"function": fid, "trace": 1, "index": 0, "kind": kind,
-                            "shape": shape, "dtype": dtype})
+                            "shape": shape, "dtype": dtype, "timeout": timeout})
         with self._lock:
             number = self._calls[fid] = self._calls.get(fid, 0) + 1
         self.writer.write(progress.CALL_BEGAN, fid, number, self._step())
@@ -308,8 +331,9 @@ def install(ledger: Ledger, function_module=None, collective_ops=None) -> Option
     for name, kind, how in _HOOKED:
         original = getattr(collective_ops, name)
 
-        def hooked(*args, _kind=kind, _how=how, _original=original, **kwargs):
-            return ledger.collective(_kind, _how, _original, args, kwargs)
+        def hooked(*args, _kind=kind, _how=how, _original=original,
+                   _timeout_at=_timeout_position(original), **kwargs):
+            return ledger.collective(_kind, _how, _original, args, kwargs, _timeout_at)
 
         hooked.__name__ = name
         setattr(collective_ops, name, hooked)
