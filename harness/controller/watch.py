@@ -18,6 +18,7 @@ from multiprocess import connection
 
 from harness.controller.ledger_view import LedgerView
 from harness.core import progress, protocol
+from harness.diagnosis.deadlock import certain_deadlock
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
 from harness.launch.base import WorkerHandle
 from harness.network import RunNetwork
@@ -86,6 +87,12 @@ class TrackedWorker:
             self.ledger.lost(self.reader.lost)
             self.reader = None
 
+    def snapshot(self) -> WorkerObservation:
+        """What is known of the worker now, its ledger included."""
+        notes = self.ledger.notes + (["records were lost"] if self.reader and self.reader.lost else [])
+        return dataclasses.replace(self.seen, functions=self.ledger.functions(),
+                                   calls=self.ledger.call_records(), ledger_note="; ".join(notes))
+
     def observation(self, stack: str) -> WorkerObservation:
         self.stop_reading()
         # Steps come from the map, phases from the pipe: one time line.
@@ -101,6 +108,9 @@ class TrackedWorker:
 RAISED_EXIT_WAIT = 5.0
 # How often a run with a progress callback reports to it.
 PROGRESS_EVERY = 0.5
+# How often, once a worker has returned while others have not, the ledgers
+# are read for a certain deadlock (harness.diagnosis.deadlock).
+PROOF_EVERY = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +174,9 @@ class WatchLoop:
         self.first_failure: Optional[float] = None   # when a worker first raised or died
         # What faults asked the parent to do, each at its time.
         self.actions: List[ParentAction] = []
+        # When to look for a certain deadlock next: only once a worker
+        # returned, and never where a task's process may be started again.
+        self.next_proof = math.inf
 
     def _failure_at(self, now: float) -> None:
         """A worker raised or died: its peers' grace starts now, if it has not yet."""
@@ -187,6 +200,8 @@ class WatchLoop:
     def _on_returned(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         worker.return_payload = msg.data
         worker.note(returned=True, finish_time=now - self.start)
+        if self.restarter is None:
+            self.next_proof = min(self.next_proof, now)
 
     def _on_replicas(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         worker.replica_prints = msg.data
@@ -284,6 +299,12 @@ class WatchLoop:
         elif now - action.when < 1.0:  # it has not stopped itself yet; look again soon
             self.actions.append(dataclasses.replace(action, when=now + 0.02))
 
+    def _proven(self, now: float) -> bool:
+        """Whether the ledgers now prove the run can never complete."""
+        self.next_proof = now + PROOF_EVERY
+        self._read_all_records()
+        return certain_deadlock([w.snapshot() for w in self.workers], now - self.start) is not None
+
     def _report_progress(self, now: float) -> None:
         self._read_all_records()
         steps, states = [], []
@@ -330,6 +351,8 @@ class WatchLoop:
             if now >= action_at:
                 self._actions_due(now)
                 continue
+            if now >= self.next_proof and self._proven(now):
+                return EndedBy.DEADLOCK
             if now >= hang_at:
                 # Steps and calls are in the progress maps, read only now:
                 # the parent does not wake for each of them.
@@ -345,7 +368,7 @@ class WatchLoop:
                     # One that returned too: when it left (on_return="exit")
                     # and how it ended are evidence.
                     waitables[w.handle.sentinel] = ("sentinel", w)
-            wake = min(hang_at, grace_at, action_at, self.next_report)
+            wake = min(hang_at, grace_at, action_at, self.next_report, self.next_proof)
             ready = connection.wait(list(waitables), timeout=max(0.0, wake - now))
             now = time.monotonic()
             for obj in ready:

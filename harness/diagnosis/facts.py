@@ -87,7 +87,7 @@ def outcome_of(obs: RunObservation) -> Outcome:
         return Outcome.CRASHED
     if any(w.error is not None for w in ws):
         return Outcome.FAILED
-    if obs.ended_by == EndedBy.HANG or not all(w.returned for w in ws):
+    if obs.ended_by in (EndedBy.HANG, EndedBy.DEADLOCK) or not all(w.returned for w in ws):
         return Outcome.HANG
     if diverged(obs):
         return Outcome.FAILED

@@ -41,6 +41,7 @@ class EndedBy(TextEnum):
     ALL_FINISHED = "all_finished"    # every worker returned, raised or died
     HANG = "hang"                    # no progress for ``timeout`` seconds
     GRACE_EXPIRED = "grace_expired"  # a worker raised/died; its peers stayed blocked
+    DEADLOCK = "deadlock"            # the ledgers proved it can never complete
 
 
 ALL_FINISHED, HANG, GRACE_EXPIRED = EndedBy.ALL_FINISHED, EndedBy.HANG, EndedBy.GRACE_EXPIRED
@@ -154,6 +155,10 @@ class WorkerObservation:
     (None: not kept), ``ledger_note`` why not, or what was lost.
     ``variables`` are the fingerprints of its strategy's variables when
     ``fn`` returned, when the run checked replicas or a reference.
+    ``memory`` is what the parent sampled of its memory while it ran
+    (:mod:`harness.controller.memory`): ``(seconds since the run started,
+    bytes)`` pairs, on the clock of its events; empty where its backend
+    cannot read it.
     """
 
     index: int
@@ -172,6 +177,7 @@ class WorkerObservation:
     ledger: Optional[str] = None
     ledger_note: str = ""
     variables: Tuple[protocol.VariablePrint, ...] = ()   # its fingerprints, when taken
+    memory: Tuple[Tuple[float, int], ...] = ()
 
     @property
     def steps(self) -> Tuple[int, ...]:
@@ -351,6 +357,7 @@ class RunObservation:
                                for c in w.get("calls", ()))
             w["variables"] = tuple(protocol.VariablePrint(**{**v, "shape": tuple(v["shape"])})
                                    for v in w.get("variables", ()))
+            w["memory"] = tuple((float(t), int(b)) for t, b in w.get("memory", ()))
             workers.append(WorkerObservation(**w))
         replicas = d.get("replicas")
         if replicas is not None:

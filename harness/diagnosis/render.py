@@ -16,6 +16,7 @@ from harness.diagnosis.echoes import (error_text, exit_text, is_collective_misma
                                       short_type, tasks_named_unhealthy)
 from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
 from harness.diagnosis.blame import Blame
+from harness.diagnosis.deadlock import certain_deadlock
 from harness.diagnosis.rules_start import never_started
 from harness.diagnosis.stacks import summarize_stack, where_raised
 from harness.diagnosis.words import names, steps_text
@@ -146,6 +147,12 @@ def cut(line: str, width: int = MAX_WIDTH) -> str:
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
+def deadlock_text(obs) -> str:
+    """Why the ledgers prove the run can never complete."""
+    proof = certain_deadlock(obs.workers, obs.duration)
+    return str(proof) if proof is not None else "the ledgers prove it can never complete"
+
+
 def headline(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     obs, outcome, errs = f.obs, f.outcome, f.errors
     who = f"culprit{'s' if len(culprits) > 1 else ''}: {names(culprits)}"
@@ -155,8 +162,9 @@ def headline(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     if blame.headline:
         return f"{outcome.upper()}: {blame.headline}"
     if outcome == Outcome.HANG:
-        cause = (f"no progress for {obs.timeout:.1f}s" if obs.ended_by == EndedBy.HANG
-                 else "not every worker finished")
+        cause = {EndedBy.HANG: f"no progress for {obs.timeout:.1f}s",
+                 EndedBy.DEADLOCK: f"certain deadlock ({deadlock_text(obs)})",
+                 }.get(obs.ended_by, "not every worker finished")
         return f"HANG: {cause}; {who} ({reason})"
     if outcome == Outcome.FAILED and errs:
         kinds = "/".join(sorted({short_type(w.error.type_name) for w in errs}))
@@ -190,6 +198,8 @@ def note_lines(f: Facts) -> List[str]:
 
 def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     lines = [cut(headline(f, blame, culprits))]
+    if f.obs.ended_by == EndedBy.DEADLOCK and blame.headline:
+        lines.append(cut(f"certain deadlock: {deadlock_text(f.obs)}"))
     if blame.ambiguous:
         lines.append(cut(f"ambiguous: {blame.reason}"))
     lines += worker_lines(f.obs.workers, culprits)

@@ -45,6 +45,11 @@ class WorkerHandle(Protocol):
     def kill_tree(self, known: Sequence = ()) -> None:
         """SIGKILL the worker with all it started."""
 
+    def memory_bytes(self) -> Optional[int]:
+        """The worker's memory now (its resident set, in bytes), read from
+        this machine at no cost to the worker; None where the backend cannot
+        read it from here (see :mod:`harness.launch.memory`)."""
+
     def close(self) -> None: ...
 
 

@@ -28,7 +28,7 @@ import psutil
 from harness.core import protocol
 from harness.core.protocol import WorkerSpec
 from harness.errors import PreloadWarning, SettingError
-from harness.launch import scratch
+from harness.launch import memory, scratch
 from harness.launch.base import Backend, Launcher
 
 START_METHODS = ("forkserver", "spawn")
@@ -104,6 +104,10 @@ class ProcessHandle:
     def kill_tree(self, known: Sequence[psutil.Process] = ()) -> None:
         """SIGKILL the worker with all it started; see :func:`kill_tree`."""
         kill_tree(self.pid, known)
+
+    def memory_bytes(self) -> Optional[int]:
+        """The worker's resident set now (:mod:`harness.launch.memory`)."""
+        return memory.READ(self.pid)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

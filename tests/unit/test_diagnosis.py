@@ -320,7 +320,8 @@ def observations(draw):
             exit_code=draw(st.sampled_from([None, 0, 1, 3, -9, -19, -200])), exit_time=draw(TIME),
             killed_by_harness=draw(st.booleans()), stopped=draw(st.booleans()),
             stack=draw(st.sampled_from(STACKS))))
-    return RunObservation(n, 10.0, 5.0, draw(st.sampled_from(["all_finished", "hang", "grace_expired"])),
+    return RunObservation(n, 10.0, 5.0, draw(st.sampled_from(["all_finished", "hang", "grace_expired",
+                                                       "deadlock"])),
                           20.0, tuple(ws))
 
 
@@ -333,8 +334,10 @@ def test_property_precedence_and_culprits(obs):
         expected = "crashed"
     elif any(w.error is not None for w in ws):
         expected = "failed"
-    elif obs.ended_by == "hang" or not all(w.returned for w in ws):
+    elif obs.ended_by in ("hang", "deadlock") or not all(w.returned for w in ws):
         expected = "hang"
+    elif any(w.died_at_exit for w in ws):
+        expected = "crashed_at_exit"
     else:
         expected = "completed"
     assert isinstance(v, Verdict) and v.outcome == expected

@@ -51,7 +51,7 @@ from multiprocess import connection
 
 from harness.launch.ray.link import ControllerLink
 from harness.errors import HarnessError, SettingError
-from harness.launch import scratch
+from harness.launch import memory, scratch
 from harness.launch.base import Backend, Launcher, Placement
 from harness.core.protocol import WorkerSpec
 
@@ -224,8 +224,10 @@ class RayWorkerHandle:
     """One worker on a Ray node, as :class:`~harness.launch.local.WorkerHandle`
     is one here: its agent answers for it."""
 
-    def __init__(self, index: int, agent, key: str, pid: int, link: ControllerLink):
+    def __init__(self, index: int, agent, key: str, pid: int, link: ControllerLink,
+                 local: bool = False):
         self.index, self.agent, self.key, self.pid, self.link = index, agent, key, pid, link
+        self.local_pid = pid if local else None   # its pid is one of this machine's
         self.conn = link.conn
         self.exitcode: Optional[int] = None
         self._exited = threading.Event()
@@ -273,6 +275,12 @@ class RayWorkerHandle:
 
     def kill_tree(self, known: Sequence = ()) -> None:
         self._call("kill_tree")
+
+    def memory_bytes(self) -> Optional[int]:
+        """The worker's resident set when its node is this machine (a local
+        cluster's simulated node: ``local_pid``); None on a cluster at an
+        address, whose pids are their nodes' (no samples there)."""
+        return memory.READ(self.local_pid) if self.local_pid is not None else None
 
     def close(self) -> None:
         self._call("close")
@@ -351,7 +359,7 @@ class RayLauncher(Launcher):
                     "log": spec.log_path, "stack": spec.stack_path,
                     "replicas": spec.replicas_path})
                 handles.append(RayWorkerHandle(spec.index, self._agents[spec.index], key, pid,
-                                               link))
+                                               link, local=self.address is None))
         except BaseException:
             for spec, key in zip(specs, keys):
                 with contextlib.suppress(Exception):

@@ -1,0 +1,108 @@
+"""A deadlock the ledger proves: the run can never complete, so it need not
+wait out its hang timeout.
+
+Every collective of an MWMS cluster needs every worker: call *k* of a
+function that launches collectives ends on a worker only once every other
+worker has made call *k* of it too (the ledger's pairing, see
+:mod:`harness.diagnosis.ledger`).  A worker whose ``fn`` returned makes no
+more calls.  So when a worker is in call *k* of ``step`` and a peer has
+returned after fewer than *k* calls of ``step``, that call never ends: the
+run is certain to hang, whatever the waiting worker does next.
+
+Only that is proof.  What looks like a hang but is not certain keeps the
+timeout:
+
+* a worker still in Python (between steps, or lingering after its loop)
+  may yet make the call;
+* a paused or slow worker may resume, so a peer blocked *by* it is not
+  proof; only a peer that is gone for good is;
+* a peer that died or raised ends the run through its peers' grace, as
+  before, and a cluster manager may restart it (``restart_policy``), so it
+  is not counted here;
+* a call whose collectives carry a timeout
+  (``CommunicationOptions(timeout_seconds=...)``) ends by raising, not by
+  hanging;
+* a worker whose ledger lost records, or was off, cannot be counted;
+* a peer returned only a moment ago: its last collectives may pair with
+  what the waiting worker launched (two functions whose collectives share
+  keys, when the workers traced in another order), and those complete on
+  every worker at nearly the same moment.  So the proof waits
+  :data:`SETTLE` seconds after the return.
+
+Functions are matched by name (ids are per worker); two functions of one
+name on a worker add up, which can only hide a certainty, never make one.
+Pure: a function of the workers' observations.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from harness.diagnosis import ledger
+from harness.diagnosis.observations import WorkerObservation
+
+# Seconds a peer's return must be old before its count is proof: far longer
+# than a collective takes to end on every worker once one has ended it.
+SETTLE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class CertainDeadlock:
+    """Worker ``waiting`` is in call ``call`` of ``function``; worker
+    ``returned`` returned from ``fn`` after ``calls`` calls of it."""
+
+    waiting: int
+    function: str
+    call: int
+    returned: int
+    calls: int
+
+    def __str__(self) -> str:
+        made = f"{self.calls} call{'s' if self.calls != 1 else ''}"
+        return (f"worker {self.returned} returned after {made} of `{self.function}`; "
+                f"worker {self.waiting} waits in call {self.call}")
+
+
+def _countable(w: WorkerObservation) -> bool:
+    """The worker's ledger is on and complete, so its calls can be counted."""
+    return w.ledger is not None and "lost" not in w.ledger_note
+
+
+def _gone(w: WorkerObservation, now: float, settle: float) -> bool:
+    """Returned from ``fn`` at least ``settle`` seconds before ``now``, with
+    every call ended: it makes no more calls."""
+    return (w.returned and w.error is None and w.finish_time is not None
+            and now - w.finish_time >= settle and ledger.pending_call(w) is None)
+
+
+def _waits_for_ever_on(w: WorkerObservation) -> Optional[tuple]:
+    """(function name, call number) of the call ``w`` is in, when it has
+    not finished nor died (the harness may have stopped it since), and the call's collectives have no timeout."""
+    if w.finished or w.died or not _countable(w):
+        return None
+    call = ledger.pending_call(w)
+    if call is None:
+        return None
+    ops = next((f.collectives for f in w.functions if f.id == call.function), ())
+    if any(op.timeout for op in ops):
+        return None
+    return ledger.function_of(w, call), call.number
+
+
+def certain_deadlock(workers: Sequence[WorkerObservation], now: float,
+                     settle: float = SETTLE) -> Optional[CertainDeadlock]:
+    """The first proof, at ``now`` (seconds since the run started), that the
+    run can never complete (see the module docstring), or None."""
+    gone = [o for o in workers if _gone(o, now, settle) and _countable(o)]
+    if not gone:
+        return None
+    for w in workers:
+        waiting = _waits_for_ever_on(w)
+        if waiting is None:
+            continue
+        name, number = waiting
+        for o in gone:
+            made = ledger.calls_of(o, name)
+            if made < number:
+                return CertainDeadlock(w.index, name, number, o.index, made)
+    return None

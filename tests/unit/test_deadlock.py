@@ -1,0 +1,84 @@
+"""The certain-deadlock proof (harness.diagnosis.deadlock), on hand-made ledgers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.diagnosis import diagnose
+from harness.diagnosis.deadlock import SETTLE, CertainDeadlock, certain_deadlock
+from harness.diagnosis.observations import (Call, CollectiveOp, RunObservation, TracedFunction,
+                                            WorkerObservation)
+
+STEP = TracedFunction(0, "step", (CollectiveOp("all-reduce", (1,), "float32"),))
+
+
+def worker(index, calls, pending=False, returned_at=None, **changes):
+    """A worker that made ``calls`` calls of `step` (one per step, 0.1 s
+    apart), the last one not ended when ``pending``; returned at
+    ``returned_at`` when given."""
+    made = tuple(Call(0, k, k - 1, began=k / 10, ended=None if pending and k == calls
+                      else k / 10 + 0.05) for k in range(1, calls + 1))
+    w = WorkerObservation(index=index, functions=(STEP,), calls=made, ledger="calls",
+                          returned=returned_at is not None, finish_time=returned_at)
+    return dataclasses.replace(w, **changes)
+
+
+def test_a_peer_that_returned_after_fewer_calls_proves_the_wait_endless():
+    ws = [worker(0, 10, pending=True), worker(1, 9, returned_at=1.0)]
+    proof = certain_deadlock(ws, now=1.0 + SETTLE)
+    assert proof == CertainDeadlock(waiting=0, function="step", call=10, returned=1, calls=9)
+    assert str(proof) == "worker 1 returned after 9 calls of `step`; worker 0 waits in call 10"
+
+
+def test_a_return_too_recent_is_not_yet_proof():
+    ws = [worker(0, 10, pending=True), worker(1, 9, returned_at=1.0)]
+    assert certain_deadlock(ws, now=1.0 + SETTLE / 2) is None
+
+
+def test_a_peer_that_made_the_call_proves_nothing():
+    # The last step's all-reduce ends on the slower worker a moment later.
+    ws = [worker(0, 10, pending=True), worker(1, 10, returned_at=1.0)]
+    assert certain_deadlock(ws, now=5.0) is None
+
+
+@pytest.mark.parametrize("peer", [
+    dict(returned_at=None),                                  # still in Python: may make the call
+    dict(returned_at=None, exit_code=-9, finish_time=None),  # died: grace decides, may restart
+    dict(returned_at=1.0, ledger=None),                      # its ledger was off
+    dict(returned_at=1.0, ledger_note="12 progress records were lost"),
+], ids=["lingering", "died", "no-ledger", "lost-records"])
+def test_only_a_peer_gone_for_good_with_a_full_ledger_is_proof(peer):
+    ws = [worker(0, 10, pending=True), worker(1, 9, **peer)]
+    assert certain_deadlock(ws, now=5.0) is None
+
+
+def test_a_call_with_a_collective_timeout_ends_by_raising():
+    timed = TracedFunction(0, "step", (CollectiveOp("all-reduce", (1,), "float32"),))
+    timed = dataclasses.replace(timed, collectives=(
+        dataclasses.replace(timed.collectives[0], timeout=2.0),))
+    ws = [worker(0, 10, pending=True, functions=(timed,)), worker(1, 9, returned_at=1.0)]
+    assert certain_deadlock(ws, now=5.0) is None
+
+
+def test_a_waiting_worker_the_harness_stopped_since_still_waited():
+    ws = [worker(0, 10, pending=True, exit_code=-9, killed_by_harness=True),
+          worker(1, 9, returned_at=1.0)]
+    assert certain_deadlock(ws, now=5.0) is not None
+    ws[0] = dataclasses.replace(ws[0], killed_by_harness=False)   # it died by itself
+    assert certain_deadlock(ws, now=5.0) is None
+
+
+def test_a_peer_that_never_called_the_function_counts_zero_calls():
+    ws = [worker(0, 1, pending=True), worker(1, 0, returned_at=1.0)]
+    assert certain_deadlock(ws, now=5.0).calls == 0
+
+
+def test_the_verdict_says_the_hang_is_certain_and_why():
+    ws = (worker(0, 10, pending=True), worker(1, 9, returned_at=1.0))
+    obs = RunObservation(2, 30.0, 5.0, "deadlock", 1.6, ws)
+    v = diagnose(obs)
+    assert v.outcome == "hang"
+    assert v.text.splitlines()[0].startswith(
+        "HANG: certain deadlock (worker 1 returned after 9 calls of `step`; "
+        "worker 0 waits in call 10)")
