@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from multiprocess import connection
 
 from harness.controller.ledger_view import LedgerView
+from harness.controller.memory import MemorySampler
 from harness.core import progress, protocol
 from harness.diagnosis.deadlock import certain_deadlock
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
@@ -174,6 +175,7 @@ class WatchLoop:
         self.first_failure: Optional[float] = None   # when a worker first raised or died
         # What faults asked the parent to do, each at its time.
         self.actions: List[ParentAction] = []
+        self.memory = MemorySampler(start)   # each live worker's memory, at a steady rate
         # When to look for a certain deadlock next: only once a worker
         # returned, and never where a task's process may be started again.
         self.next_proof = math.inf
@@ -305,6 +307,11 @@ class WatchLoop:
         self._read_all_records()
         return certain_deadlock([w.snapshot() for w in self.workers], now - self.start) is not None
 
+    def _sample_memory(self, now: float) -> float:
+        """Sample the live workers' memory when due (from outside them: no
+        cost in the workers); return when the next sample is due."""
+        return self.memory.sample(self.workers, now)
+
     def _report_progress(self, now: float) -> None:
         self._read_all_records()
         steps, states = [], []
@@ -369,6 +376,7 @@ class WatchLoop:
                     # and how it ended are evidence.
                     waitables[w.handle.sentinel] = ("sentinel", w)
             wake = min(hang_at, grace_at, action_at, self.next_report, self.next_proof)
+            wake = min(wake, self._sample_memory(now))
             ready = connection.wait(list(waitables), timeout=max(0.0, wake - now))
             now = time.monotonic()
             for obj in ready:
