@@ -19,7 +19,8 @@ Outcome, by strict precedence: ``crashed`` if any worker died (ended without
 returning or raising, not by the harness's hand); else ``failed`` if any
 raised; else ``hang`` if the run ended by the hang detector or a worker never
 returned; else ``failed`` if the replica check found the workers' models
-differ (error ``ReplicaDivergence``) or the run differs from its
+differ (error ``ReplicaDivergence``), or their collectives reduce the same
+tensors in another order (``CollectiveOrderDivergence``, :mod:`.order`), or the run differs from its
 single-worker reference (``ReferenceMismatch``); else ``crashed_at_exit`` if
 a worker's process died after it returned (every worker returned: training
 completed); else ``completed``.  ``fault`` events are never used for blame;
@@ -35,6 +36,7 @@ from typing import Optional, Tuple
 from harness.diagnosis.observations import OUTCOMES, Outcome, RunObservation
 from harness.diagnosis.echoes import is_echo, short_type
 from harness.diagnosis.facts import facts_of
+from harness.diagnosis import order
 from harness.diagnosis.render import render
 from harness.diagnosis.rules import RULES, Blame, Rule, first_blame
 from harness.diagnosis.stacks import summarize_stack
@@ -68,6 +70,8 @@ def diagnose(obs: RunObservation) -> Verdict:
     if errs and (f.outcome == Outcome.FAILED or (f.outcome == Outcome.CRASHED and errs[0].index in culprits
                                            and not is_echo(errs[0].error))):
         error = short_type(errs[0].error.type_name)
+    elif rule == "collective_order":
+        error = order.COLLECTIVE_ORDER_DIVERGENCE
     elif rule == "replicas":
         error = "ReplicaDivergence"
     elif rule == "reference":

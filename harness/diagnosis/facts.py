@@ -15,6 +15,7 @@ from typing import Counter, Dict, List, Optional, Sequence, Tuple
 from harness.core import protocol
 from harness.diagnosis.observations import EndedBy, Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.configs import config_issues
+from harness.diagnosis import order
 from harness.diagnosis.echoes import is_collective_mismatch, is_echo, is_end_of_input
 
 # Where each phase stands in a worker's life: who is behind whom.
@@ -29,7 +30,9 @@ FAILED_ECHOES = "failed_echoes"  # a worker raised, but every error is an echo
 # a cause that names no worker, so the evidence is the ledgers and steps.
 FAILED_MISMATCH = "failed_mismatch"
 HANG_ = Outcome.HANG
-DIVERGED = "diverged"         # every worker returned, but their replicas disagree
+# Every worker returned, but their replicas disagree, or their collectives
+# reduce the same tensors in another order (harness.diagnosis.order).
+DIVERGED = "diverged"
 CRASHED_AT_EXIT = Outcome.CRASHED_AT_EXIT   # every worker returned; one died at exit
 SITUATIONS = (COMPLETED, CRASHED, FAILED, FAILED_ECHOES, FAILED_MISMATCH, HANG_, DIVERGED,
               CRASHED_AT_EXIT)
@@ -98,9 +101,11 @@ def outcome_of(obs: RunObservation) -> Outcome:
 
 def diverged(obs: RunObservation) -> bool:
     """The replica check found workers that disagree, or the reference
-    check found the run differs from its single-worker reference."""
+    check found the run differs from its single-worker reference, or the
+    workers' collectives reduce the same tensors in another order."""
     return ((obs.replicas is not None and obs.replicas.divergence is not None)
-            or (obs.reference is not None and obs.reference.differs))
+            or (obs.reference is not None and obs.reference.differs)
+            or order.out_of_order(obs.workers) is not None)
 
 
 # (finished?, steps, phase): workers with equal signatures stand at the same

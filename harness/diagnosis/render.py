@@ -15,6 +15,8 @@ from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
                                       short_type, tasks_named_unhealthy)
 from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
+from harness.diagnosis.facts import DIVERGED
+from harness.diagnosis.order import order_lines
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.deadlock import certain_deadlock
 from harness.diagnosis.rules_start import never_started
@@ -177,6 +179,8 @@ def note_lines(f: Facts) -> List[str]:
     the injected faults, and the run's first error."""
     obs, outcome, ws = f.obs, f.outcome, f.obs.workers
     lines = ledger_lines(ws) if outcome != Outcome.COMPLETED else []
+    if outcome != Outcome.COMPLETED:
+        lines += order_lines(ws, untold_too=f.situation == DIVERGED)
     if outcome == Outcome.COMPLETED and len({w.steps for w in ws}) > 1:
         lines.append("note: the workers ran different steps")
     if outcome in (Outcome.COMPLETED, Outcome.CRASHED):   # else the config is the blame, said above

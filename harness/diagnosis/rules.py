@@ -6,6 +6,9 @@ applies to the run's situation and answers wins, as with pytest's
 
 The order of the table is the order of trust:
 
+* every worker returned, and their collectives reduce the same tensors in
+  another order (``collective_order``), before what that does to their
+  replicas (``replicas``);
 * a worker that started late, or never, while every other worker ended
   waiting for the cluster to form in strategy creation, is the cause of
   whatever they raised or died of (``late_start``);
@@ -70,6 +73,7 @@ from harness.diagnosis.rules_any import (config, coordinated_exit, crash, nothin
                                          replicas, stopped_before_deaths, timed_out_abort)
 from harness.diagnosis.facts import CRASHED_AT_EXIT
 from harness.diagnosis.rules_any import died_at_exit
+from harness.diagnosis.rules_any import collective_order
 from harness.diagnosis.rules_stuck import left_early
 from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_mismatch, sync_check
 from harness.diagnosis.rules_names import unresolved_address
@@ -92,6 +96,7 @@ _STUCK = frozenset({HANG_, FAILED_ECHOES, FAILED_MISMATCH})
 
 RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),
+    Rule("collective_order", frozenset({DIVERGED}), collective_order),
     Rule("replicas", frozenset({DIVERGED}), replicas),
     Rule("reference", frozenset({DIVERGED}), reference),
     Rule("late_start", _TROUBLE | frozenset({CRASHED}), late_start),

@@ -10,6 +10,7 @@ from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.facts import Facts, or_inf, where_stopped
 from harness.diagnosis.words import names
 from harness.diagnosis.blame import Blame, SIMULTANEOUS
+from harness.diagnosis import order
 
 
 def nothing_to_blame(f: Facts) -> Optional[Blame]:
@@ -213,3 +214,29 @@ def died_at_exit(f: Facts) -> Optional[Blame]:
                           f"values), then {'; '.join(parts)}: a cluster manager sees the job "
                           f"fail; culprit{'s' if len(dead) > 1 else ''}: "
                           f"{names([w.index for w in dead])}")
+
+
+def collective_order(f: Facts) -> Optional[Blame]:
+    """Every worker returned, but their collectives reduce the same tensors
+    in another order (:mod:`harness.diagnosis.order`): the sums are of
+    different tensors on different workers, and nothing in TensorFlow
+    notices when the swapped tensors have the same shape.  The workers
+    whose order differs from a strict majority's are blamed (from 3
+    workers up); else it cannot tell, and names every worker whose order
+    differs."""
+    found = order.out_of_order(f.workers)
+    if found is None:
+        return None
+    step = order.first_step(f.worker(found.culprits[0]), found.function)
+    where = f"the workers' collectives come in another order at {found.where}"
+    if not found.ambiguous:
+        return Blame(found.culprits, f"packs {found.function}'s collectives in another order "
+                                     f"than the majority", step,
+                     headline=f"{where} ({order.COLLECTIVE_ORDER_DIVERGENCE}); culprit"
+                              f"{'s' if len(found.culprits) > 1 else ''}: "
+                              f"{names(list(found.culprits))} against the majority")
+    return Blame(found.culprits, "the workers order the same tensors otherwise and no "
+                                 "majority stands: it cannot tell which order is right", step,
+                 ambiguous=True,
+                 headline=f"{where} ({order.COLLECTIVE_ORDER_DIVERGENCE}); cannot tell which "
+                          f"of {names(list(found.culprits))}")

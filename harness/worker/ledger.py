@@ -5,7 +5,9 @@ Two levels (``run(ledger=...)``):
 ``"calls"`` (the default)
     Which collectives a ``tf.function`` launches is known when it is traced:
     the hooks below see each collective op being created (kind, shape,
-    dtype, in order) and tell the parent once, over the pipe.  Each later
+    dtype, its ``timeout`` argument, in order, and what it reduces: the
+    ops that produce each packed part of its input, see ``_label_of``) and
+    tell the parent once, over the pipe.  Each later
     call of a function that launches collectives writes two records to the
     progress map (:mod:`harness.core.progress`): call *k* began (at step *s*),
     call *k* ended.  About a microsecond a call; it tells which call a worker
@@ -63,6 +65,41 @@ def _describe_args(how: str, args, kwargs) -> Tuple[Tuple, str]:
     except Exception:
         dims = ()
     return dims, getattr(dtype, "name", str(dtype))
+
+
+# Ops whose output holds their first input's values, reshaped or cast: the
+# walk from a collective's input goes through them to what is reduced.
+_PASS_THROUGH = frozenset({"Identity", "Reshape", "Cast", "Squeeze", "ExpandDims", "Snapshot",
+                           "StopGradient", "EnsureShape"})
+# Ops that join tensors into one (MWMS packs gradients with ConcatV2), and
+# which of their inputs are the parts.
+_JOINS = {"ConcatV2": lambda inputs: inputs[:-1], "Concat": lambda inputs: inputs[1:],
+          "Pack": lambda inputs: inputs}
+MAX_LABEL_PARTS = 4096
+
+
+def _label_of(t) -> Tuple[str, ...]:
+    """What a traced collective reduces: the name of the op that produces
+    each packed part of its input ``t``, in the pack's order, through the
+    ops that pack, reshape or cast.  Their names come from the user's
+    graph (a gradient's from the forward op it differentiates:
+    ``gradient_tape/dense/MatMul/MatMul_1``), so a worker that packs the
+    same gradients in another order gives the same names in another order.
+    () when ``t`` has no graph op."""
+    try:
+        parts, todo = [], [t]
+        while todo and len(parts) < MAX_LABEL_PARTS:
+            op = todo.pop().op
+            join = _JOINS.get(op.type)
+            if join is not None:
+                todo.extend(reversed(join(list(op.inputs))))
+            elif op.type in _PASS_THROUGH and op.inputs:
+                todo.append(op.inputs[0])
+            else:
+                parts.append(op.name)
+        return tuple(parts)
+    except Exception:   # a tensor of another kind: the ledger never breaks a run
+        return ()
 
 
 def _timeout_of(position: Optional[int], args, kwargs) -> float:
@@ -240,9 +277,11 @@ class Ledger:
             elif run is not None:   # the call belongs to the step just reported
                 self.writer.write(progress.CALL_BEGAN, owner, self._calls.get(owner, 0),
                                   self._step())
+        label = _label_of(args[0] if args else kwargs.get("t")) if how == "tensor" else ()
         self.send(protocol.LEDGER_COLLECTIVE,
                   data={"function": owner, "trace": self._traces[owner], "index": index,
-                        "kind": kind, "shape": shape, "dtype": dtype, "timeout": timeout})
+                        "kind": kind, "shape": shape, "dtype": dtype, "label": label,
+                        "timeout": timeout})
         if self.level != "collectives":
             return original(*args, **kwargs)
         return self._with_markers(owner, index, original, args, kwargs)

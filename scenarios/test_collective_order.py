@@ -1,0 +1,122 @@
+"""Collectives in another order: the same gradients, packed in another
+order on one worker.
+
+MWMS packs a step's gradients into one all-reduce, in the order of the
+list handed to ``apply_gradients``; the *n*-th part of every worker's pack
+is summed with the *n*-th of every other's.  A list built from a ``set``
+(tensorflow/agents#473's ``variables_to_train``) is in hash order, which
+can differ between processes; when the swapped variables have the same
+shape, TensorFlow sums one variable's gradient into another's and goes on.
+
+A ``set`` of variables (of their ``ref()``: TensorFlow 2's variables are
+not hashable) is ordered by the variables' ``id``: in forked
+workers that is the same everywhere, so the scenario makes the order differ
+every time by ordering worker 1's list backwards (what a hash order of its
+own does), and says so.
+"""
+import pytest
+
+from scenarios.meta import culprit_check, culprit_from_three, scenario
+
+STEPS = 3
+WEIGHTS = 3      # variables of one shape
+SIZE = 4
+
+
+def in_hash_order(variables, index: int):
+    """A ``set``'s order, as it can come out per process: here by name,
+    backwards on worker 1, so that it differs there every time."""
+    return sorted(variables, key=lambda v: v.name, reverse=index == 1)
+
+
+def train_in_order(order: str = "sorted", steps: int = STEPS):
+    """``WEIGHTS`` variables of shape ``[SIZE]`` under Keras SGD, in a custom
+    loop: ``tape.gradient`` and ``optimizer.apply_gradients`` over
+    ``variables_to_train``, each worker on inputs of its own.  ``order``:
+    ``"sorted"`` (by name, the fix) or ``"set"`` (the list of a set of the
+    variables' ``ref()``, in another order on worker 1: :func:`in_hash_order`).  Returns the
+    variables' values."""
+    import tensorflow as tf
+
+    import harness
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        weights = [tf.Variable(tf.fill([SIZE], float(i + 1)), name=f"w{i}")
+                   for i in range(WEIGHTS)]
+        optimizer = tf.keras.optimizers.SGD(0.1)
+    chosen = [ref.deref() for ref in {w.ref() for w in weights}]   # a set of variables
+    variables_to_train = (sorted(chosen, key=lambda v: v.name) if order == "sorted"
+                          else in_hash_order(chosen, ctx.index))
+
+    @tf.function
+    def step(x):
+        def replica_step():
+            with tf.GradientTape() as tape:
+                loss = tf.add_n([tf.reduce_sum(w * x) * float(i + 1)
+                                 for i, w in enumerate(weights)])
+            grads = tape.gradient(loss, variables_to_train)
+            optimizer.apply_gradients(zip(grads, variables_to_train))
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica_step), axis=None)
+
+    x = tf.fill([SIZE], float(ctx.index + 1))
+    for _ in ctx.steps(steps):
+        step(x)
+    return [w.numpy().tolist() for w in weights]
+
+
+_SET_RUN = dict(kwargs={"order": "set"}, timeout=30)
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="failed", error="CollectiveOrderDivergence", source="tensorflow/agents#473",
+          fixed_by="test_gradients_sorted_by_name")
+def test_gradients_in_set_order(mwms_cluster, scenario_run):
+    """``variables_to_train`` built from a ``set``: worker 1 hands the same
+    equal-shape gradients to ``apply_gradients`` in another order.
+
+    TensorFlow: 2.21, measured: the packed all-reduce has the same shape on
+    every worker, so nothing raises; each step sums worker 1's gradient of
+    ``w2`` into worker 0's ``w0`` and so on, and every worker returns.
+    With ``check_replicas=True`` the replicas disagree (each worker's
+    inputs are its own); without it the run would pass.  The ledger labels
+    each packed part by the op that produces it (the gradient's op, named
+    after the forward op), the same multiset on every worker, in another
+    order on worker 1: the run fails with ``CollectiveOrderDivergence``.
+
+    Source: tensorflow/agents#473 (``variables_to_train`` ordered
+    differently per replica), tensorflow#56885.
+
+    Fix: a deterministic order, e.g. ``sorted(..., key=lambda v: v.name)``,
+    or the model's own ``trainable_variables``.
+    """
+    result = scenario_run("set", train_in_order, **_SET_RUN)
+    result.assert_failed(error="CollectiveOrderDivergence")
+    assert "part 1 of 3" in result.diagnosis and "gradient_tape" in result.diagnosis
+    assert all(w.returned for w in result.workers)
+
+
+@pytest.mark.timeout(90)
+@culprit_check("test_gradients_in_set_order")
+def test_gradients_in_set_order_culprit(mwms_cluster, scenario_run):
+    result = scenario_run("set", train_in_order, **_SET_RUN)
+    culprit_from_three(result, 1)
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="tensorflow/agents#473")
+def test_gradients_sorted_by_name(mwms_cluster):
+    """Fixed: ``variables_to_train`` sorted by name, the same order on
+    every worker.
+
+    TensorFlow: 2.21, measured: the packs pair part for part; every worker
+    returns the same variables (the replica check agrees).
+
+    Source: tensorflow/agents#473.
+
+    Fix: this is the fix.
+    """
+    result = mwms_cluster.run(train_in_order, timeout=30, check_replicas=True)
+    result.assert_completed()
+    assert len({str(v) for v in result.return_values}) == 1
