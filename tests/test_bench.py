@@ -109,12 +109,12 @@ def test_parse_args_defaults_and_subsets():
     a = bench.parse_args([])
     assert (a.repeats, a.hang_timeout, a.json) == (5, 10.0, "bench-results.json")
     assert a.launchers == ["harness", "spawn", "runner", "ray"]
-    assert a.workloads == [1, 2, 3, 4]
+    assert a.workloads == [1, 2, 3, 4, 5]
     a = bench.parse_args(["--launchers", "harness,spawn", "--workloads", "1,4", "--repeats", "2"])
     assert a.launchers == ["harness", "spawn"] and a.workloads == [1, 4] and a.repeats == 2
 
 
-@pytest.mark.parametrize("argv", [["--launchers", "harness,mpi"], ["--workloads", "5"],
+@pytest.mark.parametrize("argv", [["--launchers", "harness,mpi"], ["--workloads", "6"],
                                   ["--repeats", "0"], ["--hang-timeout", "0"]])
 def test_parse_args_rejects_bad_values(argv, capsys):
     with pytest.raises(SystemExit):

@@ -27,7 +27,10 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 ALL_LAUNCHERS = ("harness", "spawn", "runner", "ray")
-ALL_WORKLOADS = (1, 2, 3, 4)
+ALL_WORKLOADS = (1, 2, 3, 4, 5)
+# The workloads that hang: 4's skipper lingers, so only the hang timer can
+# tell; 5's returns, so the ledgers prove the deadlock at once.
+HANG_WORKLOADS = (4, 5)
 MIB = float(1 << 20)
 
 
@@ -42,6 +45,7 @@ class Workload:
     kwargs: dict
     skip: Optional[tuple] = None  # (worker, step) that worker leaves out
     hang_timeout: float = 10.0
+    linger: bool = True           # the skipping worker stays after its loop
 
     @property
     def expect_hang(self) -> bool:
@@ -56,6 +60,9 @@ def make_workloads(hang_timeout: float = 10.0) -> Dict[int, Workload]:
                     {"epochs": 10, "steps_per_epoch": 10}),
         4: Workload(4, f"2 workers, worker 1 skips step 5 (T={hang_timeout:g} s)", "allreduce", 2,
                     {"n_steps": 20}, skip=(1, 5), hang_timeout=hang_timeout),
+        5: Workload(5, f"2 workers, worker 1 skips step 5 and returns (T={hang_timeout:g} s)",
+                    "allreduce", 2, {"n_steps": 20}, skip=(1, 5), hang_timeout=hang_timeout,
+                    linger=False),
     }
 
 
@@ -268,7 +275,7 @@ NOTES = {
 
 def render_notes(summary: dict, extra: dict) -> str:
     out = [f"- {NOTES[name]}" for name in summary if name in NOTES]
-    out.append("- median/spread: warm runs only; workload 4's is launch to report. "
+    out.append("- median/spread: warm runs only; workloads 4 and 5's are launch to report. "
                "hang reported: from the moment the hang began (the skipping worker's loop end). "
                "PSS: summed over the workers, each measured as its loop ends "
                "(forkserver/runner-process share not included: "
@@ -336,14 +343,14 @@ def schedule(launchers: Sequence[str], workloads: Sequence[int], repeats: int,
 
     One cold run per launcher first, then rounds in which each workload runs
     under every launcher in turn (A B C A B C ...), so drift hits all alike.
-    Workload 4 runs only in the first ``hang_repeats`` rounds.
+    The hanging workloads run only in the first ``hang_repeats`` rounds.
     """
-    completing = [w for w in workloads if w != 4]
+    completing = [w for w in workloads if w not in HANG_WORKLOADS]
     cold_workload = completing[0] if completing else 1
     plan = [(name, cold_workload, -1, True) for name in launchers]
     for rep in range(repeats):
         for w in workloads:
-            if w == 4 and rep >= hang_repeats:
+            if w in HANG_WORKLOADS and rep >= hang_repeats:
                 continue
             plan.extend((name, w, rep, False) for name in launchers)
     return plan
@@ -365,13 +372,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     "multi_process_runner on the same MWMS workloads.")
     p.add_argument("--repeats", type=int, default=5, help="warm runs per launcher and workload (5)")
     p.add_argument("--hang-repeats", type=int, default=2,
-                   help="runs of workload 4 at most (each costs >= T; the runner's T + 30 s) (2)")
+                   help="runs of workloads 4 and 5 at most (each costs >= T; the runner's T + 30 s) (2)")
     p.add_argument("--launchers", default=",".join(ALL_LAUNCHERS),
                    type=lambda s: parse_list(s, ALL_LAUNCHERS),
                    help="subset of harness,spawn,runner")
-    p.add_argument("--workloads", default="1,2,3,4",
-                   type=lambda s: parse_list(s, ALL_WORKLOADS, int), help="subset of 1,2,3,4")
-    p.add_argument("--hang-timeout", type=float, default=10.0, help="T for workload 4 (10 s)")
+    p.add_argument("--workloads", default="1,2,3,4,5",
+                   type=lambda s: parse_list(s, ALL_WORKLOADS, int), help="subset of 1,2,3,4,5")
+    p.add_argument("--hang-timeout", type=float, default=10.0, help="T for workloads 4 and 5 (10 s)")
     p.add_argument("--json", default="bench-results.json", help="where to write the figures")
     p.add_argument("--markdown", default=None,
                    help="also write the machine line, table and notes here (for docs/benchmark.md)")

@@ -79,7 +79,7 @@ def marked_pids(stamp_dir: Optional[str]) -> List[int]:
 
 
 def hang_start(stamp_dir: str) -> Optional[float]:
-    """When the hang of workload 4 began: the skipping worker's loop end (the
+    """When the hang of workload 4 or 5 began: the skipping worker's loop end (the
     only worker that gets there).  None if no worker got there."""
     ends = read_marks(stamp_dir, "loop_end")
     return min(ends.values()) if ends else None
@@ -124,10 +124,10 @@ def pss_of(pids) -> Optional[int]:
 def worker_kwargs(workload, stamp_dir: str) -> dict:
     """:func:`harness.bench.workers.measured_run`'s keyword arguments.  Under
     every launcher alike, the skipping worker's own loop leaves its step out
-    (a user's ``continue``, no fault injected), then lingers."""
+    (a user's ``continue``, no fault injected), then lingers or returns."""
     kwargs = {"fn": workload.fn, "kwargs": dict(workload.kwargs), "stamp_dir": stamp_dir}
     if workload.skip:
-        kwargs.update(skip=list(workload.skip), linger=LINGER)
+        kwargs.update(skip=list(workload.skip), linger=LINGER if workload.linger else 0.0)
     return kwargs
 
 
@@ -165,7 +165,7 @@ def completed_figures(workload, completed: bool, return_values) -> dict:
 
 
 def detection_figures(stamp_dir: str, report_time: float, timeout: float) -> dict:
-    """Workload 4: when the report came, measured from the hang's start."""
+    """Workloads 4 and 5: when the report came, measured from the hang's start."""
     start = hang_start(stamp_dir)
     out = {"hang_start_seen": start is not None}
     if start is not None:

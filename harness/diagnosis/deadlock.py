@@ -43,7 +43,7 @@ from harness.diagnosis.observations import WorkerObservation
 
 # Seconds a peer's return must be old before its count is proof: far longer
 # than a collective takes to end on every worker once one has ended it.
-SETTLE = 0.5
+SETTLE = 0.3
 
 
 @dataclasses.dataclass(frozen=True)

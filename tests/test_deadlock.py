@@ -1,0 +1,67 @@
+"""A deadlock the ledgers prove is reported at once, on real workers
+(TensorFlow 2.21, measured: the skipper returns, its peer blocks in the
+call the skipper never makes; the verdict comes 0.7-0.8 s after the
+skipper's loop ended, on a 2-core machine under load, with ``timeout=30``).
+The rule itself is tested on hand-made ledgers in tests/unit/test_deadlock.py."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness import context
+from harness.faults import SkipStep
+
+STEPS, SKIPPED = 10, 5
+
+
+def skipping_loop(skip_on=None, linger=0.0):
+    """All-reduce steps; worker ``skip_on`` leaves out step SKIPPED itself
+    (the user-code twin of SkipStep), then stays ``linger`` seconds."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    ctx = context()
+    for s in ctx.steps(STEPS):
+        if ctx.index == skip_on and s == SKIPPED:
+            continue
+        step()
+    time.sleep(linger)
+
+
+def _last(mwms_cluster):
+    return mwms_cluster.num_workers - 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["fault", "twin"])
+def test_a_skipper_that_returns_is_reported_at_once(mwms_cluster, how):
+    last = _last(mwms_cluster)
+    if how == "fault":
+        result = mwms_cluster.run(skipping_loop, timeout=30, faults=[SkipStep(last, SKIPPED)])
+    else:
+        result = mwms_cluster.run(skipping_loop, kwargs={"skip_on": last}, timeout=30)
+    result.assert_hang(culprits=[last])
+    obs = result.observation
+    assert obs.ended_by == "deadlock", result.diagnosis
+    returned = obs.workers[last].finish_time
+    # Within about 1 s of the return; generous here, for a busy machine.
+    assert obs.duration - returned < 10.0, (obs.duration, returned)
+    assert (f"certain deadlock (worker {last} returned after {STEPS - 1} calls of `step`; "
+            f"worker 0 waits in call {STEPS})") in result.diagnosis.splitlines()[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_skipper_that_lingers_keeps_the_timeout(mwms_cluster):
+    """Still in Python after its loop, the skipper might yet make the call:
+    nothing is certain, and the hang timer decides."""
+    last = _last(mwms_cluster)
+    result = mwms_cluster.run(skipping_loop, kwargs={"linger": 60}, timeout=3,
+                              faults=[SkipStep(last, SKIPPED)])
+    result.assert_hang(culprits=[last])
+    assert result.observation.ended_by == "hang"
+    assert "certain deadlock" not in result.diagnosis
