@@ -130,6 +130,19 @@ class RunResult:
         return self.observation.replicas if self.observation is not None else None
 
     @property
+    def memory(self) -> tuple:
+        """Each worker's memory over the run, by index: a
+        :class:`~harness.diagnosis.memory.MemoryGrowth` with the parent's
+        samples of its resident set, the ``(step, bytes)`` each step ended
+        with, and the rate of growth fitted past TensorFlow's warm-up
+        (``mib_per_step``, None where there is too little to fit, with
+        ``why_none``) and whether it grows steadily (``steady``)."""
+        if self.observation is None:
+            return ()
+        from harness.diagnosis.memory import memory_growth
+        return memory_growth(self.observation)
+
+    @property
     def restarts(self) -> int:
         """How many times the run was restarted."""
         return max(0, len(self.attempts) - 1)
@@ -221,6 +234,26 @@ class RunResult:
         __tracebackhide__ = True
         return self._check(Outcome.CRASHED_AT_EXIT, culprits)
 
+    def assert_memory_flat(self, mib_per_step: Optional[float] = None) -> "RunResult":
+        """No worker's memory grows faster than ``mib_per_step`` MiB per step
+        (a positive number; default
+        :data:`~harness.diagnosis.memory.FLAT_MIB_PER_STEP`), by the rate
+        fitted past the warm-up (:attr:`memory`).  A worker with no rate
+        (no samples, too few steps) fails it too: flat was not shown."""
+        __tracebackhide__ = True
+        from harness.diagnosis.memory import FLAT_MIB_PER_STEP, growth_text, memory_growth
+        limit = _positive(mib_per_step, "assert_memory_flat(mib_per_step=...)")
+        limit = FLAT_MIB_PER_STEP if limit is None else limit
+        grown = memory_growth(self.observation) if self.observation is not None else ()
+        problems = [f"worker {g.worker}: no rate ({g.why_none})" for g in grown
+                    if g.mib_per_step is None] or (["no worker's memory was sampled"]
+                                                   if not grown else [])
+        problems += [growth_text(g) for g in grown if g.grows(limit)]
+        if problems:
+            self._fail(f"expected no worker's memory to grow faster than {limit:g} MiB per "
+                       f"step; " + "; ".join(problems))
+        return self
+
     def assert_culprit(self, worker: int) -> "RunResult":
         """The diagnosis names ``worker``, alone and without doubt."""
         __tracebackhide__ = True
@@ -237,6 +270,17 @@ class RunResult:
             self._fail(f"expected 'cannot tell' among {candidates}; diagnosis blames "
                        f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}")
         return self
+
+
+def _positive(value: Optional[float], argument: str) -> Optional[float]:
+    """``value`` as a positive number (None stays None), or a SettingError naming ``argument``."""
+    from harness.errors import SettingError
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value < float("inf")):
+        raise SettingError(f"{argument}: must be a positive number (MiB per step), got {value!r}")
+    return float(value)
 
 
 def _error_matches(result: RunResult, error: str) -> bool:
