@@ -156,7 +156,8 @@ class RunResult:
     @property
     def error(self) -> Optional[str]:
         """The type name of the root error (``"StepDesyncError"``,
-        ``"ReplicaDivergence"``, ...), when there is one."""
+        ``"ReplicaDivergence"``, ``"CollectiveOrderDivergence"``, ...), when
+        there is one."""
         return getattr(self.verdict, "error", None)
 
     def report(self) -> str:
