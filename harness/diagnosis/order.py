@@ -43,9 +43,11 @@ Part = Tuple[int, int, str]
 class OrderDivergence:
     """Where the workers' packed parts first part: in ``function``'s
     collective ``collective`` (from 1, among its collectives) at its part
-    ``part`` (from 1, of ``parts``), what each worker reduced there
-    (``reduced``), the workers that order it otherwise against a strict
-    majority (``culprits``; every worker whose order differs, with
+    ``part`` (from 1, of ``parts``; 0 where the workers launch the
+    collectives themselves in another order, of other shapes: then ``op``
+    is empty and ``reduced`` says each worker's collective), what each
+    worker reduced there (``reduced``), the workers that order it otherwise
+    against a strict majority (``culprits``; every worker, with
     ``ambiguous``, where no majority stands: always at 2 workers)."""
 
     function: str
@@ -60,6 +62,8 @@ class OrderDivergence:
     @property
     def where(self) -> str:
         """``collective #1 of `step` (all-reduce float32[9]), part 1 of 3``."""
+        if not self.part:
+            return f"collective #{self.collective} of `{self.function}`"
         return (f"collective #{self.collective} of `{self.function}` ({self.op}), "
                 f"part {self.part} of {self.parts}")
 
@@ -115,7 +119,7 @@ def _compare(name: str, ops_of: Dict[int, Tuple[CollectiveOp, ...]]) -> Tuple[
     first = next(iter(ops_of.values()))
     if any(len(ops) != len(first) or list(map(_signature, ops)) != list(map(_signature, first))
            for ops in ops_of.values()):
-        return None, True    # kinds or shapes differ: not a matter of order
+        return _whole_collectives(name, ops_of)
     labelled = [i for i in range(len(first)) if all(ops[i].label for ops in ops_of.values())]
     told = len(labelled) == len(first)
     parts = {w: _parts(ops, labelled) for w, ops in ops_of.items()}
@@ -134,6 +138,30 @@ def _compare(name: str, ops_of: Dict[int, Tuple[CollectiveOp, ...]]) -> Tuple[
         function=name, collective=index + 1, part=part + 1, parts=len(first[index].label),
         op=str(first[index]), reduced=tuple((w, orders[w][at]) for w in sorted(orders)),
         culprits=tuple(culprits), ambiguous=majority is None), told
+
+
+def _whole_collectives(name: str, ops_of: Dict[int, Tuple[CollectiveOp, ...]]) -> Tuple[
+        Optional[OrderDivergence], bool]:
+    """The function's collectives differ in kind or shape between workers
+    (TensorFlow then raises a shape mismatch itself, tensorflow#56885):
+    another order where every worker launches the same collectives, each
+    with its label, in another order; else nothing is said."""
+    keyed = {w: tuple((*_signature(op), op.label) for op in ops) for w, ops in ops_of.items()}
+    if len({tuple(sorted(k)) for k in keyed.values()}) > 1:
+        return None, True    # other collectives, not another order
+    told = all(op.label for ops in ops_of.values() for op in ops)
+    if not told:
+        return None, False
+    at = next(n for n in range(len(next(iter(keyed.values()))))
+              if len({k[n] for k in keyed.values()}) > 1)
+    majority = _majority(keyed)
+    culprits = (sorted(w for w, k in keyed.items() if k != majority) if majority is not None
+                else sorted(keyed))
+    mine = {w: ops[at] for w, ops in ops_of.items()}
+    return OrderDivergence(
+        function=name, collective=at + 1, part=0, parts=0, op="",
+        reduced=tuple((w, f"{op.label[0]} ({op})") for w, op in sorted(mine.items())),
+        culprits=tuple(culprits), ambiguous=majority is None), True
 
 
 def check(workers: Sequence[WorkerObservation]) -> OrderCheck:

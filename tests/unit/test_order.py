@@ -163,3 +163,18 @@ def test_labels_and_timeouts_travel_from_the_pipe_and_through_a_recording():
     again = RunObservation.from_dict(obs.to_dict())
     assert again.workers[1].functions == obs.workers[1].functions
     assert again.workers[1].functions[0].collectives[0].label == GRADS[::-1]
+
+
+def test_whole_collectives_of_other_shapes_in_another_order_are_a_line_beside_the_mismatch():
+    # One all-reduce per gradient (bytes_per_pack=1), other shapes: TensorFlow
+    # raises a shape mismatch itself; the order is said beside the verdict.
+    own = [packed((g,), shape=(k,)) for g, k in zip(GRADS, (2, 3, 4))]
+    ws = [worker(i, 3, *(own[::-1] if i == 1 else own)) for i in range(3)]
+    found = order.out_of_order(ws)
+    assert (found.collective, found.part, found.culprits, found.ambiguous) == (1, 0, (1,), False)
+    assert found.where == "collective #1 of `step`"
+    assert dict(found.reduced)[1] == f"{GRADS[2]} (all-reduce float32[4])"
+    assert order.out_of_order(ws[:2]).culprits == (0, 1)
+    other = [worker(i, 3, *(own[:2] + [packed(("x",), shape=(9,))] if i == 1 else own))
+             for i in range(3)]
+    assert order.out_of_order(other) is None     # other collectives, not another order
