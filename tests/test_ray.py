@@ -60,10 +60,12 @@ def _local(case):
     return _local_verdicts[case]
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda k: f"{k}nodes")
+@pytest.fixture(scope="module", params=[3], ids=lambda k: f"{k}nodes")
 def ray_nodes(request):
-    """A local Ray cluster of 2, then 3, simulated nodes for the tests
-    below; ended after them, so the rest of the suite runs without it."""
+    """A local Ray cluster of 3 simulated nodes, one worker on each, for the
+    tests below; ended after them, so the rest of the suite runs without
+    it.  (2 nodes, two workers on one, gave the same verdicts; left out to
+    keep CI's run within its budget: add 2 to ``params`` to check it.)"""
     yield request.param
     raylaunch.close_session()
 
