@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Iterable, Optional, Tuple
 
 from harness.core.protocol import WorkerError
+from harness.errors import SettingError
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 
 LOG_TAIL_LINES = 30
@@ -143,6 +144,20 @@ class RunResult:
         return memory_growth(self.observation)
 
     @property
+    def stragglers(self) -> Tuple[int, ...]:
+        """The workers the others waited for at the collectives, from the
+        ledger's call times: each arrived last at most calls, milliseconds
+        and a good share of a step after the others, by its own work
+        between calls (see :mod:`harness.diagnosis.stragglers`).  Empty
+        when none stands out, when there are too few calls to tell, or
+        when the ledger was off; a slow link slows every worker alike and
+        names none."""
+        if self.observation is None:
+            return ()
+        from harness.diagnosis.stragglers import stragglers
+        return stragglers(self.observation).stragglers
+
+    @property
     def restarts(self) -> int:
         """How many times the run was restarted."""
         return max(0, len(self.attempts) - 1)
@@ -235,6 +250,28 @@ class RunResult:
         __tracebackhide__ = True
         return self._check(Outcome.CRASHED_AT_EXIT, culprits)
 
+    def assert_no_straggler(self, max_wait: Optional[float] = None) -> "RunResult":
+        """No worker is a straggler (see :attr:`stragglers`).  With
+        ``max_wait``, a number in (0, 1]: a straggler is allowed as long as
+        the others spend at most that share of each step waiting for it
+        (their median wait over the calls where it came last, divided by
+        the step); ``max_wait=0.25`` fails a run whose peers wait more than
+        a quarter of every step."""
+        __tracebackhide__ = True
+        limit = _share(max_wait, "assert_no_straggler(max_wait=...)")
+        if self.observation is None:
+            return self
+        from harness.diagnosis.stragglers import stragglers
+        report = stragglers(self.observation)
+        over = [i for i in report.stragglers
+                if limit is None or report.arrival(i).others_wait > limit]
+        if over:
+            waits = ", ".join(f"{report.arrival(i).others_wait:.0%} for worker {i}" for i in over)
+            expected = ("no straggler" if limit is None else
+                        f"the others to wait at most {limit:.0%} of each step for a straggler")
+            self._fail(f"expected {expected}; the others wait {waits}")
+        return self
+
     def assert_memory_flat(self, mib_per_step: Optional[float] = None) -> "RunResult":
         """No worker's memory grows faster than ``mib_per_step`` MiB per step
         (a positive number; default
@@ -271,6 +308,16 @@ class RunResult:
             self._fail(f"expected 'cannot tell' among {candidates}; diagnosis blames "
                        f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}")
         return self
+
+
+def _share(value: Optional[float], argument: str) -> Optional[float]:
+    """``value`` as a share in (0, 1] (None stays None), or a SettingError naming ``argument``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise SettingError(f"{argument}: must be a number in (0, 1] (a share of each step), "
+                           f"got {value!r}")
+    return float(value)
 
 
 def _positive(value: Optional[float], argument: str) -> Optional[float]:

@@ -7,6 +7,9 @@
   as its ``@scenario(outcome=...)`` declares: the catalogue's table
   (docs/scenarios.md) is rendered from those declarations, so the table
   cannot drift from what the tests see.
+* After each scenario test's body has passed, none of its completed runs
+  may name a straggler unless its ``@scenario(straggler=True)`` says it has
+  one: a balanced run names none (``harness.diagnosis.stragglers``).
 * After each test, no TensorFlow worker may be left running.
 """
 from __future__ import annotations
@@ -83,7 +86,8 @@ def _record_outcome(item, result, passed: bool) -> None:
     raised = sorted(_raised_types(result))
     line = json.dumps({"test": item.nodeid, "outcome": str(result.outcome),
                        "error": result.error, "raised": raised,
-                       "workers": len(result.workers), "passed": passed})
+                       "workers": len(result.workers), "passed": passed,
+                       "stragglers": list(result.stragglers)})
     with open(path, "a") as f:   # one line per write: xdist workers append side by side
         f.write(line + "\n")
 
@@ -106,6 +110,28 @@ def _check_declared(item, meta) -> None:
                 f"raised {sorted(raised) or 'nothing'}\n{result.report()}")
 
 
+def _completed_runs(item) -> list:
+    """Every completed run the test made or read (its own and a shared one)."""
+    cluster = getattr(item, "funcargs", {}).get("mwms_cluster")
+    runs = list(cluster.runs) if cluster is not None else []
+    shared = getattr(item, _LAST_RESULT, None)
+    if shared is not None and all(shared is not r for r in runs):
+        runs.append(shared)
+    return [r for r in runs if r.outcome == "completed"]
+
+
+def _check_no_straggler(item, meta) -> None:
+    """No completed run of a scenario without a straggler names one."""
+    if meta.straggler:
+        return
+    for result in _completed_runs(item):
+        if result.stragglers:
+            raise AssertionError(
+                f"{item.name}: a completed run names the straggler{'s' if len(result.stragglers) > 1 else ''} "
+                f"{', '.join(map(str, result.stragglers))}, but @scenario does not say "
+                f"straggler=True\n{result.report()}")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     fn = getattr(item, "function", None)
@@ -119,6 +145,7 @@ def pytest_runtest_call(item):
             raise
         if meta is not None:
             _check_declared(item, meta)
+            _check_no_straggler(item, meta)
         elif culprit_check_of(fn) is None and item.name.startswith("test_"):
             raise AssertionError(f"{item.name}: every test in scenarios/ is a @scenario or a "
                                  f"@culprit_check (see scenarios/meta.py)")

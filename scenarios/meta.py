@@ -24,6 +24,11 @@ the catalogue's table (docs/scenarios.md) and for the outcome the test must see.
 ``error``
     Optional: the error type the run's failing workers raise (shown in the
     table and checked after the run).
+``straggler``
+    Optional, True for a scenario with a straggler (a worker the others
+    wait for at every step, see ``harness.diagnosis.stragglers``): any
+    other scenario's completed runs must name none, which
+    ``scenarios/conftest.py`` checks after the test body passed.
 ``on``
     Optional: where another TensorFlow minor ends otherwise, its outcome
     and error there, keyed by the minor or a range of minors:
@@ -84,6 +89,7 @@ class Scenario:
     error: Optional[str] = None
     # ((first minor, last minor), outcomes, error) where a minor differs
     elsewhere: Tuple[Tuple[Tuple[Minor, Minor], Tuple[str, ...], Optional[str]], ...] = ()
+    straggler: bool = False
 
     def on(self, minor: Minor) -> "Scenario":
         """What this scenario ends as on TensorFlow ``minor``."""
@@ -136,7 +142,7 @@ def minors(spec: str) -> Tuple[Minor, Minor]:
 
 def scenario(outcome: Union[str, Tuple[str, ...]], source: str,
              fixed_by: Optional[str] = None, error: Optional[str] = None,
-             on: Optional[Dict[str, dict]] = None):
+             on: Optional[Dict[str, dict]] = None, straggler: bool = False):
     """Mark a test function as a catalogue scenario (see the module docstring)."""
     outcomes = _outcomes(outcome)
     if not source or not isinstance(source, str):
@@ -146,7 +152,7 @@ def scenario(outcome: Union[str, Tuple[str, ...]], source: str,
                          "outcome='completed'")
     elsewhere = tuple((minors(spec), _outcomes(there["outcome"]), there.get("error"))
                       for spec, there in (on or {}).items())
-    meta = Scenario(outcomes, source, fixed_by, error, elsewhere)
+    meta = Scenario(outcomes, source, fixed_by, error, elsewhere, straggler)
 
     def mark(fn):
         fn.scenario = meta

@@ -22,6 +22,7 @@ from harness.diagnosis.deadlock import certain_deadlock
 from harness.diagnosis.memory import memory_lines
 from harness.diagnosis.rules_start import never_started
 from harness.diagnosis.stacks import summarize_stack, where_raised
+from harness.diagnosis.stragglers import straggler_lines
 from harness.diagnosis.words import names, steps_text
 
 MAX_LINES = 40
@@ -184,6 +185,8 @@ def note_lines(f: Facts) -> List[str]:
         lines += order_lines(ws, untold_too=f.situation == DIVERGED)
     if outcome == Outcome.COMPLETED and len({w.steps for w in ws}) > 1:
         lines.append("note: the workers ran different steps")
+    if outcome == Outcome.COMPLETED:
+        lines += straggler_lines(obs)
     lines += memory_lines(obs)
     if outcome in (Outcome.COMPLETED, Outcome.CRASHED):   # else the config is the blame, said above
         lines += [f"note: TF_CONFIG of {names([i])}: {'; '.join(v)}"

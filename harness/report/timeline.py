@@ -33,6 +33,7 @@ from harness.core import protocol
 from harness.diagnosis import ledger as ledger_facts
 from harness.diagnosis.echoes import exit_text
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
+from harness.diagnosis.stragglers import wait_labels, waits
 
 # Call boxes by how the call ended (the SVG's fill, the trace's colour name).
 CALL_COLOURS = {"completed": ("#7fbf7f", "good"), "raised": ("#e06666", "terrible"),
@@ -72,6 +73,10 @@ class Lane:
     steps: Tuple[Span, ...]
     calls: Tuple[Span, ...]
     marks: Tuple[Mark, ...]
+    # Its waits at the collectives for the last worker to arrive, and a
+    # few words on them (see harness.diagnosis.stragglers).
+    waits: Tuple[Span, ...] = ()
+    wait_label: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +153,12 @@ def panel(obs: RunObservation, outcome: str, culprits: Sequence[int], text: str,
           attempt: int = 0, ambiguous: bool = False) -> Panel:
     """One attempt's panel from its record and verdict."""
     blamed = set(culprits)
-    return Panel(attempt, outcome, (text.splitlines() or [""])[0], obs.duration,
-                 tuple(lane(w, w.index in blamed, obs.duration) for w in obs.workers),
+    spans, labels = waits(obs), wait_labels(obs)
+    lanes = tuple(dataclasses.replace(
+        lane(w, w.index in blamed, obs.duration),
+        waits=tuple(Span(t0, t1, "waiting for the last worker") for t0, t1 in spans[w.index]),
+        wait_label=labels[w.index]) for w in obs.workers)
+    return Panel(attempt, outcome, (text.splitlines() or [""])[0], obs.duration, lanes,
                  ambiguous)
 
 
@@ -267,6 +276,7 @@ def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
                 anchor_x = min(x0 + 3, WIDTH - RIGHT - 6 * min(len(label), 90))
                 out.append(f'<text x="{max(anchor_x, LEFT):.1f}" y="{y + ROW - 6}" '
                            f'class="blocked">{escape(_clip(label, 90))}</text>')
+        _waits_svg(ln, y, x, out)
         for m in ln.marks:
             mx = x(m.time)
             if m.kind == "fault":
@@ -294,6 +304,24 @@ def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
     return bottom + AXIS
 
 
+WAIT = 3            # the height of a row's strip of waits, at its foot
+
+
+def _waits_svg(ln: Lane, y: float, x, out: List[str]) -> None:
+    """The lane's waits for the last worker at the collectives: a dark strip
+    at the foot of its row (the straggler's row has none), and the words
+    under the worker's name."""
+    for s in ln.waits:
+        x0, x1 = x(s.start), x(s.end)
+        out.append(f'<rect x="{x0:.1f}" y="{y + ROW - WAIT}" width="{max(x1 - x0, 0.8):.1f}" '
+                   f'height="{WAIT}" class="wait"><title>{escape(s.label)}: '
+                   f'{(s.end - s.start) * 1000:.1f} ms</title></rect>')
+    if ln.wait_label:
+        cls = "straggler" if ln.wait_label.startswith("straggler") else "small"
+        out.append(f'<text x="8" y="{y + ROW - 3}" class="{cls}">'
+                   f'{escape(_clip(ln.wait_label, 34))}</text>')
+
+
 STYLE = """
 text { font-family: DejaVu Sans, Arial, sans-serif; font-size: 12px; fill: #222; }
 .title { font-size: 14px; font-weight: bold; }
@@ -308,6 +336,7 @@ text { font-family: DejaVu Sans, Arial, sans-serif; font-size: 12px; fill: #222;
 .fault { fill: #c62828; } .fault-label { font-size: 9px; fill: #c62828; }
 .end-ok { stroke: #2e7d32; stroke-width: 2; } .end-bad { stroke: #c62828; stroke-width: 2; }
 .phase { fill: #555; }
+.wait { fill: #5b3a8c; } .straggler { font-size: 9px; font-weight: bold; fill: #5b3a8c; }
 .verdict { stroke: #c62828; stroke-width: 1.5; stroke-dasharray: 4 3; }
 .verdict-label { font-size: 10px; fill: #c62828; }
 .axis { stroke: #888; stroke-width: 1; }
@@ -323,7 +352,8 @@ def svg(panels: Sequence[Panel]) -> str:
         y = _panel_svg(p, y, body) + 10
     legend = [("#bec6d4", "step"), (CALL_COLOURS["completed"][0], "call completed"),
               (CALL_COLOURS["raised"][0], "call raised"),
-              (CALL_COLOURS["pending"][0], "call pending (blocked)")]
+              (CALL_COLOURS["pending"][0], "call pending (blocked)"),
+              ("#5b3a8c", "waiting for the last worker")]
     lx = 8.0
     for colour, text in legend:
         body.append(f'<rect x="{lx}" y="{y}" width="12" height="10" fill="{colour}"/>')
