@@ -3,7 +3,8 @@
 - ``cluster``: :class:`Cluster`, the ``mwms_cluster`` fixture's object;
 - ``request``: ``run()``'s arguments, checked into a frozen request;
 - ``attempt``: one attempt (start, watch, stop, decide); ``watch``: the
-  watch loop; ``teardown``: stacks and the end of every process;
+  watch loop; ``memory``: each live worker's memory, sampled as it runs;
+  ``teardown``: stacks and the end of every process;
 - ``outcome``: the verdict with unacted faults, and attempts combined;
 - ``restarts``: what a restart starts again (the whole cluster, or one
   task into its running attempt);
