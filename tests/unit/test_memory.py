@@ -170,3 +170,46 @@ def test_the_sampler_samples_live_workers_only_when_due():
     sampler.sample([live, ended, unread], 100.1)
     assert live.seen.memory == ((0.0, 5 * MIB), (0.1, 5 * MIB))
     assert ended.seen.memory == () and unread.seen.memory == ()
+
+
+def _result(obs):
+    from harness.result import RunResult
+    return RunResult(outcome="completed", workers=(), culprits=(), diagnosis="COMPLETED: (text)",
+                     duration=1.0, observation=obs)
+
+
+def test_assert_memory_flat_fails_a_leak_with_the_diagnosis_first_and_passes_flat():
+    leaking = _result(run(worker(0, flat, steps=100), worker(1, leak, steps=100)))
+    with pytest.raises(AssertionError) as raised:
+        leaking.assert_memory_flat()
+    assert str(raised.value).startswith("COMPLETED: (text)\n")
+    assert "worker 1 grows +1.00 MiB per step" in str(raised.value)
+    assert "worker 0" not in str(raised.value)
+    leaking.assert_memory_flat(mib_per_step=2)
+    _result(run(worker(0, flat), worker(1, warmup_then_flat))).assert_memory_flat()
+    assert [g.worker for g in leaking.memory] == [0, 1] and leaking.memory[1].steady
+
+
+def test_assert_memory_flat_fails_where_flat_was_not_shown():
+    with pytest.raises(AssertionError, match=r"worker 1: no rate \(too few steps"):
+        _result(run(worker(0, flat), worker(1, flat, steps=6))).assert_memory_flat()
+    with pytest.raises(AssertionError, match="no worker's memory was sampled"):
+        _result(run()).assert_memory_flat()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), True, "1"])
+def test_assert_memory_flat_names_its_bad_argument(bad):
+    from harness.errors import SettingError
+    with pytest.raises(SettingError, match=r"assert_memory_flat\(mib_per_step=\.\.\.\)"):
+        _result(run(worker(0, flat))).assert_memory_flat(mib_per_step=bad)
+
+
+def test_the_proc_readers_read_this_process_and_none_for_a_gone_one():
+    import os
+    import subprocess
+    from harness.launch import memory as proc_memory
+    assert proc_memory.resident_bytes(os.getpid()) > MIB
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert proc_memory.resident_bytes(gone.pid) is None
+    assert proc_memory.proportional_bytes(gone.pid) is None
