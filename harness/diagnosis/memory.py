@@ -105,16 +105,17 @@ class MemoryGrowth:
 
 
 def step_points(samples: Sequence[Tuple[float, int]],
-                step_times: Sequence[Tuple[float, int]]) -> Tuple[Point, ...]:
+                step_times: Sequence[float]) -> Tuple[Point, ...]:
     """``(step, bytes)`` per step: the last sample taken while the worker
-    was in that step (``step_times``: its boundaries, ``(time, step)`` in
-    order); samples before its first boundary are left out."""
-    times = [t for t, _ in step_times]
+    was in that step, the step counted by its place among the worker's
+    boundaries (``step_times``, in order: its number for one loop of
+    ``ctx.steps``, and a second loop that numbers from 0 again goes on
+    counting); samples before its first boundary are left out."""
     last = {}
     for t, taken in samples:
-        i = bisect.bisect_right(times, t) - 1
+        i = bisect.bisect_right(step_times, t) - 1
         if i >= 0:
-            last[step_times[i][1]] = taken
+            last[i] = taken
     return tuple(sorted(last.items()))
 
 
@@ -152,7 +153,7 @@ def is_steady(fitted: Sequence[Point], rate: float, mib_per_step: float) -> bool
 
 def growth(w: WorkerObservation, mib_per_step: float = FLAT_MIB_PER_STEP) -> MemoryGrowth:
     """Worker ``w``'s :class:`MemoryGrowth`."""
-    step_times = [(e.time, e.step) for e in w.events
+    step_times = [e.time for e in w.events
                   if e.kind == protocol.STEP and isinstance(e.step, int)]
     points = step_points(w.memory, step_times)
     fitted = after_warmup(points)
@@ -186,11 +187,16 @@ def memory_lines(obs: RunObservation) -> List[str]:
     growing = [g for g in grown if g.steady]
     if not growing:
         return []
-    flat = [g for g in grown if not g.steady and g.mib_per_step is not None]
+    flat = [g for g in grown if g.mib_per_step is not None and not g.grows()]
+    uneven = [g for g in grown if not g.steady and g.grows()]
     unfitted = [g for g in grown if g.mib_per_step is None]
-    rest = ""
-    if flat and not unfitted:
-        rest = "; the other stays flat" if len(flat) == 1 else "; the others stay flat"
-    elif unfitted:
-        rest = f"; {names([g.worker for g in unfitted])}: no rate ({unfitted[0].why_none})"
-    return ["memory: " + "; ".join(growth_text(g) for g in growing) + rest]
+    parts = [growth_text(g) for g in growing]
+    parts += [f"worker {g.worker}: {g.mib_per_step:+.2f} MiB per step, not steadily"
+              for g in uneven]
+    if unfitted:
+        parts.append(f"{names([g.worker for g in unfitted])}: no rate ({unfitted[0].why_none})")
+    if flat and not uneven and not unfitted:
+        parts.append("the other stays flat" if len(flat) == 1 else "the others stay flat")
+    elif flat:
+        parts.append(f"{names([g.worker for g in flat])} flat")
+    return ["memory: " + "; ".join(parts)]

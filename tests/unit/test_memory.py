@@ -127,9 +127,28 @@ def test_a_worker_without_a_rate_is_said_so_beside_the_leak():
 
 
 def test_steps_points_leave_out_samples_before_the_first_step():
-    points = memory.step_points([(0.5, 1), (1.05, 2), (1.15, 3), (1.18, 4)],
-                                [(1.0, 0), (1.1, 1)])
+    points = memory.step_points([(0.5, 1), (1.05, 2), (1.15, 3), (1.18, 4)], [1.0, 1.1])
     assert points == ((0, 2), (1, 4))
+
+
+def test_a_second_loop_numbered_from_zero_goes_on_counting():
+    # A training loop of 30 steps, then an evaluation loop of 30 that
+    # numbers its steps from 0 again, leaking all along.
+    events = tuple(Event(1.0 + k * STEP_SECONDS, protocol.STEP, k % 30) for k in range(60))
+    samples = tuple((1.05 + k * STEP_SECONDS, int((400 + k) * MIB)) for k in range(60))
+    g = memory.growth(WorkerObservation(index=0, events=events, memory=samples))
+    assert [p[0] for p in g.points] == list(range(60))
+    assert g.mib_per_step == pytest.approx(1.0) and g.steady
+
+
+def test_a_worker_above_the_limit_but_not_steady_is_said_so_not_called_flat():
+    # Grows 1 MiB per step until step 40, then stays: the second half is flat.
+    stops = worker(2, lambda s: 400.0 + min(s, 40), steps=60)
+    g = memory.growth(stops)
+    assert g.grows() and not g.steady
+    lines = memory.memory_lines(run(worker(0, flat, steps=60), worker(1, leak, steps=60), stops))
+    assert "worker 2: +" in lines[0] and "MiB per step, not steadily" in lines[0]
+    assert lines[0].endswith("; worker 0 flat")
 
 
 def test_memory_survives_the_record_round_trip():
