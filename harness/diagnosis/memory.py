@@ -69,7 +69,8 @@ class MemoryGrowth:
     """One worker's memory over its run (``RunResult.memory``).
 
     ``samples`` are the parent's ``(seconds since the run started, bytes)``;
-    ``points`` the ``(step, bytes)`` each step ended with; ``fitted`` the
+    ``points`` the ``(step, bytes)`` each step ended with (a step counted
+    by its place among the worker's boundaries, from 0); ``fitted`` the
     points after the warm-up that the rate is fitted on;
     ``mib_per_step`` the rate (None, with ``why_none``, where there is too
     little to fit); ``steady`` whether it grows steadily at at least
