@@ -129,6 +129,9 @@ class RaySession:
             raise SettingError(f"--mwms-backend=ray: {why}")
         import ray
         self.key = (address, nodes, tuple(preload))
+        # Before anything that can fail: close() reads them.
+        self.agents: Dict[str, object] = {}     # node id -> agent
+        self.hosts: Dict[str, str] = {}         # node id -> its address
         self.held = HeldCluster(nodes) if address is None else None
         target = self.held.address if self.held else address
         done: List[BaseException] = []
@@ -151,8 +154,6 @@ class RaySession:
             raise HarnessError(f"could not join the Ray cluster at {target}: "
                                f"{done[0] if done else f'no answer in {START_TIMEOUT:g} s'}")
         self.preload = tuple(preload)
-        self.agents: Dict[str, object] = {}     # node id -> agent
-        self.hosts: Dict[str, str] = {}         # node id -> its address
         self.listen_host = ray.util.get_node_ip_address()
 
     def nodes(self) -> List[str]:
