@@ -149,9 +149,10 @@ class RunResult:
         ledger's call times: each arrived last at most calls, milliseconds
         and a good share of a step after the others, by its own work
         between calls (see :mod:`harness.diagnosis.stragglers`).  Empty
-        when none stands out, when there are too few calls to tell, or
-        when the ledger was off; a slow link slows every worker alike and
-        names none."""
+        when none stands out, when not every worker returned, when there
+        are too few calls to tell (under 8 of a function), or when the
+        ledger was off; a slow link slows every worker alike and names
+        none."""
         if self.observation is None:
             return ()
         from harness.diagnosis.stragglers import stragglers

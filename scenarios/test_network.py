@@ -169,13 +169,14 @@ def test_connections_reset_during_a_step(mwms_cluster):
 
 
 @pytest.mark.timeout(120)
-@scenario(outcome="completed", source="MWMS docs: fault tolerance")
+@scenario(outcome="completed", source="MWMS docs: fault tolerance", straggler=True)
 def test_connections_reset_then_restarted(mwms_cluster):
     """The same reset, with the job restarted once by its cluster manager
     (``restarts=1``).
 
     TensorFlow: the first attempt fails as above; the second, on fresh
-    connections, completes.
+    connections, completes.  Its peers wait out the chief's 0.5 s before
+    each step, so the chief is the straggler its diagnosis names.
 
     Source: the MWMS fault-tolerance guide (restart the job).
 
