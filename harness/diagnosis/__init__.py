@@ -17,8 +17,8 @@ Its input is :mod:`.observations`.  It may import :mod:`harness.core` and
 
 Outcome, by strict precedence: ``crashed`` if any worker died (ended without
 returning or raising, not by the harness's hand); else ``failed`` if any
-raised; else ``hang`` if the run ended by the hang detector or a worker never
-returned; else ``failed`` if the replica check found the workers' models
+raised; else ``hang`` if the run ended by the hang detector, or the ledgers proved it
+can never complete (:mod:`.deadlock`), or a worker never returned; else ``failed`` if the replica check found the workers' models
 differ (error ``ReplicaDivergence``), or their collectives reduce the same
 tensors in another order (``CollectiveOrderDivergence``, :mod:`.order`), or the run differs from its
 single-worker reference (``ReferenceMismatch``); else ``crashed_at_exit`` if
