@@ -87,7 +87,8 @@ def _record_outcome(item, result, passed: bool) -> None:
     line = json.dumps({"test": item.nodeid, "outcome": str(result.outcome),
                        "error": result.error, "raised": raised,
                        "workers": len(result.workers), "passed": passed,
-                       "stragglers": list(result.stragglers)})
+                       "stragglers": list(result.stragglers),
+                       "ended_by": str(getattr(result.observation, "ended_by", ""))})
     with open(path, "a") as f:   # one line per write: xdist workers append side by side
         f.write(line + "\n")
 
@@ -110,14 +111,32 @@ def _check_declared(item, meta) -> None:
                 f"raised {sorted(raised) or 'nothing'}\n{result.report()}")
 
 
-def _completed_runs(item) -> list:
-    """Every completed run the test made or read (its own and a shared one)."""
+def _runs(item) -> list:
+    """Every run the test made or read (its own and a shared one)."""
     cluster = getattr(item, "funcargs", {}).get("mwms_cluster")
     runs = list(cluster.runs) if cluster is not None else []
     shared = getattr(item, _LAST_RESULT, None)
     if shared is not None and all(shared is not r for r in runs):
         runs.append(shared)
-    return [r for r in runs if r.outcome == "completed"]
+    return runs
+
+
+def _completed_runs(item) -> list:
+    """Every completed run the test made or read."""
+    return [r for r in _runs(item) if r.outcome == "completed"]
+
+
+def _check_deadlocks_only_in_hangs(item, meta) -> None:
+    """A run the ledgers declared a certain deadlock belongs to a scenario
+    that hangs: in any other (one that completes, or fails by an error of
+    TensorFlow's own) the proof was wrong."""
+    if "hang" in meta.outcomes:
+        return
+    for result in _runs(item):
+        if getattr(result.observation, "ended_by", None) == "deadlock":
+            raise AssertionError(
+                f"{item.name}: a run was declared a certain deadlock, but @scenario declares "
+                f"{' or '.join(meta.outcomes)}\n{result.report()}")
 
 
 def _check_no_straggler(item, meta) -> None:
@@ -146,6 +165,7 @@ def pytest_runtest_call(item):
         if meta is not None:
             _check_declared(item, meta)
             _check_no_straggler(item, meta)
+            _check_deadlocks_only_in_hangs(item, meta)
         elif culprit_check_of(fn) is None and item.name.startswith("test_"):
             raise AssertionError(f"{item.name}: every test in scenarios/ is a @scenario or a "
                                  f"@culprit_check (see scenarios/meta.py)")

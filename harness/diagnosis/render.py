@@ -14,8 +14,7 @@ from harness.diagnosis.observations import EndedBy, Outcome, WorkerObservation
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
                                       short_type, tasks_named_unhealthy)
-from harness.diagnosis.facts import Facts, reference_steps, state, where_stopped
-from harness.diagnosis.facts import DIVERGED
+from harness.diagnosis.facts import DIVERGED, Facts, reference_steps, state, where_stopped
 from harness.diagnosis.order import order_lines
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.deadlock import certain_deadlock
