@@ -113,6 +113,7 @@ def test_a_task_restarted_at_once_makes_every_peer_fail_and_restart(mwms_cluster
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.mwms(workers=2)
 @scenario(outcome="completed", source="kubernetes restartPolicy: OnFailure; "
           "kubeflow/trainer#1458 (a pod restarted three times)")
 def test_a_task_restarted_late_finds_its_peers_failed_and_restarted(mwms_cluster):

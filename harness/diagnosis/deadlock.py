@@ -23,6 +23,9 @@ timeout:
   (``CommunicationOptions(timeout_seconds=...)``) ends by raising, not by
   hanging;
 * a worker whose ledger lost records, or was off, cannot be counted;
+* a worker that is neither finished nor proven to wait for ever may still
+  be on its way (to its own return, say): the proof waits for it, so the
+  verdict sees the run as the hang timer would;
 * a peer returned only a moment ago: its last collectives may pair with
   what the waiting worker launched (two functions whose collectives share
   keys, when the workers traced in another order), and those complete on
@@ -89,20 +92,35 @@ def _waits_for_ever_on(w: WorkerObservation) -> Optional[tuple]:
     return ledger.function_of(w, call), call.number
 
 
+def _proof(w: WorkerObservation, gone: Sequence[WorkerObservation]) -> Optional[CertainDeadlock]:
+    """Why ``w`` waits for ever, when a peer in ``gone`` proves it."""
+    waiting = _waits_for_ever_on(w)
+    if waiting is None:
+        return None
+    name, number = waiting
+    for o in gone:
+        made = ledger.calls_of(o, name)
+        if made < number:
+            return CertainDeadlock(w.index, name, number, o.index, made)
+    return None
+
+
 def certain_deadlock(workers: Sequence[WorkerObservation], now: float,
                      settle: float = SETTLE) -> Optional[CertainDeadlock]:
     """The first proof, at ``now`` (seconds since the run started), that the
-    run can never complete (see the module docstring), or None."""
+    run can never complete (see the module docstring), or None.  Only once
+    the run has gone still: every worker has finished, died, or waits for
+    ever, so the verdict sees what the hang timer would have seen (a peer
+    still on its way to its own return is waited for)."""
     gone = [o for o in workers if _gone(o, now, settle) and _countable(o)]
     if not gone:
         return None
+    proofs = []
     for w in workers:
-        waiting = _waits_for_ever_on(w)
-        if waiting is None:
+        if w.finished or w.died:
             continue
-        name, number = waiting
-        for o in gone:
-            made = ledger.calls_of(o, name)
-            if made < number:
-                return CertainDeadlock(w.index, name, number, o.index, made)
-    return None
+        proof = _proof(w, gone)
+        if proof is None:
+            return None
+        proofs.append(proof)
+    return proofs[0] if proofs else None

@@ -82,3 +82,16 @@ def test_the_verdict_says_the_hang_is_certain_and_why():
     assert v.text.splitlines()[0].startswith(
         "HANG: certain deadlock (worker 1 returned after 9 calls of `step`; "
         "worker 0 waits in call 10)")
+
+
+def test_a_peer_still_on_its_way_is_waited_for():
+    """At 4 workers, one peer returned; another is still running its last
+    step's Python: the run has not gone still, so nothing is declared yet."""
+    ws = [worker(0, 10, pending=True), worker(1, 9, returned_at=1.0), worker(2, 9)]
+    assert certain_deadlock(ws, now=5.0) is None
+    ws[2] = worker(2, 9, returned_at=1.2)
+    assert certain_deadlock(ws, now=5.0) is not None
+    # A second waiter proven too; one dead worker does not hold the proof up.
+    ws.append(worker(3, 10, pending=True))
+    ws.append(worker(4, 3, exit_code=-9))
+    assert certain_deadlock(ws, now=5.0).waiting == 0
