@@ -83,8 +83,11 @@ def test_fault_matrix(mwms_cluster, kind, n, position):
         assert "cannot tell" in result.diagnosis, result.diagnosis
     else:
         assert result.culprits == (w,), result.report()
-    if result.outcome == "hang":
+    if result.observation.ended_by == "hang":
         assert result.observation.detection_delay < 1.0, record
+    elif result.observation.ended_by == "deadlock":   # proven once the skipper returned
+        returned = max(w.finish_time for w in result.observation.workers if w.returned)
+        assert result.observation.duration - returned < 5.0, record
 
 
 @pytest.mark.parametrize("n", [2, 3])
