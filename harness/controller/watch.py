@@ -158,8 +158,11 @@ class WatchLoop:
 
     def __init__(self, workers: List[TrackedWorker], settings: RunSettings, start: float,
                  on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0,
-                 network: Optional[RunNetwork] = None, restarter=None):
+                 network: Optional[RunNetwork] = None, restarter=None,
+                 exit_on_return: bool = False):
         self.on_progress = on_progress
+        # on_return="exit": a worker that returned leaves the cluster.
+        self.exit_on_return = exit_on_return
         # restart_policy="task": restarts a worker that crashed or failed
         # (a TaskRestarter); its failure then starts no grace.
         self.restarter = restarter
@@ -202,7 +205,7 @@ class WatchLoop:
     def _on_returned(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         worker.return_payload = msg.data
         worker.note(returned=True, finish_time=now - self.start)
-        if self.restarter is None:
+        if self.restarter is None and not self.exit_on_return:
             self.next_proof = min(self.next_proof, now)
 
     def _on_replicas(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
@@ -305,7 +308,8 @@ class WatchLoop:
         """Whether the ledgers now prove the run can never complete."""
         self.next_proof = now + PROOF_EVERY
         self._read_all_records()
-        return certain_deadlock([w.snapshot() for w in self.workers], now - self.start) is not None
+        return certain_deadlock([w.snapshot() for w in self.workers], now - self.start,
+                                exit_on_return=self.exit_on_return) is not None
 
     def _sample_memory(self, now: float) -> float:
         """Sample the live workers' memory when due (from outside them: no

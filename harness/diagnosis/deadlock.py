@@ -19,6 +19,12 @@ timeout:
 * a peer that died or raised ends the run through its peers' grace, as
   before, and a cluster manager may restart it (``restart_policy``), so it
   is not counted here;
+* a peer whose process ends once it returns (``on_return="exit"``, as a
+  script's does) leaves the cluster, and TensorFlow then fails the workers
+  still waiting for it (its connection refused, or its heartbeats stopped:
+  TensorFlow 2.21, measured, ``UnavailableError`` within about 10 s): an
+  error, not a hang, so nothing is declared (the ``left_early`` rule names
+  it when they fail);
 * a call whose collectives carry a timeout
   (``CommunicationOptions(timeout_seconds=...)``) ends by raising, not by
   hanging;
@@ -106,14 +112,16 @@ def _proof(w: WorkerObservation, gone: Sequence[WorkerObservation]) -> Optional[
 
 
 def certain_deadlock(workers: Sequence[WorkerObservation], now: float,
-                     settle: float = SETTLE) -> Optional[CertainDeadlock]:
+                     settle: float = SETTLE,
+                     exit_on_return: bool = False) -> Optional[CertainDeadlock]:
     """The first proof, at ``now`` (seconds since the run started), that the
-    run can never complete (see the module docstring), or None.  Only once
+    run can never complete (see the module docstring), or None; never
+    where a worker leaves once it returns (``exit_on_return``).  Only once
     the run has gone still: every worker has finished, died, or waits for
     ever, so the verdict sees what the hang timer would have seen (a peer
     still on its way to its own return is waited for)."""
     gone = [o for o in workers if _gone(o, now, settle) and _countable(o)]
-    if not gone:
+    if exit_on_return or not gone:
         return None
     proofs = []
     for w in workers:

@@ -152,7 +152,7 @@ def cut(line: str, width: int = MAX_WIDTH) -> str:
 
 def deadlock_text(obs) -> str:
     """Why the ledgers prove the run can never complete."""
-    proof = certain_deadlock(obs.workers, obs.duration)
+    proof = certain_deadlock(obs.workers, obs.duration, exit_on_return=obs.exit_on_return)
     return str(proof) if proof is not None else "the ledgers prove it can never complete"
 
 

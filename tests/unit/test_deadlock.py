@@ -95,3 +95,10 @@ def test_a_peer_still_on_its_way_is_waited_for():
     ws.append(worker(3, 10, pending=True))
     ws.append(worker(4, 3, exit_code=-9))
     assert certain_deadlock(ws, now=5.0).waiting == 0
+
+
+def test_a_peer_that_leaves_once_it_returns_is_no_proof():
+    """Under on_return="exit" (a script) the returned peer leaves the
+    cluster, and TensorFlow fails those still waiting: an error, not a hang."""
+    ws = [worker(0, 10, pending=True), worker(1, 9, returned_at=1.0)]
+    assert certain_deadlock(ws, now=5.0, exit_on_return=True) is None
