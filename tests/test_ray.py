@@ -97,8 +97,9 @@ def whose_forkserver():
 @needs_ray
 def test_workers_spread_one_per_node_and_restart_in_place(ray_nodes):
     cluster = _ray_cluster(ray_nodes)
-    parents = cluster.run(whose_forkserver).return_values
-    assert len(set(parents)) == min(WORKERS, ray_nodes), parents
+    spread = cluster.run(whose_forkserver)
+    parents = spread.return_values
+    assert len(set(parents)) == min(WORKERS, ray_nodes), spread.report()
     # worker i on node i mod K: workers 0 and 2 share node 0 on 2 nodes
     assert (parents[0] == parents[2]) == (ray_nodes == 2), parents
     restarted = cluster.run(allreduce_loop, args=(6,), restarts=1, faults=[F.Crash(1, 2)])
