@@ -109,6 +109,11 @@ class TrackedWorker:
 RAISED_EXIT_WAIT = 5.0
 # How often a run with a progress callback reports to it.
 PROGRESS_EVERY = 0.5
+# on_return="exit": how long after its return a worker's process is given
+# to end before the run is decided without it.  When it left is evidence
+# (left_early), and a peer can fail on its closed socket, and end the run,
+# before the parent sees the exit.
+LEAVE_WAIT = 5.0
 # How often, once a worker has returned while others have not, the ledgers
 # are read for a certain deadlock (harness.diagnosis.deadlock).
 PROOF_EVERY = 0.1
@@ -347,12 +352,22 @@ class WatchLoop:
         if not any(w.seen.error is not None or w.seen.died for w in self.workers):
             self.first_failure = None
 
+    def _leaving_until(self, worker: TrackedWorker) -> float:
+        """Until when the watch waits for a returned worker's process to end
+        (-inf: it does not)."""
+        w = worker.seen
+        if not self.exit_on_return or not w.returned or w.error is not None \
+                or w.exit_code is not None or w.finish_time is None:
+            return -math.inf
+        return self.start + w.finish_time + LEAVE_WAIT
+
     def loop(self) -> EndedBy:
         while True:
-            pending = [w for w in self.workers if w.pending]
-            if not pending:
-                return EndedBy.ALL_FINISHED
             now = time.monotonic()
+            pending = [w for w in self.workers if w.pending]
+            leave_at = max((self._leaving_until(w) for w in self.workers), default=-math.inf)
+            if not pending and now >= leave_at:
+                return EndedBy.ALL_FINISHED
             if now >= self.next_report:
                 self._report_progress(now)
             hang_at = self.last_progress + self.timeout
@@ -369,7 +384,7 @@ class WatchLoop:
                 # the parent does not wake for each of them.
                 self._read_all_records()
                 hang_at = self.last_progress + self.timeout
-            if now >= hang_at or now >= grace_at:
+            if pending and (now >= hang_at or now >= grace_at):
                 return EndedBy.GRACE_EXPIRED if grace_at <= hang_at else EndedBy.HANG
             waitables: Dict[Any, tuple] = {}
             for w in self.workers:
@@ -379,7 +394,8 @@ class WatchLoop:
                     # One that returned too: when it left (on_return="exit")
                     # and how it ended are evidence.
                     waitables[w.handle.sentinel] = ("sentinel", w)
-            wake = min(hang_at, grace_at, action_at, self.next_report, self.next_proof)
+            timers = (hang_at, grace_at, self.next_proof) if pending else (leave_at,)
+            wake = min(*timers, action_at, self.next_report)
             wake = min(wake, self._sample_memory(now))
             ready = connection.wait(list(waitables), timeout=max(0.0, wake - now))
             now = time.monotonic()
