@@ -86,9 +86,11 @@ def _start_inner(pytester, tmp_path, inner_tmp, test_timeout=300, harness_timeou
     pids = []
     for f in piddir.iterdir():
         pids.extend(int(x) for x in f.read_text().split())
-    # The inner pytest's forkserver is a TensorFlow process too.
-    pids.extend(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
     assert all(psutil.pid_exists(p) for p in pids)
+    # The inner pytest's forkserver is a TensorFlow process too.  Its other
+    # children may be short-lived helpers (a compiler probe, ldconfig), gone
+    # by now without anything to clean up.
+    pids.extend(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
     return proc, sorted(set(pids))
 
 
