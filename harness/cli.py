@@ -4,12 +4,15 @@
 
     python -m harness run -n 3 --timeout 30 --fault "Crash(worker=1, step=5)" train.py -- --epochs 2
     python -m harness run -m package.train -- --epochs 2
+    python -m harness record --dir DIR -- train.py --epochs 2
+    python -m harness analyze DIR [DIR ...]
     pip install "$(python -m harness keras2)"
 
 starts one cluster, runs the script (or module) on every worker as
 ``Cluster.run_script`` does, prints the diagnosis (and, unless the run
 completed, each failing worker's log tail), then one line saying where the
-run went; ``keras2`` prints what gives Keras 2 beside the installed
+run went; ``record`` and ``analyze`` are the job recorder's
+(:mod:`harness.record.commands`); ``keras2`` prints what gives Keras 2 beside the installed
 TensorFlow (tf_keras of the same minor; on 2.15 its own ``keras``).  ``run`` exits 0 only when the outcome is the one ``--expect`` names
 (``completed`` by default), 1 when it is another, and 2 for a usage error
 (a bad option value, a bad fault, a missing script), before any process
@@ -262,6 +265,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prog=PROG, usage=f"{PROG} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
         description="pytest-mwms outside pytest. `run` runs a script on an N-worker "
                     "MultiWorkerMirroredStrategy cluster; `run --help` lists its options. "
+                    "`record` runs a job's training script with the recorder on, "
+                    "`analyze` reads what the recorder left and prints the verdict "
+                    "(`record --help`, `analyze --help`). "
                     "`keras2` prints what gives Keras 2 beside the installed TensorFlow "
                     "(tf_keras of its minor).")
     if not argv or argv[0] in ("-h", "--help"):
@@ -269,8 +275,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0 if argv else 2
     if argv[0] == "keras2":
         return keras2_command()
+    if argv[0] in ("record", "analyze"):
+        from harness.record import commands
+        return (commands.record_command if argv[0] == "record"
+                else commands.analyze_command)(argv[1:])
     if argv[0] != "run":
-        top.error(f"unknown command {argv[0]!r}; the commands are `run` and `keras2`")
+        top.error(f"unknown command {argv[0]!r}; the commands are `run`, `record`, "
+                  f"`analyze` and `keras2`")
     return run_command(argv[1:])
 
 

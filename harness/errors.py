@@ -91,6 +91,12 @@ class StepDesyncError(HarnessError, RuntimeError):
         return type(self), (self.steps,)
 
 
+class RecordFormatError(HarnessError, ValueError):
+    """A recorder's file (:mod:`harness.record.files`) that cannot be read:
+    missing, torn, foreign or of another format version; the message names
+    the file."""
+
+
 class UsageError(HarnessError):
     """A ``harness run`` command line that cannot be run; printed with the
     usage, exit status 2."""

@@ -95,11 +95,13 @@ def create(path: str, capacity: int = DEFAULT_CAPACITY) -> None:
         os.close(fd)
 
 
-def _map(path: str) -> Tuple[mmap.mmap, int]:
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _map(path: str, writable: bool = True) -> Tuple[mmap.mmap, int]:
+    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        view = mmap.mmap(fd, size)
+        if size < HEADER_SIZE:
+            raise ValueError(f"{path}: {size} bytes, shorter than a progress file's header")
+        view = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
     finally:
         os.close(fd)
     magic, version, *_ = HEADER.unpack_from(view, 0)
@@ -127,6 +129,11 @@ class Writer:
     def capacity(self) -> int:
         return self._capacity
 
+    @property
+    def written(self) -> int:
+        """Records written so far."""
+        return self._written
+
     def unread(self) -> int:
         """Records written that the reader has not taken yet."""
         read, = struct.unpack_from("<Q", self._view, _READ_AT)
@@ -149,8 +156,11 @@ class Writer:
 class Reader:
     """The parent's end: hands out each record once, in order."""
 
-    def __init__(self, path: str):
-        self._view, self._capacity = _map(path)
+    def __init__(self, path: str, writable: bool = True):
+        """``writable=False`` reads a file no worker writes any more (the
+        recorder's, gathered from a job): it records nothing in it."""
+        self._view, self._capacity = _map(path, writable)
+        self._writable = writable
         self._read = 0
         self.lost = 0
 
@@ -175,7 +185,8 @@ class Reader:
                 self._view, HEADER_SIZE + (i % self._capacity) * RECORD.size)
             out.append(Record(kind, function, number, detail, t))
         self._read = end
-        struct.pack_into("<Q", self._view, _READ_AT, end)
+        if self._writable:
+            struct.pack_into("<Q", self._view, _READ_AT, end)
         return out
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ import signal
 from typing import Iterator, List, Optional, Tuple
 
 from harness.core.protocol import WorkerError
+from harness.diagnosis.observations import EXIT_STATUS_UNKNOWN
 
 _ECHO_TYPES = frozenset({"UnavailableError", "CancelledError"})
 _ECHO_MARKERS = ("collective ops is aborted by", "[_derived_]", "unhealthy",
@@ -132,6 +133,8 @@ def names_unhealthy(message: str) -> bool:
 def exit_text(code: Optional[int]) -> str:
     if code is None:
         return "no exit code"
+    if code == EXIT_STATUS_UNKNOWN:
+        return "exit status unknown"
     if code < 0:
         try:
             return f"exit code {code}, {signal.Signals(-code).name}"

@@ -45,6 +45,10 @@ class EndedBy(TextEnum):
 
 
 ALL_FINISHED, HANG, GRACE_EXPIRED = EndedBy.ALL_FINISHED, EndedBy.HANG, EndedBy.GRACE_EXPIRED
+# The exit code of a process seen to end whose status nobody could read: a
+# recorded job's task killed by a signal, or ended by os._exit, that its
+# own parent reaped (harness.record).  No real exit code is this.
+EXIT_STATUS_UNKNOWN = 256
 
 
 @dataclasses.dataclass(frozen=True)

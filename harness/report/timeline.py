@@ -370,11 +370,15 @@ def svg(panels: Sequence[Panel]) -> str:
 def write(result, path: str) -> Tuple[str, str]:
     """Write ``result``'s timeline as ``PATH.trace.json`` and ``PATH.svg``
     (an extension given in ``path`` is dropped); return the two paths."""
+    return write_panels(panels_of(result), path)
+
+
+def write_panels(panels: Sequence[Panel], path: str) -> Tuple[str, str]:
+    """:func:`write` for panels made otherwise (``harness analyze``)."""
     for ext in (".trace.json", ".json", ".svg"):
         if path.endswith(ext):
             path = path[: -len(ext)]
             break
-    panels = panels_of(result)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     trace_path, svg_path = path + ".trace.json", path + ".svg"

@@ -97,6 +97,8 @@ class WorkerContext:
         # (name, variable) for each variable the strategy creates, when the
         # run checks its replicas (see harness.worker.replicas); else None.
         self.replica_variables: Optional[list] = [] if check_replicas else None
+        # In a job's own process (harness.record): watch, change nothing.
+        self.observe_only = False
 
     @property
     def is_chief(self) -> bool:

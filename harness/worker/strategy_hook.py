@@ -98,8 +98,9 @@ def install_strategy_hook(ctx) -> None:
     worker is blocked *in strategy creation*, which is where a bad
     ``TF_CONFIG`` hangs, and how many replicas the worker ended up with.
     A later strategy on the same cluster is followed (:func:`adopt`); one
-    on a changed cluster is refused (:func:`refuse_changed_cluster`).  The
-    patch lives only in this worker process.
+    on a changed cluster is refused (:func:`refuse_changed_cluster`).  In a
+    job's own process (``ctx.observe_only``, :mod:`harness.record`) nothing
+    is refused or waited for.  The patch lives only in this process.
     """
     from tensorflow.python.distribute import collective_all_reduce_strategy
 
@@ -111,13 +112,14 @@ def install_strategy_hook(ctx) -> None:
     def __init__(self, *args, **kwargs):
         outermost = not ctx.creating_strategy
         used = tf_config_from_env() if outermost else None
-        if outermost and ctx.strategy is not None:
+        if outermost and ctx.strategy is not None and not ctx.observe_only:
             refuse_changed_cluster(ctx.strategy_tf_config, used)
         if outermost:
             ctx.creating_strategy = True
             ctx.send(protocol.STRATEGY_CREATING, data={"tf_config": used})
             names.watch(used, ctx.send)
-            wait_for_chief(used)
+            if not ctx.observe_only:
+                wait_for_chief(used)
         try:
             original(self, *args, **kwargs)
         finally:

@@ -1,0 +1,260 @@
+"""From a job's recorder files to the harness's verdict.
+
+:func:`observe` turns the files of every task (:mod:`harness.record.files`)
+into the :class:`~harness.diagnosis.observations.RunObservation` the
+harness's parent would have made had it run the job, and the diagnosis
+(a pure function of it) gives the verdict, the same one a test gets.
+
+- **Who is who.**  A task's worker index is its place among the tasks
+  that join MWMS's collectives, the chief first (as MWMS numbers its
+  devices); an evaluator or parameter server is left out, with a note.
+  Of a task recorded by several processes (a restarted pod), the one
+  started last is analysed.
+- **One clock.**  Each task's times are put on its host's wall clock
+  through the clock pair of its meta file, then corrected for the hosts'
+  disagreement: a call of a function that launches collectives ends at
+  nearly the same moment on every worker (its last collective completes
+  everywhere at once), so the median difference of the end times of the
+  calls two tasks both ended is their clocks' offset
+  (:func:`clock_offsets`).
+- **When the picture is taken.**  At the latest moment any file records
+  (the dumps the watchdog writes after ``timeout`` seconds without
+  progress, SIGUSR2's, a task's end).  A run where a task has not ended
+  is a hang if nothing progressed since; if it had just progressed, the
+  job was running when its files were gathered, and nothing is decided.
+- **How a task ended** comes from its own exit record (its main returned,
+  raised, or called ``sys.exit``) and from the watcher beside it (it was
+  stopped; it ended, with its exit status when the watcher saw it).  A
+  task that ended with neither is a death whose status only its parent
+  knew (a SIGKILL, ``os._exit``): "exit status unknown"; a fatal signal's
+  report in its stack file names the signal.
+
+Pure but for reading the files.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import signal
+import statistics
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from harness.core import progress, protocol
+from harness.controller.ledger_view import LedgerView
+from harness.core.protocol import WorkerError
+from harness.diagnosis.observations import (EXIT_STATUS_UNKNOWN, EndedBy, Event, RunObservation,
+                                            WorkerObservation)
+from harness.record import files
+from harness.record.recorder import cluster_position
+
+# A job whose newest progress is this recent when its files were last
+# written was running then: nothing to decide.
+STILL_RUNNING = 1.0
+COLLECTIVE_TASKS = ("chief", "worker")
+_FATAL = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
+          "Bus error": signal.SIGBUS, "Floating-point exception": signal.SIGFPE,
+          "Floating point exception": signal.SIGFPE, "Illegal instruction": signal.SIGILL}
+_FATAL_RE = re.compile(r"^Fatal Python error: (?P<what>[^\n]+?)\s*$", re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """What :func:`observe` made of the files: the observation (None when
+    there is nothing to decide), the lines that say what could not be used
+    (``problems``: bad input, the run is not analysed) or what to know
+    (``notes``), and each worker's task as its files name it."""
+
+    observation: Optional[RunObservation]
+    problems: Tuple[str, ...] = ()
+    notes: Tuple[str, ...] = ()
+    tasks: Tuple[str, ...] = ()
+    running: str = ""
+
+
+def clock_offsets(ends: Mapping[int, Mapping[tuple, float]]) -> Dict[int, float]:
+    """Each worker's clock offset from the lowest worker's (seconds to take
+    off its times), from when calls that both ended ended: the median of
+    the differences, 0.0 where they share no call."""
+    if not ends:
+        return {}
+    ref = min(ends)
+    out = {}
+    for index, mine in ends.items():
+        common = [mine[k] - ends[ref][k] for k in mine.keys() & ends[ref].keys()]
+        out[index] = statistics.median(common) if common and index != ref else 0.0
+    return out
+
+
+def _function_names(task: files.TaskFiles) -> Dict[int, str]:
+    return {int(e["data"]["id"]): str(e["data"]["name"]) for e in task.events
+            if e.get("kind") == protocol.LEDGER_FUNCTION and isinstance(e.get("data"), dict)}
+
+
+def call_ends(task: files.TaskFiles) -> Dict[tuple, float]:
+    """(function name, call number) -> wall-clock time its call ended
+    (returned), for the functions whose name is the task's only one."""
+    names = _function_names(task)
+    unique = {fid for fid, n in names.items() if list(names.values()).count(n) == 1}
+    return {(names[r.function], r.number): task.to_wall(r.time) for r in task.records
+            if r.kind == progress.CALL_ENDED and r.detail == progress.CALL_RETURNED
+            and r.function in unique}
+
+
+def _fatal_signal(stacks: str) -> Optional[int]:
+    found = _FATAL_RE.findall(stacks or "")
+    for what in reversed(found):
+        sig = _FATAL.get(what.strip())
+        if sig is not None:
+            return -int(sig)
+    return None
+
+
+def _last_dump(task: files.TaskFiles) -> str:
+    dumps = [e["data"] for e in task.events if e.get("kind") == files.DUMP
+             and isinstance(e.get("data"), dict)]
+    if not dumps:
+        return ""
+    d = dumps[-1]
+    text = task.stacks.encode()[int(d.get("offset", 0)):][: int(d.get("length", 0))]
+    return text.decode(errors="replace").split("\n", 1)[-1] if text.startswith(b"--- ") \
+        else text.decode(errors="replace")
+
+
+def _latest(task: files.TaskFiles) -> float:
+    times = [r.time for r in task.records] + [e["time"] for e in task.events] + \
+            [w["time"] for w in task.watch if isinstance(w.get("time"), (int, float))]
+    return max(times, default=task.meta["clock"]["monotonic"])
+
+
+def observe_task(task: files.TaskFiles, index: int, clock) -> WorkerObservation:
+    """One task's files as the parent would have seen the worker; ``clock``
+    maps a time of its files to seconds since the run's start."""
+    view = LedgerView(0.0)
+    view.records([dataclasses.replace(r, time=clock(r.time)) for r in task.records])
+    if task.overwritten:
+        view.notes.append(f"{task.overwritten} progress records were lost (overwritten: the "
+                          f"ring keeps the latest {progress.DEFAULT_CAPACITY})")
+    seen = WorkerObservation(index, tf_config=task.meta.get("tf_config"), ledger="calls")
+    events, ending = [], None
+    for e in task.events:
+        kind, data, at = e.get("kind"), e.get("data"), clock(float(e.get("time", 0.0)))
+        if view.message(kind, data):
+            if kind == protocol.LEDGER_OFF:
+                seen = dataclasses.replace(seen, ledger=None)
+            continue
+        if kind == files.EXIT:
+            ending = ending or (at, data if isinstance(data, dict) else {})
+            continue
+        if kind == files.DUMP:
+            continue
+        if kind == protocol.STRATEGY_CREATING:
+            if isinstance(data, dict):
+                seen = dataclasses.replace(seen, tf_config=data.get("tf_config"))
+            data = None
+        events.append(Event(at, kind, e.get("step"), data))
+    watch = [w for w in task.watch if isinstance(w.get("time"), (int, float))]
+    ended = next((w for w in watch if w.get("state") == "ended"), None)
+    stopped = bool(watch) and watch[-1].get("state") == "stopped"
+    changes = {}
+    if ending is not None:
+        at, data = ending
+        how, status = data.get("how"), data.get("status")
+        if how == files.RAISED:
+            error = data.get("error") or {}
+            changes.update(error=WorkerError(**{k: error.get(k) for k in (
+                "type_name", "message", "traceback", "fields") if k in error}) if error
+                else WorkerError("Exception", ""), finish_time=at, exit_code=1)
+        elif how == files.EXITED:
+            changes.update(exit_code=int(status) if isinstance(status, int) else 1, exit_time=at)
+        else:
+            changes.update(returned=True, finish_time=at, exit_code=status or 0, exit_time=at)
+    if ended is not None:
+        code = ended.get("exit_code")
+        changes["exit_time"] = clock(ended["time"])
+        if ending is None:
+            changes["exit_code"] = (code if isinstance(code, int) else
+                                    _fatal_signal(task.stacks) or EXIT_STATUS_UNKNOWN)
+        elif isinstance(code, int):
+            changes["exit_code"] = code
+    pending = ending is None and ended is None
+    stack = _last_dump(task) if pending and not stopped else ""
+    steps = sorted(events + view.step_events, key=lambda ev: ev.time)
+    return dataclasses.replace(
+        seen, events=tuple(steps), stopped=stopped and pending, stack=stack,
+        functions=view.functions(), calls=view.call_records(),
+        ledger_note="; ".join(view.notes), **changes)
+
+
+def _arrange(tasks: Sequence[files.TaskFiles]):
+    """Tasks by worker index (the latest process of each), the number of
+    workers, and notes on what was left out."""
+    notes, by_index = [], collections.defaultdict(list)
+    sizes = collections.Counter()
+    for t in tasks:
+        kind, _ = t.task
+        config = t.meta.get("tf_config") or next(
+            (e["data"].get("tf_config") for e in t.events if e.get("kind") == "strategy_creating"
+             and isinstance(e.get("data"), dict)), None)
+        if kind not in COLLECTIVE_TASKS:
+            notes.append(f"{t.stem} ({kind}) joins no collectives: left out")
+            continue
+        index, size = cluster_position(config)
+        sizes[size] += 1
+        by_index[index].append(t)
+    chosen = {}
+    for index, group in by_index.items():
+        group = sorted(group, key=lambda t: t.meta["clock"]["wall"])
+        chosen[index] = group[-1]
+        if len(group) > 1:
+            notes.append(f"worker {index}: {len(group)} processes recorded "
+                         f"({', '.join(t.stem for t in group)}); the last started is analysed")
+    size = sizes.most_common(1)[0][0] if sizes else 0
+    return chosen, max([size, *(i + 1 for i in chosen)]), notes
+
+
+def observe(tasks: Sequence[files.TaskFiles]) -> Analysis:
+    """The run the files of ``tasks`` (every task's, from one directory or
+    several) show; see the module docstring."""
+    chosen, size, notes = _arrange(tasks)
+    missing = [i for i in range(size) if i not in chosen]
+    problems = tuple(f"worker {i} left no files: it never started the recorder, or its "
+                     f"directory was not gathered" for i in missing)
+    names = tuple(chosen[i].stem if i in chosen else "" for i in range(size))
+    if problems or not chosen:
+        return Analysis(None, problems or ("no task of a chief or worker left files",),
+                        tuple(notes), names)
+    offsets = clock_offsets({i: call_ends(t) for i, t in chosen.items()})
+    for i, off in sorted(offsets.items()):
+        if abs(off) >= 0.05:
+            notes.append(f"worker {i}'s clock is {off:+.2f} s off worker {min(offsets)}'s "
+                         f"(from when their calls ended): corrected")
+    wall = {i: (lambda t, _task=t, _off=offsets.get(i, 0.0): _task.to_wall(t) - _off)
+            for i, t in chosen.items()}
+    start = min(wall[i](t.meta["clock"]["monotonic"]) for i, t in chosen.items())
+    now = max(wall[i](_latest(t)) for i, t in chosen.items()) - start
+    workers = tuple(observe_task(chosen[i], i, lambda t, _w=wall[i]: _w(t) - start)
+                    for i in range(size))
+    pending = [w for w in workers if not w.finished and w.exit_code is None]
+    failed = [w for w in workers if w.error is not None or w.died]
+    last_progress = max([0.0, *(w.last_seen for w in workers)])
+    idle = now - last_progress
+    running = ""
+    if pending and not failed and idle < STILL_RUNNING and not any(w.stopped for w in workers):
+        running = (f"the job was running when its files were last written ({idle:.1f} s "
+                   f"after its latest progress): nothing to decide; wait for the dumps "
+                   f"(the recorder's --timeout) or send SIGUSR2 to every task, then gather "
+                   f"the files again")
+        return Analysis(None, (), tuple(notes), names, running)
+    if not pending:
+        ended_by, grace = EndedBy.ALL_FINISHED, 0.0
+    elif failed:
+        first = min((w.finish_time if w.error is not None else w.exit_time) or 0.0
+                    for w in failed)
+        ended_by, grace = EndedBy.GRACE_EXPIRED, max(0.0, now - first)
+    else:
+        ended_by, grace = EndedBy.HANG, 0.0
+    obs = RunObservation(num_workers=size, timeout=max(idle, 0.0), grace=grace,
+                         ended_by=ended_by, duration=now, workers=workers,
+                         exit_on_return=True)
+    return Analysis(obs, (), tuple(notes), names)

@@ -1,0 +1,150 @@
+"""``harness record`` and ``harness analyze``: the recorder's command line.
+
+``record`` exits with the script's own status; ``analyze`` exits 0 when the
+files show a run that completed, 1 when they show another outcome (or a job
+still running), and 2 for bad input: a missing or empty directory, a torn
+or foreign file, a task that left no files.  Each problem is one line.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from typing import List, Optional, Sequence, Tuple
+
+from harness.errors import SettingError
+
+PROG = "python -m harness"
+
+
+def _record_parser() -> argparse.ArgumentParser:
+    from harness.record.recorder import DEFAULT_TIMEOUT
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} record", allow_abbrev=False,
+        usage=f"{PROG} record --dir DIR [--timeout S] (SCRIPT | -m MODULE) [--] [ARG ...]",
+        description="Run a training script in this process, as `python SCRIPT` would, with "
+                    "the recorder on: this task's steps, calls of collective-launching "
+                    "functions, TF_CONFIG and, on a dump, every thread's stack go to files "
+                    "in DIR, for `harness analyze`. The exit status is the script's.")
+    p.add_argument("--dir", required=True, metavar="DIR",
+                   help="the directory for this task's files (made if missing)")
+    p.add_argument("--timeout", default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"seconds without progress before a dump is written; 0: only on "
+                        f"SIGUSR2 and at exit (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("-m", dest="module", metavar="MODULE",
+                   help="run this module as `python -m MODULE` does, instead of a script")
+    return p
+
+
+def split_record(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str], List[str]]:
+    """(recorder options, script, module, script arguments): the options
+    end at the script (the first word that is neither an option nor its
+    value), at ``-m MODULE``, or at ``--``."""
+    argv, i = list(argv), 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            rest = argv[i + 1:]
+            return argv[:i], (rest[0] if rest else None), None, rest[1:]
+        if word == "-m":
+            if i + 1 >= len(argv):
+                return argv, None, None, []
+            rest = argv[i + 2:]
+            return argv[:i], None, argv[i + 1], rest[1:] if rest[:1] == ["--"] else rest
+        if word.startswith("-"):
+            i += 1 if "=" in word or word in ("-h", "--help") else 2
+            continue
+        rest = argv[i + 1:]
+        return argv[:i], word, None, rest[1:] if rest[:1] == ["--"] else rest
+    return argv, None, None, []
+
+
+def _user_frames(tb):
+    """The traceback from the script's own frames on, as `python SCRIPT` prints it."""
+    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), runpy.__file__)
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
+        tb = tb.tb_next
+    return tb
+
+
+def record_command(argv: Sequence[str]) -> int:
+    from harness.record.recorder import install
+    from harness.record import files
+    from harness.worker.main import worker_error
+    from harness.worker.script import ScriptMain, exit_ok
+    options, script, module, args = split_record(argv)
+    parser = _record_parser()
+    ns = parser.parse_args(options)
+    if script is None and module is None:
+        parser.error("a script (or -m MODULE) to run is needed")
+    if script is not None and not os.path.isfile(script):
+        parser.error(f"no such script: {script}")
+    try:
+        recorder = install(ns.dir, ns.timeout)
+    except SettingError as e:
+        parser.error(str(e))
+    main = ScriptMain(path=os.path.abspath(script) if script else None, argv=tuple(args),
+                      module=module, cwd=os.getcwd())
+    try:
+        main()
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if exit_ok(e.code) else 1)
+        recorder.exited(files.EXITED, status)
+        raise
+    except BaseException as e:
+        recorder.exited(files.RAISED, 1, worker_error(e))
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        traceback.print_exception(type(e), e, _user_frames(e.__traceback__))
+        return 1
+    recorder.exited(files.RETURNED, 0)
+    return 0
+
+
+def _analyze_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"{PROG} analyze", allow_abbrev=False,
+        description="Read the recorder's files of every task of a job (one directory, or "
+                    "one per host) and print the verdict the harness gives in a test: who, "
+                    "which step, which call each worker is blocked in, their stacks. Exit "
+                    "status 0: completed; 1: another outcome; 2: bad input.")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="a directory of recorder files")
+    p.add_argument("--timeline", metavar="PATH",
+                   help="also write PATH.trace.json (Perfetto) and PATH.svg, the timeline a "
+                        "test's RunResult.timeline() writes")
+    return p
+
+
+def analyze_command(argv: Sequence[str]) -> int:
+    from harness.diagnosis import diagnose
+    from harness.diagnosis.observations import Outcome
+    from harness.record import analyze, files
+    ns = _analyze_parser().parse_args(list(argv))
+    tasks, problems = files.read_dirs(ns.dirs)
+    analysis = analyze.observe(tasks) if not problems else None
+    problems += list(analysis.problems) if analysis else []
+    if problems:
+        for line in problems:
+            print(f"harness analyze: {line}", file=sys.stderr)
+        return 2
+    for note in analysis.notes:
+        print(f"note: {note}")
+    if analysis.observation is None:
+        print(f"RUNNING: {analysis.running}")
+        return 1
+    obs = analysis.observation
+    verdict = diagnose(obs)
+    print(verdict.text)
+    for w in obs.workers:
+        if w.stack:
+            print(f"--- worker {w.index} ({analysis.tasks[w.index]}): its stacks at the "
+                  f"last dump ---\n{w.stack.rstrip()}")
+    if ns.timeline:
+        from harness.report import timeline
+        panel = timeline.panel(obs, verdict.outcome, verdict.culprits, verdict.text,
+                               ambiguous=verdict.ambiguous)
+        for path in timeline.write_panels([panel], ns.timeline):
+            print(f"timeline: {path}")
+    return 0 if verdict.outcome == Outcome.COMPLETED else 1
