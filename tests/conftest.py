@@ -9,6 +9,6 @@ pytest_plugins = ["pytester"]
 # new draw.  `pytest tests/test_properties.py --hypothesis-profile=thorough`
 # searches for real.
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("mwms-ci", max_examples=8, derandomize=True, database=None, **_common)
+settings.register_profile("mwms-ci", max_examples=5, derandomize=True, database=None, **_common)
 settings.register_profile("thorough", max_examples=150, **_common)
 settings.load_profile(os.environ.get("MWMS_HYPOTHESIS_PROFILE", "mwms-ci"))

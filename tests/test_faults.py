@@ -1,5 +1,5 @@
 """Every fault kind on real TensorFlow workers, N in {2, 3, 4}, the faulted
-worker first and last.  The assertions read the diagnosis (outcome,
+worker first and last (at 4, the last).  The assertions read the diagnosis (outcome,
 culprits), never the fault plan."""
 import pytest
 
@@ -61,8 +61,12 @@ AMBIGUOUS_AT_2 = {"BadTFConfig-swapped", "BadTFConfig-wrong_port"}
 COMPLETES = {"Pause-resumed", "Delay"}
 
 
-@pytest.mark.parametrize("position", ["chief", "last"])
-@pytest.mark.parametrize("n", [2, 3, 4])
+# At N = 4 the last worker only: the chief's cases at 2 and 3 cover its
+# role, and CI's time is better spent elsewhere.
+MATRIX = [(n, p) for n in (2, 3) for p in ("chief", "last")] + [(4, "last")]
+
+
+@pytest.mark.parametrize("n,position", MATRIX, ids=[f"{n}-{p}" for n, p in MATRIX])
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_fault_matrix(mwms_cluster, kind, n, position):
     mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=n)

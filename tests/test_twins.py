@@ -3,8 +3,8 @@ user code, with no fault plan.
 
 An injected fault stands in for a user's bug, so it must leave exactly the
 observations the bug leaves: the verdicts (outcome, culprits, ambiguous) of
-the two runs must be equal, at N = 2 and 3 with the first, a middle and the
-last worker at fault, and at N = 4 with a middle one.  The diagnosis may list the fault as "injected";
+the two runs must be equal, at N = 2 with the first and the last worker at
+fault, and at N = 3 and 4 with a middle one.  The diagnosis may list the fault as "injected";
 no rule may use it.
 """
 import os
@@ -67,9 +67,9 @@ FAULTS = {
     "RaiseError": lambda w: F.RaiseError(w, AT),
     "Crash": lambda w: F.Crash(w, AT, "exit"),
 }
-# At N = 4 the middle worker only: the first and the last are the cases at
-# N = 2 and 3 already, and CI's time is better spent elsewhere.
-CASES = [(n, w) for n in (2, 3) for w in sorted({0, n // 2, n - 1})] + [(4, 2)]
+# The first and the last worker at N = 2, a middle one at N = 3 and 4: each
+# place once, and CI's time is better spent elsewhere.
+CASES = [(2, 0), (2, 1), (3, 1), (4, 2)]
 
 
 @pytest.mark.parametrize("n,worker", CASES, ids=[f"N{n}-w{w}" for n, w in CASES])
