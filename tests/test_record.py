@@ -83,13 +83,16 @@ class Job:
         hosts = self.switch.hosts if per_host else ["127.0.0.1"] * n
         cluster = [f"{h}:{p}" for h, p in zip(hosts, self.reservation.ports)]
         self.dirs = [tmp_path / (f"host{i}" if per_host else "shared") for i in range(n)]
+        # TensorFlow's own temporary files (autograph's) go with the test's.
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir(exist_ok=True)
         self.procs = []
         self.logs = []
         try:
             for i in range(n):
                 env = dict(os.environ, TF_CONFIG=json.dumps(
                     {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": i}}),
-                    TF_CPP_MIN_LOG_LEVEL="2")
+                    TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(self.tmp))
                 log = open(tmp_path / f"worker{i}.log", "w")
                 self.logs.append(log)
                 command = ([sys.executable, str(tmp_path / "train_installed.py"), *args]

@@ -55,6 +55,7 @@ COLLECTIVE_TASKS = ("chief", "worker")
 _FATAL = {"Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
           "Bus error": signal.SIGBUS, "Floating-point exception": signal.SIGFPE,
           "Floating point exception": signal.SIGFPE, "Illegal instruction": signal.SIGILL}
+_WATCHDOG = "harness/record/recorder.py"
 _FATAL_RE = re.compile(r"^Fatal Python error: (?P<what>[^\n]+?)\s*$", re.M)
 
 
@@ -117,8 +118,12 @@ def _last_dump(task: files.TaskFiles) -> str:
         return ""
     d = dumps[-1]
     text = task.stacks.encode()[int(d.get("offset", 0)):][: int(d.get("length", 0))]
-    return text.decode(errors="replace").split("\n", 1)[-1] if text.startswith(b"--- ") \
-        else text.decode(errors="replace")
+    text = text.decode(errors="replace")
+    if text.startswith("--- "):
+        text = text.split("\n", 1)[-1]
+    # The recorder's watchdog thread, which wrote the dump, is not the job's.
+    threads = text.split("\n\n")
+    return "\n\n".join(t for t in threads if not (_WATCHDOG in t and " in _watch" in t))
 
 
 def _latest(task: files.TaskFiles) -> float:
