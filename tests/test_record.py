@@ -243,13 +243,19 @@ def test_a_skipped_step_with_the_skipper_returning(mwms_cluster, tmp_path, n=2):
     _same(recorded, fixture)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_a_crashed_worker(mwms_cluster, tmp_path, n):
-    args = ["--bug", "crash", "--worker", "1"]
+def _both(mwms_cluster, tmp_path, n, args, **fixture_settings):
+    """The verdicts of ``analyze`` once worker 1's peers have dumped or
+    ended, and of the fixture on the same bug."""
     with Job(tmp_path, n, args) as job:
         job.wait_for_dumps([i for i in range(n) if i != 1])
         recorded = job.verdict()
-    fixture = _fixture_verdict(mwms_cluster, tmp_path, n, args, timeout=30, grace=DUMP_AFTER)
+    return recorded, _fixture_verdict(mwms_cluster, tmp_path, n, args, **fixture_settings)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_crashed_worker(mwms_cluster, tmp_path, n):
+    recorded, fixture = _both(mwms_cluster, tmp_path, n, ["--bug", "crash", "--worker", "1"],
+                              timeout=30, grace=DUMP_AFTER)
     assert recorded.outcome == "crashed" and recorded.culprits == (1,), recorded.text
     assert "exit status unknown" in recorded.text or "exit code 1" in recorded.text
     assert (recorded.outcome, recorded.culprits, recorded.step) == \
@@ -259,11 +265,8 @@ def test_a_crashed_worker(mwms_cluster, tmp_path, n):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_paused_worker(mwms_cluster, tmp_path, n):
-    args = ["--bug", "pause", "--worker", "1"]
-    with Job(tmp_path, n, args) as job:
-        job.wait_for_dumps([i for i in range(n) if i != 1])
-        recorded = job.verdict()
-    fixture = _fixture_verdict(mwms_cluster, tmp_path, n, args, timeout=DUMP_AFTER, grace=2)
+    recorded, fixture = _both(mwms_cluster, tmp_path, n, ["--bug", "pause", "--worker", "1"],
+                              timeout=DUMP_AFTER, grace=2)
     assert recorded.outcome == "hang" and recorded.culprits == (1,), recorded.text
     _same(recorded, fixture)
 
