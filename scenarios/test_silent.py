@@ -26,7 +26,8 @@ def train_custom(bug=None, directory=None, steps=STEPS):
     """The seed's model under SGD on a fixed, unshuffled stream of examples
     (each with an id).  ``bug``: ``"loss_per_replica"`` (the step averages
     its loss over the replica's batch), ``"unsharded"``
-    (``AutoShardPolicy.OFF``), ``"replay"`` (with ``directory``: restored
+    (``AutoShardPolicy.OFF``), ``"shuffled"`` and ``"shuffled_seeded"`` (the
+    stream shuffled before its batches, without a seed or with one), ``"replay"`` (with ``directory``: restored
     from a checkpoint, the input starts from its first batch again).  With
     ``directory`` it checkpoints every 2 steps and resumes from the latest.
     Returns this worker's first step, the ids of the examples it trained
@@ -75,7 +76,13 @@ def train_custom(bug=None, directory=None, steps=STEPS):
             first = int(done.numpy())
     x, y = mnist_like.make_data(n=global_batch * (steps + 2))
     ids = np.arange(len(x), dtype=np.int64)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y, ids)).batch(global_batch)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y, ids))
+    if bug in ("shuffled", "shuffled_seeded"):
+        # The model's seed above stands for what MWMS gives anyway (worker
+        # 0's initial values); a pipeline nobody seeded shuffles as it likes.
+        tf.random.set_seed(None)
+        dataset = dataset.shuffle(len(x), seed=7 if bug == "shuffled_seeded" else None)
+    dataset = dataset.batch(global_batch)
     if first and bug != "replay":
         dataset = dataset.skip(first)            # resume where the checkpoint was taken
     options = tf.data.Options()
@@ -178,6 +185,56 @@ def test_data_not_sharded(mwms_cluster):
     result.assert_failed(error="ReferenceMismatch")
     seen = _seen(result)
     assert all(s == seen[0] for s in seen)              # every worker saw the same examples
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="ReferenceMismatch",
+          source="tensorflow/datasets#1302, tensorflow#56513",
+          fixed_by="test_shuffled_with_a_seed_before_sharding")
+def test_shuffled_without_a_seed_before_sharding(mwms_cluster):
+    """The stream is shuffled, with no seed, before MWMS shards it by data
+    (``AutoShardPolicy.AUTO`` falls back to ``DATA`` for
+    ``from_tensor_slices``).
+
+    TensorFlow: each worker shuffles the whole stream its own way, then
+    keeps its share of each global batch; the shares of two workers
+    overlap (8 steps of 16 examples each, out of 160: they must) and some
+    examples no worker sees.  The job completes, the replicas agree, and
+    the model differs from the single-worker reference.
+
+    Source: tensorflow/datasets#1302, tensorflow#56513.
+
+    Fix: a seed for the shuffle (the same on every worker), or shuffle
+    after sharding.
+    """
+    if mwms_cluster.num_workers == 1:
+        pytest.skip("one worker: there is nothing to shard")
+    result = mwms_cluster.run(train_custom, kwargs={"bug": "shuffled"}, timeout=30,
+                              check_replicas=True, reference=True)
+    result.assert_failed(error="ReferenceMismatch")
+    assert result.replicas.divergence is None
+    seen = _seen(result)
+    assert any(a & b for i, a in enumerate(seen) for b in seen[i + 1:])
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="tensorflow/datasets#1302, tensorflow#56513")
+def test_shuffled_with_a_seed_before_sharding(mwms_cluster):
+    """Fixed: the shuffle has a seed, so every worker shuffles alike and
+    the shares are disjoint.
+
+    TensorFlow: the run matches its single-worker reference (which
+    shuffles with the same seed) within 1e-3.
+
+    Source: tensorflow/datasets#1302, tensorflow#56513.
+
+    Fix: this.
+    """
+    result = mwms_cluster.run(train_custom, kwargs={"bug": "shuffled_seeded"}, timeout=30,
+                              check_replicas=True, reference=True)
+    result.assert_completed()
+    seen = _seen(result)
+    assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1:])
 
 
 def _restarted(mwms_cluster, tmp_path, bug):
