@@ -6,6 +6,7 @@ One smoke test runs the real thing, harness launcher only, workload 1, one
 repeat, in a subprocess, and checks the JSON it writes.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -524,3 +525,153 @@ def test_alternate_pairs_each_variant_with_the_reference_round_by_round():
     assert fig["a"]["n"] == 3 and fig["paired b"]["n"] == 3 and "paired a" not in fig
     table = render_walls(fig, ("a", "b"), "variant").splitlines()
     assert table[0].startswith("| variant | wall per run, ms") and len(table) == 4
+
+
+# -- python -m harness.bench.record_cost ----------------------------------------------------------
+
+from harness.bench import record_cost as rc  # noqa: E402
+from harness.bench import record_job as rj  # noqa: E402
+from harness.bench import record_probe as rp  # noqa: E402
+
+
+def _rc_run(rnd, variant, ms, ok=True, median=None, cpu=1.0):
+    return {"round": rnd, "variant": variant, "ok": ok, "ms_per_step": ms,
+            "median_step_ms": median or ms, "workers_cpu_ms_per_step": cpu, "wall_s": 9.0}
+
+
+def test_record_cost_schedule_alternates_without_and_with():
+    assert rc.schedule(2) == [(0, "without"), (0, "with"), (1, "without"), (1, "with")]
+
+
+def test_record_cost_parse_result_takes_the_marked_line():
+    line = rj.RESULT_MARK + json.dumps({"index": 1, "timed_s": 2.0})
+    assert rj.parse_result(f"tf noise\n{line}\nmore noise\n") == {"index": 1, "timed_s": 2.0}
+    assert rj.parse_result("no result here") is None
+    assert rj.parse_result(rj.RESULT_MARK + "{torn") is None
+
+
+def test_record_cost_run_figures_take_the_slowest_process():
+    rows = [{"timed_s": 2.0, "steps": 1000, "cpu_s": 1.0, "median_step_s": 0.0019},
+            {"timed_s": 3.0, "steps": 1000, "cpu_s": 2.0, "median_step_s": 0.0021}]
+    fig = rj.run_figures(rows, 2)
+    assert fig["ms_per_step"] == pytest.approx(3.0) and fig["ms_per_step_workers"] == [2.0, 3.0]
+    assert fig["median_step_ms"] == pytest.approx(2.1)
+    assert fig["workers_cpu_ms_per_step"] == pytest.approx(3.0)
+    assert rj.run_figures(rows[:1] + [None], 2) is None
+    assert rj.run_figures(rows, 3) is None
+
+
+def test_record_cost_overhead_is_paired_by_round():
+    runs = [_rc_run(0, "without", 2.0), _rc_run(0, "with", 2.02),
+            _rc_run(1, "without", 4.0), _rc_run(1, "with", 4.0),
+            _rc_run(2, "without", 1.0), _rc_run(2, "with", 9.0, ok=False)]
+    assert rc.paired(runs) == pytest.approx([0.02, 0.0])
+    assert rc.paired(runs, percent=True) == pytest.approx([1.0, 0.0])
+    s = rc.summarize(runs)
+    assert (s["with"]["runs"], s["with"]["failed"]) == (3, 1)
+    assert s["overhead"]["percent"]["median"] == pytest.approx(0.5)
+    assert s["without"]["ms_per_step"]["n"] == 3
+    table = rc.render_table(s)
+    assert rc.TABLE_HEADER in table and "| with |" in table and "2/3 |" in table
+    assert "| per cent of the step | +0.50 (+0.00 to +1.00) |" in table
+    rounds = rc.render_rounds(runs).splitlines()
+    assert rounds[0] == rc.ROUNDS_HEADER and len(rounds) == 5
+    assert rounds[2] == "| 0 | 2.000 | 2.020 | +0.020 | +1.00% | – / – |"
+    assert rounds[4] == "| 2 | 1.000 | – | – | – | – / – |"
+
+
+def test_record_cost_commands_differ_only_by_the_recorder():
+    plain = rj.job_command("without", "/t/train.py", "/t/rec", 5, 100)
+    recorded = rj.job_command("with", "/t/train.py", "/t/rec", 5, 100)
+    assert plain == [sys.executable, "/t/train.py", "5", "100"]
+    assert recorded == [sys.executable, "-m", "harness", "record", "--dir", "/t/rec", "--",
+                        "/t/train.py", "5", "100"]
+    env = rj.job_env([20001, 20002], 1)
+    assert json.loads(env["TF_CONFIG"]) == {
+        "cluster": {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]},
+        "task": {"type": "worker", "index": 1}}
+
+
+def test_record_probe_blocks_alternate_on_off_off_on():
+    assert rp.block_order(3) == [True, False, False, True, True, False]
+
+
+def test_record_probe_figures_pair_on_with_off_blocks():
+    def row(blocks, watcher, ledger_s=1e-5):
+        return {"probe": {"block": 10, "on": rp.block_order(2), "block_s": blocks,
+                          "block_cpu_s": [x / 10 for x in blocks],
+                          "cpu_s": {"watcher": watcher},
+                          "hook_cpu_s": {"ledger": {"median": ledger_s, "mean": 2 * ledger_s,
+                                                    "calls": 20}}}}
+    # slowest process per block: 1.0, 0.99 | 1.02, 1.01 -> on 1.0 vs off 0.99, on 1.01 vs off 1.02
+    fig = rp.probe_figures([row([1.0, 0.99, 1.0, 1.01], 0.0), row([0.9, 0.9, 1.02, 0.9], 4e-4)])
+    assert fig["pairs"] == 2 and fig["block"] == 10
+    assert fig["pairs_percent"] == pytest.approx([100 * 0.01 / 0.99, 100 * -0.01 / 1.02])
+    assert fig["cpu_us_per_step"] == {"watcher": pytest.approx(10.0)}
+    # main-thread CPU per step, on minus off, the mean of the two processes: pair 1
+    # (0.1 - 0.099 and 0.09 - 0.09) / 10 steps, pair 2 (0.101 - 0.1 and 0.09 - 0.102) / 10
+    assert fig["pairs_main_cpu_us"] == pytest.approx([50.0, -550.0])
+    assert fig["hook_cpu_us_per_call"] == {"ledger": {"median": pytest.approx(10.0),
+                                                      "mean": pytest.approx(20.0)}}
+    assert rp.probe_figures([row([1.0] * 4, 0.0), {"timed_s": 1.0}]) is None
+    table = rc.render_probe({"ms_per_step": 10.0, "probe_figures": fig})
+    assert "2 pairs of 10-step blocks" in table
+    assert "on minus off: median (quartiles) | -250.0 µs (-400.0 to -100.0) | -2.50% |" in table
+    assert "| watcher process (10 ms ticks), CPU | 10.0 µs | 0.10% |" in table
+    assert "CPU a call: median (mean) | 10.0 µs (20.0) | 0.10% (0.20%) |" in table
+
+
+def test_record_cost_parse_args():
+    a = rc.parse_args([])
+    assert (a.rounds, a.workers, a.steps, a.out) == (5, 2, rc.DEFAULT_STEPS,
+                                                     "record-cost-results.json")
+    assert not a.probe and rc.parse_args(["--probe"]).probe and a.probe_steps == a.steps
+    for bad in (["--rounds", "0"], ["--workers", "0"], ["--steps", "0"], ["--warmup", "-1"],
+                ["--run-timeout", "0"], ["--probe-steps", str(2 * rp.BLOCK - 1)]):
+        with pytest.raises(SystemExit):
+            rc.parse_args(bad)
+
+
+def test_record_cost_end_job_kills_the_process_group():
+    from harness.core.linux import alive
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)
+    assert rj.wait_job([proc], 0.2) == "timeout"
+    assert rj.end_job([proc], "/nonexistent-record-dir") == []
+    assert proc.returncode is not None and not alive(proc.pid)
+
+
+@pytest.mark.timeout(120)
+def test_smoke_record_cost(tmp_path):
+    """A tiny real run: 1 round of 50 steps, without and with the recorder,
+    then the probed run (one pair of blocks); the recorder saw every step,
+    and nothing is left behind."""
+    import psutil
+    out, temp = tmp_path / "record.json", tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.bench.record_cost", "--rounds", "1", "--steps", "50",
+         "--warmup", "5", "--probe", "--out", str(out)],
+        capture_output=True, text=True, timeout=110, cwd=str(tmp_path),
+        env=dict(os.environ, TMPDIR=str(temp)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert [(r["round"], r["variant"]) for r in data["runs"]] == rc.schedule(1)
+    for r in data["runs"]:
+        assert r["ok"] and 0 < r["ms_per_step"] < 1000 and r["survivors"] == []
+        assert sorted(w["index"] for w in r["workers"]) == [0, 1]
+    evidence = data["runs"][1]["recorder"]
+    assert evidence["ok"] and [t["steps"] for t in evidence["tasks"]] == [55, 55]
+    assert data["summary"]["overhead"]["percent"]["n"] == 1
+    probed = data["probe"]
+    assert probed["ok"] and probed["recorder"]["ok"], probed.get("error")
+    fig = probed["probe_figures"]
+    assert fig["pairs"] == 1 and fig["block"] == rp.BLOCK
+    assert "mwms-recorder" in fig["cpu_us_per_step"]
+    assert set(fig["hook_cpu_us_per_call"]) == {"ledger", "step_boundary"}
+    # the hooks were off in one block of the pair: the recorder saw the warm-up and one block
+    assert [t["steps"] for t in probed["recorder"]["tasks"]] == [5 + rp.BLOCK] * 2
+    assert rc.TABLE_HEADER in proc.stdout and rc.ROUNDS_HEADER in proc.stdout
+    assert not list(temp.glob("mwms-record-cost-*"))
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(temp) in " ".join(p.info["cmdline"] or ())]
