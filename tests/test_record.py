@@ -82,6 +82,11 @@ class Job:
         self.script.write_text(TRAIN)
         (tmp_path / "train_installed.py").write_text(INSTALLED + TRAIN)
         self.switch = namespace.Switch(n) if per_host else None
+        # One network namespace for the job, as the harness gives its
+        # clusters: the host's ports are other tests' (a Ray cluster's
+        # workers reserve theirs in a lock directory of their own).
+        self.network = (namespace.Namespace() if not per_host and namespace.available()[0]
+                        else None)
         self.reservation = reserve_ports(n)
         hosts = self.switch.hosts if per_host else ["127.0.0.1"] * n
         cluster = [f"{h}:{p}" for h, p in zip(hosts, self.reservation.ports)]
@@ -111,11 +116,10 @@ class Job:
             raise
 
     def _joiner(self, i):
-        if self.switch is None:
-            return None
         from harness.core.linux import enter_namespaces
-        paths = self.switch.paths(i)
-        return lambda: enter_namespaces(*paths)
+        paths = (self.switch.paths(i) if self.switch is not None else
+                 self.network.paths if self.network is not None else None)
+        return None if paths is None else (lambda: enter_namespaces(*paths))
 
     def folders(self):
         return sorted({str(d) for d in self.dirs})
@@ -175,8 +179,9 @@ class Job:
         for log in self.logs:
             log.close()
         self.reservation.close()
-        if self.switch is not None:
-            self.switch.close()
+        for network in (self.switch, self.network):
+            if network is not None:
+                network.close()
         # The watchers see their task gone within a look, and exit.
         assert not wait_gone(pids + self._watchers(), 10)
 
