@@ -62,10 +62,12 @@ def test_a_crash_restarts_the_whole_cluster_at_the_same_addresses(mwms_cluster):
 
 
 def test_a_hang_is_restarted_only_when_asked(mwms_cluster):
-    hung = mwms_cluster.run(attempt_loop, timeout=2, restarts=1, faults=[Pause(1, 2)])
+    # 6 s: a busy machine (CI) spent over 2 s tracing the step, and a 2 s
+    # timeout called that the hang, before the pause.
+    hung = mwms_cluster.run(attempt_loop, timeout=6, restarts=1, faults=[Pause(1, 2)])
     hung.assert_hang(culprits=[1])
     assert _outcomes(hung) == ["hang"]
-    again = mwms_cluster.run(attempt_loop, timeout=2, restarts=1, restart_on="crash,fail,hang",
+    again = mwms_cluster.run(attempt_loop, timeout=6, restarts=1, restart_on="crash,fail,hang",
                              faults=[Pause(1, 2)])
     again.assert_completed()
     assert _outcomes(again) == ["hang", "completed"]
