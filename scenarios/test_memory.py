@@ -94,6 +94,10 @@ def test_nothing_kept_per_step(mwms_cluster):
 
 EPOCHS = 8
 STEPS_PER_EPOCH = 2
+# Longer than the parent's 0.1 s between samples, so that every step is
+# seen: an epoch's second step is quick, and at STEP_PAUSE too few of them
+# had a sample on a busy machine to fit a rate.
+ITERATOR_STEP_PAUSE = 0.12
 
 
 def train_iterator_per_epoch(new_each_epoch=True, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH):
@@ -119,14 +123,14 @@ def train_iterator_per_epoch(new_each_epoch=True, epochs=EPOCHS, steps_per_epoch
             for inputs, _ in zip(dist, counter):
                 step(inputs)
                 ran += 1
-                time.sleep(STEP_PAUSE)
+                time.sleep(ITERATOR_STEP_PAUSE)
         return ran
     iterator = iter(strategy.experimental_distribute_dataset(dataset.repeat()))
     for _ in range(epochs):
         for _, _ in zip(range(steps_per_epoch), counter):
             step(next(iterator))
             ran += 1
-            time.sleep(STEP_PAUSE)
+            time.sleep(ITERATOR_STEP_PAUSE)
     return ran
 
 

@@ -32,8 +32,8 @@ def main(user_ns, net_ns, gcs, ray_tmpdir, marker):
     from harness.controller import Cluster
     from harness.settings import RunSettings
     from harness.workloads import allreduce_loop
-    from test_ray import ALIKE_CASES, TIMEOUT
-    cluster = Cluster(RunSettings(workers=WORKERS, timeout=TIMEOUT, grace=3, network="host",
+    from test_ray import ALIKE_CASES, HOSTS_TIMEOUT
+    cluster = Cluster(RunSettings(workers=WORKERS, timeout=HOSTS_TIMEOUT, grace=3, network="host",
                                   backend="ray", ray_address=gcs))
     for case, faults in ALIKE_CASES.items():
         result = cluster.run(allreduce_loop, args=(6,), faults=faults)
