@@ -28,3 +28,42 @@ def test_what_the_ledger_records_on_real_workers(mwms_cluster, level):
 def test_bad_ledger_level_is_rejected_before_any_process(mwms_cluster):
     with pytest.raises(ValueError, match="run\\(ledger=...\\)"):
         mwms_cluster.run(allreduce_loop, ledger="everything")
+
+
+def reduce_sparse_and_dense(steps=3):
+    """A step that all-reduces an ``IndexedSlices`` and then a dense
+    tensor.  MWMS all-gathers the slices' lengths, then their values and
+    indexes inside a ``tf.cond`` (padded or not), graphs of their own in
+    the step's trace.  Returns the last dense sum."""
+    import tensorflow as tf
+
+    import harness
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def step(x):
+        def replica():
+            replica_ctx = tf.distribute.get_replica_context()
+            rows = tf.IndexedSlices(tf.fill([2, 4], x), tf.constant([0, 3]), tf.constant([5, 4]))
+            summed = replica_ctx.all_reduce("SUM", [rows, tf.fill([3], x)])
+            return summed[1] + tf.reduce_sum(summed[0].values)
+        return strategy.run(replica)
+
+    out = None
+    for _ in ctx.steps(steps):
+        out = step(tf.constant(1.0))
+    return out.numpy().tolist()
+
+
+@pytest.mark.timeout(120)
+def test_collectives_in_a_branch_count_in_their_step_trace(mwms_cluster):
+    result = mwms_cluster.run(reduce_sparse_and_dense, timeout=60)
+    result.assert_completed()
+    for w in result.workers:
+        mine = [(c.step, c.index, c.kind, c.shape) for c in w.collectives if c.function == "step"]
+        # The dense all-reduce, the lengths' all-gather, then both branches'
+        # all-gathers of values and indexes (unpadded, padded), every step.
+        assert mine == [(s, i, kind, shape) for s in range(3) for i, (kind, shape) in enumerate(
+            [("all-reduce", (3,)), ("all-gather", (1,)), ("all-gather", (2, 4)),
+             ("all-gather", (2,)), ("all-gather", (-1, -1)), ("all-gather", (-1,))])], mine

@@ -124,6 +124,17 @@ def _timeout_position(original) -> Optional[int]:
     return names.index("timeout") if "timeout" in names else None
 
 
+def _trace_graph(graph):
+    """The graph of the trace that ``graph`` belongs to: the outermost of
+    the function graphs it is nested in.  A ``tf.cond`` or ``tf.while_loop``
+    branch, and a ``tf.function`` called while another is traced, build
+    graphs of their own inside the trace (``outer_graph``); their
+    collectives are the trace's."""
+    while getattr(getattr(graph, "outer_graph", None), "outer_graph", None) is not None:
+        graph = graph.outer_graph
+    return graph
+
+
 def _trace_first(function, args, kwargs) -> bool:
     """Trace ``function`` for these arguments without running it (the call
     that follows uses the trace), so that a SkipStep can act between the two.
@@ -258,7 +269,7 @@ class Ledger:
         owner = next((fid for fid, eager in self._stack if eager), None)
         if owner is None:
             return original(*args, **kwargs)   # a graph built outside any tf.function call
-        graph = ops.get_default_graph()
+        graph = _trace_graph(ops.get_default_graph())
         with self._lock:
             first = owner not in self._collectives
             if self._graphs.get(owner) is not graph:   # a new trace of this function

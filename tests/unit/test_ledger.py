@@ -66,3 +66,19 @@ def test_install_on_a_tensorflow_without_the_hooks_says_why_and_patches_nothing(
     why = worker_ledger.install(None, types.SimpleNamespace(Function=Function), fake_ops)
     assert "all_gather_v2" in why
     assert Function()() == "called" and not hasattr(Function.__call__, "_mwms_ledger")
+
+
+def test_a_branch_or_inner_function_graph_belongs_to_its_trace():
+    class Graph:
+        def __init__(self, outer=None, has_outer=True):
+            if has_outer:
+                self.outer_graph = outer
+
+    eager = Graph(has_outer=False)       # the graph outside every trace: no outer_graph
+    trace = Graph(eager)
+    branch = Graph(trace)
+    inner = Graph(branch)                # a tf.function called inside a tf.cond branch
+    assert worker_ledger._trace_graph(trace) is trace
+    assert worker_ledger._trace_graph(branch) is trace
+    assert worker_ledger._trace_graph(inner) is trace
+    assert worker_ledger._trace_graph(Graph(None)).outer_graph is None
