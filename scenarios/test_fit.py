@@ -6,6 +6,7 @@ A small classifier on 8 made-up features; the training set is shared and
 repeated, 2 epochs of 5 steps unless a scenario says otherwise.
 """
 import os
+import time
 
 import pytest
 
@@ -13,6 +14,70 @@ from scenarios.meta import KERAS_2, NO_FIX, culprit_from_three, scenario  # noqa
 
 TF_KERAS = KERAS_2
 BATCH = 16
+
+
+MARKS = "marks"            # the overlapping saves' handshake files, in the run's directory
+MARK_TIMEOUT = 30.0
+
+
+def _mark(directory, name, text=""):
+    with open(os.path.join(directory, MARKS, name), "w") as f:
+        f.write(text)
+
+
+def _wait_for_mark(directory, name) -> str:
+    path = os.path.join(directory, MARKS, name)
+    deadline = time.monotonic() + MARK_TIMEOUT
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {name!r} mark after {MARK_TIMEOUT:.0f} s")
+        time.sleep(0.01)
+    with open(path) as f:
+        return f.read()
+
+
+def save_overlapping(model, path, directory, ctx):
+    """Every worker's ``model.save(path)`` to one ``.keras`` path, overlapped
+    the way a slow disk or a busy machine can: worker 0 opens the archive
+    and writes its first member (``metadata.json``, with a ``date_saved``
+    to the second), then the others start theirs, in a later second; worker
+    0 writes the archive's directory last.  Files in ``directory/marks``
+    line the writers up; the saves themselves are Keras's, unchanged."""
+    import zipfile
+    os.makedirs(os.path.join(directory, MARKS), exist_ok=True)
+    others = [f"saved-{i}" for i in range(1, ctx.num_workers)]
+    if ctx.index != 0:
+        opened_at = float(_wait_for_mark(directory, "opened-0"))
+        while int(time.time()) <= int(opened_at):    # another second: another date_saved
+            time.sleep(0.01)
+        model.save(path)
+        _mark(directory, f"saved-{ctx.index}")
+        return
+    plain = zipfile.ZipFile
+
+    class SlowToFinish(plain):
+        """Marks its second member's start (the first is written), and
+        closes only once the other workers' saves have ended."""
+        members = 0
+
+        def open(self, name, mode="r", **kwargs):
+            if mode == "w":
+                self.members += 1
+                if self.members == 2:
+                    _mark(directory, "opened-0", repr(time.time()))
+            return super().open(name, mode, **kwargs)
+
+        def close(self):
+            if self.mode == "w" and self.fp is not None:
+                for name in others:
+                    _wait_for_mark(directory, name)
+            super().close()
+
+    zipfile.ZipFile = SlowToFinish
+    try:
+        model.save(path)
+    finally:
+        zipfile.ZipFile = plain
 
 
 def fit_job(variant, directory=None, epochs=2):
@@ -71,7 +136,7 @@ def fit_job(variant, directory=None, epochs=2):
     history = model.fit(train, epochs=epochs, steps_per_epoch=5, callbacks=callbacks,
                         verbose=0, **kwargs)
     if variant == "save_same":
-        model.save(os.path.join(directory, "model.keras"))
+        save_overlapping(model, os.path.join(directory, "model.keras"), directory, ctx)
     elif variant == "save_weights_same":
         model.save_weights(os.path.join(directory, "model.weights.h5"))
     elif variant == "save_weights_chief":
@@ -244,22 +309,29 @@ def test_save_weights_chief_and_temporary_paths(mwms_cluster, tmp_path):
 @scenario(outcome="completed", source="tensorflow#38635",
           fixed_by="test_save_weights_chief_and_temporary_paths")
 def test_model_save_keras_file_to_the_same_path(mwms_cluster, tmp_path):
-    """Every worker calls ``model.save`` with the same ``.keras`` path: the
-    run completes, and the file is whichever write landed last, or corrupt.
+    """Every worker calls ``model.save`` with the same ``.keras`` path, and
+    the saves overlap.
 
-    TensorFlow: on 2.21 the ``.keras`` writer writes a whole zip at once and
-    the workers' writes overlap, unordered.  Most runs leave one valid file,
-    but one catalogue run here left an archive whose
-    ``metadata.json`` failed its CRC check.  Every worker returns, so no
-    verdict can see it; only the file is at stake.
+    Worker 0 starts first and ends last, the others start their archives
+    a second later (:func:`save_overlapping` lines them up so, every time).
+
+    TensorFlow: 2.21 (tf_keras 2.21), measured: each save opens the path
+    for writing (truncating it) and writes its members at its own offsets.
+    The others' later opens wipe worker 0's ``metadata.json``, so the
+    archive holds theirs (another ``date_saved``) under worker 0's
+    directory, written last, with its checksum: ``testzip()`` names
+    ``metadata.json``.  Every worker returns, so no verdict can see it;
+    only the file is lost.  Saves that do not overlap, or that fall in the
+    same second, leave a whole file: the race as it comes decides.
 
     Source: tensorflow#38635.
 
     Fix: as for ``save_weights``: chief to the real path, the others to
-    temporary ones.
+    temporary ones (``test_save_weights_chief_and_temporary_paths``).
     """
+    import zipfile
     result = mwms_cluster.run(fit_job, args=("save_same", str(tmp_path)), timeout=20,
                               env=TF_KERAS)
     result.assert_completed()
-    # What is certain: a file is there.  Whether it is whole is the race's.
-    assert (tmp_path / "model.keras").is_file()
+    with zipfile.ZipFile(tmp_path / "model.keras") as archive:
+        assert archive.testzip() == "metadata.json"
