@@ -14,7 +14,7 @@ import os
 import pytest
 
 from harness.faults import Crash
-from scenarios.meta import DEFAULT_IS_KERAS_3, scenario
+from scenarios.meta import DEFAULT_IS_KERAS_3, KERAS_2, scenario
 
 STEPS = 8
 PER_WORKER_BATCH = 16
@@ -379,3 +379,96 @@ def test_batch_norm_synchronized(mwms_cluster):
                               check_replicas=True)
     result.assert_completed()
     assert all(v == result.return_values[0] for v in result.return_values)
+
+
+# ------------------------------------------------------- gradients not summed
+
+def train_unsummed(sum_first=False, steps=3):
+    """Three variables under Keras 2's SGD (tf_keras; plain ``tf.keras`` on
+    2.15) in a custom loop, each worker on inputs of its own, applied with
+    ``apply_gradients(..., skip_gradients_aggregation=True)``: the
+    optimizer does not sum the gradients across the workers.  With
+    ``sum_first`` the loop sums them itself first
+    (``ReplicaContext.all_reduce``).  Returns the variables' values."""
+    import tensorflow as tf
+
+    import harness
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        weights = [tf.Variable(tf.fill([4], float(i + 1)), name=f"w{i}") for i in range(3)]
+        optimizer = tf.keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x):
+        def replica_step():
+            with tf.GradientTape() as tape:
+                loss = tf.add_n([tf.reduce_sum(w * x) * float(i + 1)
+                                 for i, w in enumerate(weights)])
+            grads = tape.gradient(loss, weights)
+            if sum_first:
+                grads = tf.distribute.get_replica_context().all_reduce("SUM", grads)
+            optimizer.apply_gradients(zip(grads, weights), skip_gradients_aggregation=True)
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica_step), axis=None)
+
+    x = tf.constant(float(ctx.index + 1))
+    for _ in ctx.steps(steps):
+        step(x)
+    return [w.numpy().tolist() for w in weights]
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="failed", error="ReplicaDivergence", source="keras#19308",
+          fixed_by="test_gradients_summed_before_they_are_applied")
+def test_gradients_applied_without_summing(mwms_cluster):
+    """Each worker applies its own gradients: nothing sums them across the
+    workers.
+
+    TensorFlow: 2.21 with tf_keras 2.21, measured: with
+    ``skip_gradients_aggregation=True`` the step's only collective is its
+    loss's reduce; each worker updates its mirrored variables with its own
+    gradients, and the job completes with replicas that differ.  The
+    replica check fails the run (``ReplicaDivergence``); each worker's
+    inputs are its own, so no majority stands and it cannot tell which is
+    right.  Keras 3 before 3.5 does the same by default (keras#19308:
+    ``apply_gradients`` under ``tf.distribute`` without summing; measured
+    with Keras 3.4.1 on TensorFlow 2.21, where the step all-reduced only
+    its loss and the replicas differed the same way).  TensorFlow 2.15.1's
+    Keras 2 the same (measured).
+
+    Source: keras#19308 (Keras 3's gradients not summed across replicas,
+    fixed in Keras 3.5).
+
+    Fix: sum the gradients before applying them
+    (``test_gradients_summed_before_they_are_applied``), let the optimizer
+    sum them (the default), or on Keras 3 use 3.5 or later.
+    """
+    if mwms_cluster.num_workers == 1:
+        pytest.skip("one worker: nothing to differ from")
+    result = mwms_cluster.run(train_unsummed, timeout=30, check_replicas=True, env=KERAS_2)
+    result.assert_failed(error="ReplicaDivergence")
+    result.assert_cannot_tell(range(mwms_cluster.num_workers))
+    assert "w0" in result.replicas.divergence.variable
+    steps = [c for c in result.workers[0].collectives if c.function == "step"]
+    assert {c.shape for c in steps} == {(1,)}, steps   # the loss's reduce alone
+
+
+@pytest.mark.timeout(60)
+@scenario(outcome="completed", source="keras#19308")
+def test_gradients_summed_before_they_are_applied(mwms_cluster):
+    """Fixed: the loop sums the gradients across the workers
+    (``ReplicaContext.all_reduce``) before it applies them unaggregated.
+
+    TensorFlow: 2.21 with tf_keras 2.21, measured: the step all-reduces
+    the gradients, then its loss; every worker returns the same variables
+    (the replica check agrees).
+
+    Source: keras#19308.
+
+    Fix: this is the fix.
+    """
+    result = mwms_cluster.run(train_unsummed, kwargs={"sum_first": True}, timeout=30,
+                              check_replicas=True, env=KERAS_2)
+    result.assert_completed()
+    assert len({str(v) for v in result.return_values}) == 1
