@@ -121,6 +121,17 @@ def mwms_cluster(request: pytest.FixtureRequest):
     yield Cluster(_item_settings(request.node))
 
 
+@pytest.fixture
+def mwms_manager():
+    """A started ``multiprocess`` Manager, for what the test shares with its
+    workers (``mwms_manager.dict()``, ``.Barrier(n)``, ``.Event()``); its
+    server dies with pytest, however pytest ends
+    (:mod:`harness.launch.manager`)."""
+    from harness.launch.manager import guarded_manager
+    with guarded_manager() as manager:
+        yield manager
+
+
 def _runs(item: pytest.Item) -> list:
     cluster = getattr(item, "funcargs", {}).get("mwms_cluster")
     return list(cluster.runs) if cluster is not None else []

@@ -12,7 +12,6 @@ import os
 import re
 import time
 
-import multiprocess
 import pytest
 
 import harness
@@ -151,7 +150,8 @@ def test_a_task_restarted_late_finds_its_peers_failed_and_restarted(mwms_cluster
 @pytest.mark.parametrize("workers", _at([2, 3, 4]))
 @scenario(outcome="hang", source="kubeflow/kubeflow#147; kubeflow/trainer#1997",
           fixed_by=NO_FIX)
-def test_a_task_restarted_after_its_peers_finished_waits_for_ever(mwms_cluster, workers):
+def test_a_task_restarted_after_its_peers_finished_waits_for_ever(mwms_cluster, mwms_manager,
+                                                                  workers):
     """A task that dies after its last step and is restarted once its peers
     have returned waits for them for ever: the job never ends.
 
@@ -170,11 +170,10 @@ def test_a_task_restarted_after_its_peers_finished_waits_for_ever(mwms_cluster, 
     whole job must restart (``restart_policy="cluster"``) so that every task
     runs again.
     """
-    with multiprocess.Manager() as manager:
-        result = mwms_cluster.run(restartable_loop, timeout=3, grace=5, restarts=1,
-                                  restart_policy="task",
-                                  kwargs={"exit_after_loop": True,
-                                          "done": manager.Barrier(workers)})
+    result = mwms_cluster.run(restartable_loop, timeout=3, grace=5, restarts=1,
+                              restart_policy="task",
+                              kwargs={"exit_after_loop": True,
+                                      "done": mwms_manager.Barrier(workers)})
     result.assert_hang().assert_culprit(1)
     others = [w for w in result.workers if w.index != 1]
     assert all(w.returned and w.restarts == 0 for w in others)

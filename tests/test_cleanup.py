@@ -240,3 +240,41 @@ def test_nothing_left_in_the_temp_directory_after_a_run(mwms_cluster):
     left = sorted(os.listdir(scratch.scratch_dir()))
     lasting = {"preload-report", scratch.OWNER_FILE, scratch.OUTSIDE_FILE}
     assert all(name in lasting or name.startswith("pymp-") for name in left), left
+
+
+_HOLDS_A_MANAGER = """
+import multiprocessing, os, sys, time
+import multiprocess
+from harness.launch.manager import guarded_manager
+library = multiprocessing if sys.argv[1] == "multiprocessing" else multiprocess
+with guarded_manager(library) as manager:
+    manager.dict()["ready"] = 1
+    print(manager._process.pid, manager.address, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("library", ["multiprocessing", "multiprocess"])
+def test_sigkill_of_a_test_leaves_no_manager_and_no_socket_directory(tmp_path, library):
+    """A ``Manager()`` outlives a SIGKILLed parent, server and ``pymp-*``
+    directory both; :func:`harness.launch.manager.guarded_manager`'s
+    leaves neither (nor the sweeper's scratch directory)."""
+    script = tmp_path / "holds.py"
+    script.write_text(_HOLDS_A_MANAGER)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    holder = subprocess.Popen([sys.executable, str(script), library], stdout=subprocess.PIPE,
+                              text=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    try:
+        server, address = holder.stdout.readline().split()
+        assert psutil.pid_exists(int(server)) and os.path.exists(address)
+        holder.kill()
+        holder.wait(timeout=10)
+        assert wait_gone([int(server)], 10) == [], "the manager's server outlived its parent"
+        deadline = time.monotonic() + 10
+        while os.path.exists(os.path.dirname(address)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(os.path.dirname(address)), "its socket directory was left"
+    finally:
+        holder.kill()
+        holder.wait()

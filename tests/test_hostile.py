@@ -7,12 +7,12 @@ import sys
 import threading
 import time
 
-import multiprocess
 import psutil
 import pytest
 
 import harness
 from harness.core.linux import wait_gone
+from harness.launch.manager import guarded_manager
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]
 
@@ -126,7 +126,7 @@ def test_more_strategies_on_the_same_cluster_run_and_the_harness_follows_the_new
     TF_CONFIG all-reduce correctly once the workers are lined up between
     them; the replica check reads the last one's variables."""
     n = mwms_cluster.num_workers
-    with multiprocess.Manager() as manager:
+    with guarded_manager() as manager:
         result = mwms_cluster.run(_strategies, args=(3, False, manager.Barrier(n)), timeout=20,
                                   check_replicas=True)
     result.assert_completed()

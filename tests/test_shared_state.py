@@ -9,13 +9,13 @@ import os
 import socket
 import sys
 from multiprocessing import resource_tracker
-from multiprocessing.managers import SyncManager
 
 import multiprocess
 import pytest
 
 import harness
 from harness.controller import Cluster
+from harness.launch.manager import guarded_manager
 from harness.launch.ray import launcher as raylaunch
 from harness.network import namespace as netns
 from harness.settings import RunSettings
@@ -43,7 +43,7 @@ def _expected(n):
 
 @pytest.mark.parametrize("library", [multiprocessing, multiprocess], ids=lambda m: m.__name__)
 def test_workers_write_a_manager_dict_that_the_test_reads_after_the_run(mwms_cluster, library):
-    with library.Manager() as manager:
+    with guarded_manager(library) as manager:
         shared = manager.dict()
         mwms_cluster.run(write_index_and_sum, args=(shared,), timeout=30).assert_completed()
         assert dict(shared) == _expected(mwms_cluster.num_workers)
@@ -66,7 +66,7 @@ def meet(barrier, arrived, go, done):
 @pytest.mark.mwms(workers=3, network="host")
 def test_a_manager_barrier_event_list_and_queue_work_across_the_workers(mwms_cluster):
     n = mwms_cluster.num_workers
-    with multiprocessing.Manager() as manager:
+    with guarded_manager(multiprocessing) as manager:
         # multi_process_runner.get_barrier() is manager().Barrier(n)
         barrier, arrived, go, done = (manager.Barrier(n), manager.list(), manager.Event(),
                                       manager.Queue())
@@ -81,7 +81,7 @@ def test_a_manager_barrier_event_list_and_queue_work_across_the_workers(mwms_clu
 def test_a_manager_on_tcp_is_reached_on_the_hosts_network():
     """How workers on other machines reach a manager: over TCP."""
     cluster = Cluster(RunSettings(workers=2, timeout=30, network="host"))
-    with SyncManager(address=("127.0.0.1", 0)) as manager:
+    with guarded_manager(multiprocessing, address=("127.0.0.1", 0)) as manager:
         shared = manager.dict()
         cluster.run(write_task, args=(shared,)).assert_completed()
         assert sorted(shared.keys()) == [0, 1]
@@ -90,7 +90,7 @@ def test_a_manager_on_tcp_is_reached_on_the_hosts_network():
 @pytest.mark.skipif(not ISOLATION[0], reason=f"no network namespace here: {ISOLATION[1]}")
 def test_a_manager_on_the_hosts_loopback_is_not_reached_from_an_isolated_cluster():
     cluster = Cluster(RunSettings(workers=2, timeout=30, network="isolated"))
-    with SyncManager(address=("127.0.0.1", 0)) as manager:
+    with guarded_manager(multiprocessing, address=("127.0.0.1", 0)) as manager:
         result = cluster.run(write_task, args=(manager.dict(),), restarts=1)
         _not_restarted(result, f"cannot be reached at {manager.address!r}")
         assert "network='host'" in result.workers[0].exception.message
@@ -100,7 +100,8 @@ def test_a_manager_address_that_never_answers_is_a_clear_error_not_a_hang():
     """A listener whose backlog is full drops the worker's SYNs, as a
     firewall would: its connect() would wait for minutes."""
     cluster = Cluster(RunSettings(workers=2, timeout=30, network="host"))
-    with socket.socket() as silent, SyncManager(address=("127.0.0.1", 0)) as manager:
+    with socket.socket() as silent, guarded_manager(multiprocessing,
+                                                   address=("127.0.0.1", 0)) as manager:
         silent.bind(("127.0.0.1", 0))
         silent.listen(0)
         address = silent.getsockname()
@@ -129,7 +130,7 @@ def nested(outer):
 
 
 def test_a_proxy_the_manager_hands_a_worker_is_accepted(mwms_cluster):
-    with multiprocessing.Manager() as manager:
+    with guarded_manager(multiprocessing) as manager:
         outer = manager.dict(inner=manager.list())
         mwms_cluster.run(nested, args=(outer,), timeout=30).assert_completed()
         assert sorted(outer["inner"]) == list(range(mwms_cluster.num_workers))
@@ -170,7 +171,7 @@ def write_task(shared):
 
 def test_spawned_workers_reach_a_manager_too():
     cluster = Cluster(RunSettings(workers=2, timeout=60, start_method="spawn", network="host"))
-    with multiprocessing.Manager() as manager:
+    with guarded_manager(multiprocessing) as manager:
         shared = manager.dict()
         result = cluster.run(write_task, args=(shared,))
         result.assert_completed()
@@ -183,7 +184,7 @@ def test_a_manager_dict_on_ray_nodes_of_this_machine():
     of one machine a Manager()'s Unix socket is theirs too."""
     cluster = Cluster(RunSettings(workers=2, timeout=30, grace=3, backend="ray", ray_nodes=2))
     try:
-        with multiprocessing.Manager() as manager:
+        with guarded_manager(multiprocessing) as manager:
             shared = manager.dict()
             cluster.run(write_index_and_sum, args=(shared,)).assert_completed()
             assert dict(shared) == _expected(2)
@@ -235,10 +236,9 @@ def test_a_function_the_workers_cannot_import_is_not_restarted(mwms_cluster, tmp
 
 
 def test_a_proxy_whose_manager_is_gone_fails_at_once_and_is_not_restarted(mwms_cluster):
-    manager = multiprocessing.Manager()
-    shared = manager.dict()
-    address = manager.address
-    manager.shutdown()
+    with guarded_manager(multiprocessing) as manager:
+        shared = manager.dict()
+        address = manager.address
     result = mwms_cluster.run(write_index_and_sum, args=(shared,), timeout=30, restarts=1)
     _not_restarted(result, f"cannot be reached at {address!r}")
     assert result.duration < 20, result.diagnosis
