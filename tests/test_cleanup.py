@@ -243,23 +243,28 @@ def test_nothing_left_in_the_temp_directory_after_a_run(mwms_cluster):
 
 
 _HOLDS_A_MANAGER = """
-import multiprocessing, os, sys, time
+import contextlib, multiprocessing, os, sys, time
 import multiprocess
+from harness.compat import runner
 from harness.launch.manager import guarded_manager
-library = multiprocessing if sys.argv[1] == "multiprocessing" else multiprocess
-with guarded_manager(library) as manager:
-    manager.dict()["ready"] = 1
-    print(manager._process.pid, manager.address, flush=True)
-    time.sleep(120)
+if __name__ == "__main__":
+    kind = sys.argv[1]
+    with (contextlib.nullcontext(runner.manager()) if kind == "compat" else
+          guarded_manager(multiprocessing if kind == "multiprocessing" else multiprocess)) \\
+            as manager:
+        manager.dict()["ready"] = 1
+        print(manager._process.pid, manager.address, flush=True)
+        time.sleep(120)
 """
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("library", ["multiprocessing", "multiprocess"])
+@pytest.mark.parametrize("library", ["multiprocessing", "multiprocess", "compat"])
 def test_sigkill_of_a_test_leaves_no_manager_and_no_socket_directory(tmp_path, library):
     """A ``Manager()`` outlives a SIGKILLed parent, server and ``pymp-*``
     directory both; :func:`harness.launch.manager.guarded_manager`'s
-    leaves neither (nor the sweeper's scratch directory)."""
+    leaves neither, nor does ``multi_process_runner.manager()``'s (started
+    from a forkserver)."""
     script = tmp_path / "holds.py"
     script.write_text(_HOLDS_A_MANAGER)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -34,7 +34,7 @@ from harness.compat.errors import (OneTaskRestartError, SubprocessTimeoutError,
 from harness.compat.incarnation import Incarnation
 from harness.compat.task import Shared, run_task
 from harness.controller import Cluster
-from harness.core import serialize
+from harness.core import linux, serialize
 from harness.launch import scratch
 from harness.settings import RunSettings
 
@@ -70,7 +70,9 @@ def manager():
             scratch.remove_at_end(_manager_dir)
             _manager = SyncManager(address=os.path.join(_manager_dir, "socket"),
                                    ctx=multiprocessing.get_context("forkserver"))
-            _manager.start()
+            # A manager's server outlives a SIGKILLed pytest, and so did the
+            # forkserver that started it (measured): it watches this process.
+            _manager.start(linux.exit_when_gone, (os.getpid(),))
         return _manager
 
 

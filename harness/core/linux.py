@@ -45,6 +45,32 @@ def die_with_parent(exit_code: int = 70) -> None:
         os._exit(exit_code)
 
 
+def exit_when_gone(pid: int, every: float = 0.5, exit_code: int = 70) -> None:
+    """End this process (``os._exit``) once ``pid``, which need not be its
+    parent, is gone: a daemon thread looks every ``every`` seconds.  For a
+    process that a forkserver started, whose parent may outlive the process
+    it serves."""
+    import threading
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        os._exit(exit_code)
+
+    def watch():
+        while True:
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() != created or \
+                        process.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.Error:
+                break
+            time.sleep(every)
+        os._exit(exit_code)
+
+    threading.Thread(target=watch, name="exit-when-gone", daemon=True).start()
+
+
 def become_subreaper() -> None:
     """Orphans of this process's descendants are re-parented to it, not to
     init, so they can still be found (and killed) from it."""
