@@ -393,6 +393,21 @@ def test_default_directory_is_made_like_tmp_and_repaired(tmp_path, monkeypatch):
     assert stat.S_IMODE(os.lstat(default).st_mode) == 0o1777
 
 
+def test_the_default_can_be_the_machines_temp_directory_not_the_processs(
+        tmp_path, shared_tmp, monkeypatch):
+    """A process whose tempfile.tempdir was moved (a Ray node agent's, into
+    Ray's temp directory) still locks beside everyone else when it says
+    where the machine's temp directory is; the environment still wins."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with reserve_ports(1, port_range=free_range(1), tempdir=shared_tmp) as r:
+        assert r.path == os.path.join(shared_tmp, DIR_NAME)
+    assert not os.path.exists(os.path.join(str(tmp_path), DIR_NAME))
+    monkeypatch.setenv(ENV_VAR, os.path.join(shared_tmp, "env"))
+    with reserve_ports(1, port_range=free_range(1), tempdir=shared_tmp) as r:
+        assert r.path == os.path.join(shared_tmp, "env")
+
+
 def test_state_dir_argument_wins_over_the_environment(shared_tmp, monkeypatch):
     a, b = os.path.join(shared_tmp, "a"), os.path.join(shared_tmp, "b")
     monkeypatch.setenv(ENV_VAR, a)

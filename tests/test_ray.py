@@ -94,6 +94,29 @@ def whose_forkserver():
     return os.getppid()
 
 
+def own_port_locked_in(state_dir):
+    """Whether this worker's port (from its ``TF_CONFIG``) has its lock
+    file in ``state_dir`` while the worker runs."""
+    import json
+    import harness
+    ctx = harness.context()
+    config = json.loads(os.environ["TF_CONFIG"])
+    port = config["cluster"]["worker"][ctx.index].rpartition(":")[2]
+    return os.path.exists(os.path.join(state_dir, port))
+
+
+@needs_ray
+def test_ray_workers_ports_are_locked_where_the_local_backends_are(ray_nodes):
+    """The node agents reserve ports in the machine's state directory, the
+    one every local run and other user of the machine locks in, not in
+    Ray's own temp directory (the agents' temp directory)."""
+    from harness.launch.state_dir import resolve_state_dir
+    result = _ray_cluster(ray_nodes).run(own_port_locked_in, args=(resolve_state_dir(None)[0],),
+                                          timeout=20)
+    result.assert_completed()
+    assert result.return_values == [True] * WORKERS
+
+
 @needs_ray
 def test_workers_spread_one_per_node_and_restart_in_place(ray_nodes):
     cluster = _ray_cluster(ray_nodes)

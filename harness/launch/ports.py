@@ -232,11 +232,14 @@ class PortReservation:
 
 
 def reserve_ports(n: int, attempts: int = 2000, *, state_dir: Optional[str] = None,
-                  port_range: Optional[Tuple[int, int]] = None) -> PortReservation:
+                  port_range: Optional[Tuple[int, int]] = None,
+                  tempdir: Optional[str] = None) -> PortReservation:
     """Reserve ``n`` distinct free ports.
 
     ``state_dir``: the directory the lock files live in (else
     ``$MWMS_STATE_DIR``, else the default; see the module docstring).
+    ``tempdir``: the machine's temp directory the default is in, for a
+    process whose own ``tempfile.tempdir`` was moved (a Ray agent's).
     ``port_range``: the half-open ``(lo, hi)`` to draw from, instead of the
     one below the ephemeral range.  At most ``attempts`` ports are tried.
     Raises :class:`~harness.errors.StateDirError` when the directory cannot be
@@ -247,7 +250,7 @@ def reserve_ports(n: int, attempts: int = 2000, *, state_dir: Optional[str] = No
         raise ValueError(f"port_range must be (lo, hi) with 0 < lo < hi <= 65536, not {(lo, hi)}")
     if n > hi - lo:
         raise ValueError(f"cannot reserve {n} ports in [{lo}, {hi}): it has only {hi - lo}")
-    path, source = resolve_state_dir(state_dir)
+    path, source = resolve_state_dir(state_dir, tempdir)
     dirfd = open_state_dir(path, source)
     ports: List[int] = []
     fds: List[int] = []

@@ -68,20 +68,23 @@ DIR_MODE = 0o1777
 FILE_MODE = 0o600
 
 
-def default_state_dir() -> str:
-    """The state directory when neither ``state_dir`` nor ``$MWMS_STATE_DIR`` says."""
-    return os.path.join(tempfile.gettempdir(), DIR_NAME)
+def default_state_dir(tempdir: Optional[str] = None) -> str:
+    """The state directory when neither ``state_dir`` nor ``$MWMS_STATE_DIR``
+    says: in ``tempdir``, else in ``tempfile.gettempdir()``."""
+    return os.path.join(tempdir or tempfile.gettempdir(), DIR_NAME)
 
 
-def resolve_state_dir(state_dir: Optional[str]) -> Tuple[str, str]:
-    """(path, where the path came from)."""
+def resolve_state_dir(state_dir: Optional[str],
+                      tempdir: Optional[str] = None) -> Tuple[str, str]:
+    """(path, where the path came from); ``tempdir``: the machine's temp
+    directory, for the default, where this process's own differs."""
     if state_dir:
         return os.path.abspath(os.fspath(state_dir)), (
             f"the ini option {INI_OPTION} (or reserve_ports(state_dir=...))")
     env = os.environ.get(ENV_VAR)
     if env:
         return os.path.abspath(env), f"the environment variable {ENV_VAR}"
-    return default_state_dir(), "the default"
+    return default_state_dir(tempdir), "the default"
 
 
 def _user(uid: int) -> str:

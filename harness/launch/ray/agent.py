@@ -58,6 +58,9 @@ class NodeAgent:
         # is everything else this process puts in the temp directory (the
         # forkserver's socket and preload report): the holder ends by
         # killing every descendant, this process's scratch sweeper too.
+        # Port locks stay in the machine's temp directory, beside those
+        # of every other user of the machine's ports.
+        self.machine_tempdir = tempfile.gettempdir()
         ray_tmp = os.environ.get("RAY_TMPDIR")
         if ray_tmp and os.path.isdir(ray_tmp):
             tempfile.tempdir = ray_tmp
@@ -75,7 +78,7 @@ class NodeAgent:
 
     def reserve(self, key: str, count: int, state_dir: Optional[str]) -> List[int]:
         """Reserve ``count`` ports on this node, held until :meth:`release`."""
-        reservation = reserve_ports(count, state_dir=state_dir)
+        reservation = reserve_ports(count, state_dir=state_dir, tempdir=self.machine_tempdir)
         self.reservations[key] = reservation
         return list(reservation.ports)
 
