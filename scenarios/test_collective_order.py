@@ -35,16 +35,20 @@ def in_hash_order(variables, index: int):
 
 
 def train_in_order(order: str = "sorted", steps: int = STEPS, sizes=(SIZE,) * WEIGHTS,
-                   each: bool = False):
+                   reduce: str = "optimizer"):
     """Variables of the shapes ``[size] for size in sizes`` under Keras SGD,
     in a custom loop: ``tape.gradient`` and ``optimizer.apply_gradients``
     over ``variables_to_train``, each worker on inputs of its own.
     ``order``: ``"sorted"`` (by name, the fix) or ``"set"`` (the list of a
     set of the variables' ``ref()``, in another order on worker 1:
-    :func:`in_hash_order`).  ``each``: the loop all-reduces each gradient
-    on its own (``ReplicaContext.all_reduce``, in ``variables_to_train``'s
-    order) and applies the sums itself, not by the optimizer.  Returns the
-    variables' values."""
+    :func:`in_hash_order`).  ``reduce``: who sums the gradients across the
+    workers: ``"optimizer"`` (``apply_gradients`` does), ``"each"`` (the
+    loop all-reduces each gradient on its own, in ``variables_to_train``'s
+    order, and applies the sums itself), ``"nobody"``
+    (``apply_gradients(..., skip_gradients_aggregation=True)``, Keras 2's
+    optimizer: tf_keras, or ``tf.keras`` on 2.15) or ``"loop"`` (the loop
+    all-reduces them, then applies them so).  Returns the variables'
+    values."""
     import tensorflow as tf
 
     import harness
@@ -52,7 +56,7 @@ def train_in_order(order: str = "sorted", steps: int = STEPS, sizes=(SIZE,) * WE
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     # Updated in replica context with sums every worker has: one replica's
     # update stands for all.
-    aggregation = (tf.VariableAggregation.ONLY_FIRST_REPLICA if each
+    aggregation = (tf.VariableAggregation.ONLY_FIRST_REPLICA if reduce == "each"
                    else tf.VariableAggregation.NONE)
     with strategy.scope():
         weights = [tf.Variable(tf.fill([size], float(i + 1)), name=f"w{i}",
@@ -69,12 +73,17 @@ def train_in_order(order: str = "sorted", steps: int = STEPS, sizes=(SIZE,) * WE
                 loss = tf.add_n([tf.reduce_sum(w * x) * float(i + 1)
                                  for i, w in enumerate(weights)])
             grads = tape.gradient(loss, variables_to_train)
-            if each:
-                replica = tf.distribute.get_replica_context()
+            replica = tf.distribute.get_replica_context()
+            if reduce == "each":
                 for v, g in zip(variables_to_train, grads):
                     v.assign_sub(0.1 * replica.all_reduce("SUM", g))
-            else:
+            elif reduce == "optimizer":
                 optimizer.apply_gradients(zip(grads, variables_to_train))
+            else:
+                if reduce == "loop":
+                    grads = replica.all_reduce("SUM", grads)
+                optimizer.apply_gradients(zip(grads, variables_to_train),
+                                          skip_gradients_aggregation=True)
             return loss
         return strategy.reduce("SUM", strategy.run(replica_step), axis=None)
 
@@ -86,7 +95,7 @@ def train_in_order(order: str = "sorted", steps: int = STEPS, sizes=(SIZE,) * WE
 
 _SET_RUN = dict(kwargs={"order": "set"}, timeout=30)
 _SHAPES_RUN = dict(kwargs={"order": "set", "sizes": SIZES}, timeout=30)
-_EACH_RUN = dict(kwargs={"order": "set", "sizes": SIZES, "each": True}, timeout=30)
+_EACH_RUN = dict(kwargs={"order": "set", "sizes": SIZES, "reduce": "each"}, timeout=30)
 
 
 @pytest.mark.timeout(90)
@@ -234,7 +243,7 @@ def test_gradients_reduced_one_by_one_sorted_by_name(mwms_cluster):
 
     Fix: this is the fix.
     """
-    result = mwms_cluster.run(train_in_order, kwargs={"sizes": SIZES, "each": True},
+    result = mwms_cluster.run(train_in_order, kwargs={"sizes": SIZES, "reduce": "each"},
                               timeout=30, check_replicas=True)
     result.assert_completed()
     assert len({str(v) for v in result.return_values}) == 1

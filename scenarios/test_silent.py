@@ -15,6 +15,7 @@ import pytest
 
 from harness.faults import Crash
 from scenarios.meta import DEFAULT_IS_KERAS_3, KERAS_2, scenario
+from scenarios.test_collective_order import train_in_order
 
 STEPS = 8
 PER_WORKER_BATCH = 16
@@ -383,47 +384,17 @@ def test_batch_norm_synchronized(mwms_cluster):
 
 # ------------------------------------------------------- gradients not summed
 
-def train_unsummed(sum_first=False, steps=3):
-    """Three variables under Keras 2's SGD (tf_keras; plain ``tf.keras`` on
-    2.15) in a custom loop, each worker on inputs of its own, applied with
-    ``apply_gradients(..., skip_gradients_aggregation=True)``: the
-    optimizer does not sum the gradients across the workers.  With
-    ``sum_first`` the loop sums them itself first
-    (``ReplicaContext.all_reduce``).  Returns the variables' values."""
-    import tensorflow as tf
-
-    import harness
-    ctx = harness.context()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        weights = [tf.Variable(tf.fill([4], float(i + 1)), name=f"w{i}") for i in range(3)]
-        optimizer = tf.keras.optimizers.SGD(0.1)
-
-    @tf.function
-    def step(x):
-        def replica_step():
-            with tf.GradientTape() as tape:
-                loss = tf.add_n([tf.reduce_sum(w * x) * float(i + 1)
-                                 for i, w in enumerate(weights)])
-            grads = tape.gradient(loss, weights)
-            if sum_first:
-                grads = tf.distribute.get_replica_context().all_reduce("SUM", grads)
-            optimizer.apply_gradients(zip(grads, weights), skip_gradients_aggregation=True)
-            return loss
-        return strategy.reduce("SUM", strategy.run(replica_step), axis=None)
-
-    x = tf.constant(float(ctx.index + 1))
-    for _ in ctx.steps(steps):
-        step(x)
-    return [w.numpy().tolist() for w in weights]
-
-
 @pytest.mark.timeout(60)
 @scenario(outcome="failed", error="ReplicaDivergence", source="keras#19308",
           fixed_by="test_gradients_summed_before_they_are_applied")
 def test_gradients_applied_without_summing(mwms_cluster):
     """Each worker applies its own gradients: nothing sums them across the
     workers.
+
+    Three variables under Keras 2's SGD in a custom loop, each worker on
+    inputs of its own, applied with ``apply_gradients(...,
+    skip_gradients_aggregation=True)`` and no sum of the loop's own
+    (``train_in_order(reduce="nobody")`` of ``test_collective_order``).
 
     TensorFlow: 2.21 with tf_keras 2.21, measured: with
     ``skip_gradients_aggregation=True`` the step's only collective is its
@@ -446,7 +417,8 @@ def test_gradients_applied_without_summing(mwms_cluster):
     """
     if mwms_cluster.num_workers == 1:
         pytest.skip("one worker: nothing to differ from")
-    result = mwms_cluster.run(train_unsummed, timeout=30, check_replicas=True, env=KERAS_2)
+    result = mwms_cluster.run(train_in_order, kwargs={"reduce": "nobody"}, timeout=30,
+                              check_replicas=True, env=KERAS_2)
     result.assert_failed(error="ReplicaDivergence")
     result.assert_cannot_tell(range(mwms_cluster.num_workers))
     assert "w0" in result.replicas.divergence.variable
@@ -468,7 +440,7 @@ def test_gradients_summed_before_they_are_applied(mwms_cluster):
 
     Fix: this is the fix.
     """
-    result = mwms_cluster.run(train_unsummed, kwargs={"sum_first": True}, timeout=30,
+    result = mwms_cluster.run(train_in_order, kwargs={"reduce": "loop"}, timeout=30,
                               check_replicas=True, env=KERAS_2)
     result.assert_completed()
     assert len({str(v) for v in result.return_values}) == 1
