@@ -108,9 +108,12 @@ def test_tf_config_missing_on_one_worker(mwms_cluster):
 def test_tf_config_cluster_lists_of_different_size(mwms_cluster):
     """One worker's cluster list has an extra worker.
 
-    TensorFlow: within a second every worker raises ``InternalError``
+    TensorFlow: within a second the workers raise ``InternalError``
     "... is joining a group with size N, but that group has size N+1" from
     the strategy's first collective (the initial broadcast of the variables).
+    A worker still on its way there when a peer has exited raises an echo
+    instead (measured once at 4 workers: ``UnavailableError`` "Connection
+    reset by peer"): which do is a race.
 
     Source: seed rule 1.
 
@@ -120,7 +123,10 @@ def test_tf_config_cluster_lists_of_different_size(mwms_cluster):
     result = mwms_cluster.run(train_and_report, timeout=10,
                               faults=[BadTFConfig(last, "wrong_size")])
     result.assert_failed(culprits=[last], error="InternalError")
-    assert all("is joining a group with" in w.exception.message for w in result.workers)
+    messages = [w.exception.message for w in result.workers if w.exception]
+    assert any("is joining a group with" in m for m in messages), messages
+    assert all("is joining a group with" in m or "Connection reset by peer" in m
+               or "failed to connect" in m for m in messages), messages
 
 
 @pytest.mark.timeout(60)
