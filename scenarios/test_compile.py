@@ -77,9 +77,10 @@ def test_compiled_step_with_collectives_on_cpu(mwms_cluster):
     aborted by ...`` instead: which does is a race (measured: at 2
     workers sometimes both, sometimes worker 0 alone; at 3, worker 0 alone
     with the others aborted).  The diagnosis names only workers whose own
-    compile failed.  TensorFlow 2.15.1 the same (measured).  The ``merge_call`` ``RuntimeError`` of keras#21366
-    (mixed precision with ``jit_compile=True`` under a strategy) does not
-    appear: XLA on CPU stops the step first.
+    compile failed.  TensorFlow 2.15.1 the same (measured).  The
+    ``merge_call`` ``RuntimeError`` of keras#21366 (mixed precision with
+    ``jit_compile=True`` under a strategy) does not appear: XLA on CPU
+    stops the step first.
 
     Source: keras#21366 (``jit_compile=True`` with mixed precision under a
     strategy).
@@ -91,7 +92,8 @@ def test_compiled_step_with_collectives_on_cpu(mwms_cluster):
     """
     result = mwms_cluster.run(train_compiled, timeout=30)
     result.assert_failed(error="UnimplementedError")
-    compiled = {w.index for w in result.workers if w.exception and XLA_ON_CPU in w.exception.message}
+    compiled = {w.index for w in result.workers
+                if w.exception and XLA_ON_CPU in w.exception.message}
     aborted = {w.index for w in result.workers if w.exception and ABORTED in w.exception.message}
     # Which workers fail to compile before the first one's failure aborts
     # them is a race; that one of them does, and no other error, is not.

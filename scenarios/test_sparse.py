@@ -46,8 +46,8 @@ def train_embedding(dense=False):
 
     loss = None
     for k in ctx.steps(STEPS):
-        ids = tf.random.stateless_uniform([BATCH, IDS_PER_EXAMPLE], seed=[ctx.index, k], maxval=VOCAB,
-                                          dtype=tf.int32)
+        ids = tf.random.stateless_uniform([BATCH, IDS_PER_EXAMPLE], seed=[ctx.index, k],
+                                          maxval=VOCAB, dtype=tf.int32)
         loss = float(step(ids, tf.ones([BATCH, 1])))
     return loss
 

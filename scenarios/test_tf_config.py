@@ -279,8 +279,9 @@ needs_names = pytest.mark.skipif(not NAMES[0], reason=(
 # When a name resolves, in seconds after the workers start.  Too late: after
 # the test's own 60 s timeout, so after the first collective however loaded
 # the machine (about 1 s in unloaded; over 15 s at 4 workers beside 3 other
-# runs on 2 cores); the run has ended long before.  In time: a chief's name, while every worker still waits
-# in strategy creation (which they reach 0.5 s in, a few seconds under load).
+# runs on 2 cores); the run has ended long before.  In time: a chief's name,
+# while every worker still waits in strategy creation (which they reach
+# 0.5 s in, a few seconds under load).
 PEER_TOO_LATE = 120
 PEER_AWAITED = 4
 CHIEF_RESOLVES = 5
