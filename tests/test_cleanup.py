@@ -267,9 +267,13 @@ def test_sigkill_of_a_test_leaves_no_manager_and_no_socket_directory(tmp_path, l
     from a forkserver)."""
     script = tmp_path / "holds.py"
     script.write_text(_HOLDS_A_MANAGER)
+    # The holder's temp directory, to find what it leaves; short, as the
+    # Unix sockets made in it must be (tmp_path can be too long for them).
+    its_tmp = tempfile.mkdtemp(prefix="mwms-holder-")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     holder = subprocess.Popen([sys.executable, str(script), library], stdout=subprocess.PIPE,
-                              text=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
+                              text=True, cwd=root,
+                              env={**os.environ, "PYTHONPATH": root, "TMPDIR": its_tmp})
     try:
         server, address = holder.stdout.readline().split()
         assert psutil.pid_exists(int(server)) and os.path.exists(address)
@@ -280,6 +284,10 @@ def test_sigkill_of_a_test_leaves_no_manager_and_no_socket_directory(tmp_path, l
         while os.path.exists(os.path.dirname(address)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not os.path.exists(os.path.dirname(address)), "its socket directory was left"
+        while os.listdir(its_tmp) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.listdir(its_tmp) == [], "the holder left these in its temp directory"
     finally:
         holder.kill()
         holder.wait()
+        shutil.rmtree(its_tmp, ignore_errors=True)

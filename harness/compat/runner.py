@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -68,6 +69,9 @@ def manager():
             # itself the server makes a pymp-* directory that outlives it.
             _manager_dir = tempfile.mkdtemp(prefix="pytest-mwms-manager-")
             scratch.remove_at_end(_manager_dir)
+            # The forkserver's socket is in this process's pymp-* directory,
+            # which only this process's exit removes.
+            scratch.remove_at_end(multiprocessing.util.get_temp_dir())
             _manager = SyncManager(address=os.path.join(_manager_dir, "socket"),
                                    ctx=multiprocessing.get_context("forkserver"))
             # A manager's server outlives a SIGKILLed pytest, and so did the
