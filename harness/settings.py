@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Tuple
 from harness.diagnosis.observations import Outcome
 from harness.errors import SettingError
 from harness.launch.backends import BACKEND_NAMES, DEFAULT_BACKEND, backend_of
-from harness.launch.devices import DEVICES, gpu_assignment, visible_gpus
+from harness.launch.devices import DEVICES, device_assignment, uses_gpus
 from harness.launch.local import START_METHODS
 from harness.network import NETWORK_MODES, check_mode
 from harness.report.pytest_report import REPORT_MODES
@@ -258,8 +258,10 @@ OPTIONS = (
            parse=parse_grace, marker=True),
     Option("devices", "|".join(DEVICES), "cpu", "cpu",
            "`cpu` hides all GPUs; `gpu` splits the visible GPUs among the workers via "
-           "`CUDA_VISIBLE_DEVICES`",
-           "Each worker gets the same number of GPUs; leftovers stay unused.",
+           "`CUDA_VISIBLE_DEVICES`; `gpu-shared` gives every worker every visible GPU",
+           "`gpu`: each worker gets the same number of GPUs, leftovers stay unused. "
+           "`gpu-shared` runs several workers on one GPU: turn memory growth on "
+           "(`TF_FORCE_GPU_ALLOW_GROWTH=true`), or the first worker maps nearly all its memory.",
            parse=parse_devices),
     Option("start-method", "|".join(START_METHODS), None, "forkserver on cpu, spawn on gpu",
            "forkserver forks workers from a server that imported TensorFlow once; spawn "
@@ -381,9 +383,9 @@ def finish(settings: RunSettings, where: Callable[[str], str]) -> RunSettings:
     here.  ``where(name)`` names where option ``name`` was set."""
     if settings.start_method is None:
         settings = dataclasses.replace(
-            settings, start_method="forkserver" if settings.devices == "cpu" else "spawn")
-    if settings.devices == "gpu":
-        gpu_assignment(settings.workers, visible_gpus())
+            settings, start_method="spawn" if uses_gpus(settings.devices) else "forkserver")
+    if uses_gpus(settings.devices):
+        device_assignment(settings.workers, settings.devices)
     check_mode(settings.network, where("network"))
     check_backend(settings, where("backend"))
     return settings

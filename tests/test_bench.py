@@ -675,3 +675,22 @@ def test_smoke_record_cost(tmp_path):
     assert not list(temp.glob("mwms-record-cost-*"))
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(temp) in " ".join(p.info["cmdline"] or ())]
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_check_without_a_gpu_writes_why_nothing_ran(tmp_path):
+    """Where TensorFlow sees no GPU the check still writes its file: every
+    GPU test skipped with its reason, and the benchmark not run, saying why."""
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "harness.bench.gpu", "--out", str(out)],
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads(out.read_text())
+    assert results["machine"]["visible"] == []
+    cases = results["tests"]["cases"]
+    assert len(cases) >= 10 and {c["outcome"] for c in cases} == {"skipped"}
+    assert all("GPU" in c["message"] for c in cases)
+    assert results["bench"] == {"skipped": "no GPU visible"}
+    assert "written to" in done.stdout

@@ -189,6 +189,25 @@ def test_spawn_start_method(mwms_cluster):
     assert "Started server with target: grpc://127.0.0.1:" in result.workers[0].log
 
 
+def told_gpus_and_sum():
+    """What the worker was told to see, and a two-step all-reduce."""
+    return os.environ["CUDA_VISIBLE_DEVICES"], allreduce_steps(2)
+
+
+@pytest.mark.parametrize("devices,told", [("gpu", ["3", "5"]), ("gpu-shared", ["3,5", "3,5"]),
+                                          ("cpu", ["-1", "-1"])])
+def test_each_worker_is_told_the_gpus_its_device_mode_gives(mwms_cluster, monkeypatch,
+                                                            devices, told):
+    """Forked from a server that hides every GPU, each worker still gets
+    its own ``CUDA_VISIBLE_DEVICES``.  Here no GPU stands behind the ids:
+    TensorFlow finds none and computes on the CPU (tests/gpu runs on GPUs)."""
+    from harness.controller import Cluster
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    cluster = Cluster(mwms_cluster.settings.with_overrides(workers=2, devices=devices))
+    result = cluster.run(told_gpus_and_sum).assert_completed()
+    assert result.return_values == [(share, 2.0) for share in told]
+
+
 def test_env_reaches_the_workers_only(mwms_cluster):
     result = mwms_cluster.run(lambda: os.environ.get("MWMS_TEST_FLAG"), env={"MWMS_TEST_FLAG": "on"})
     assert result.assert_completed().return_values == ["on"] * mwms_cluster.num_workers

@@ -17,7 +17,8 @@ def training_loop():
     return variable_loop(STEPS)
 
 
-def _make(kind, w):
+def make_fault(kind, w):
+    """The fault of matrix entry `kind` on worker `w`."""
     return {
         "SkipStep": F.SkipStep(w, FAULT_STEP),
         "ExtraCollective": F.ExtraCollective(w, FAULT_STEP),
@@ -71,7 +72,7 @@ MATRIX = [(n, p) for n in (2, 3) for p in ("chief", "last")] + [(4, "last")]
 def test_fault_matrix(mwms_cluster, kind, n, position):
     mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=n)
     w = 0 if position == "chief" else n - 1
-    result = mwms_cluster.run(training_loop, faults=[_make(kind, w)], timeout=TIMEOUT, grace=2)
+    result = mwms_cluster.run(training_loop, faults=[make_fault(kind, w)], timeout=TIMEOUT, grace=2)
     record = (f"{kind} N={n} w={w}: outcome={result.outcome} culprits={result.culprits} "
               f"detect={result.observation.detection_delay}")
     print(record)

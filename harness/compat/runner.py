@@ -127,10 +127,13 @@ class MultiProcessRunner:
     the harness declares a hang, until ``join`` gives its own; TensorFlow's
     default 200 s), ``settings`` (a :class:`~harness.settings.RunSettings`
     for the cluster; its ``workers`` comes from ``cluster_spec``), and
-    ``results``, the ``RunResult`` of each cluster started.  ``share_gpu``,
-    ``use_dill_for_args``, ``daemon`` and ``rpc_layer`` have no effect:
-    the harness splits devices by its ``devices`` setting, always pickles
-    with dill, ends every process itself, and its workers speak gRPC.
+    ``results``, the ``RunResult`` of each cluster started.  Where
+    ``settings`` gives the workers GPUs, ``share_gpu`` chooses between
+    ``gpu-shared`` (every task sees every GPU, TensorFlow's default) and
+    ``gpu`` (each its own); with ``devices='cpu'`` (the default) it has no
+    effect.  ``use_dill_for_args``, ``daemon`` and ``rpc_layer`` have none:
+    the harness always pickles with dill, ends every process itself, and
+    its workers speak gRPC.
     """
 
     def __init__(self, fn, cluster_spec, rpc_layer=None, max_run_time=None,
@@ -149,7 +152,10 @@ class MultiProcessRunner:
         self._auto_restart = auto_restart
         self._dependence_on_chief = dependence_on_chief
         self._hang_timeout = float(hang_timeout or DEFAULT_TIMEOUT_SEC)
-        self._cluster = Cluster((settings or RunSettings()).with_overrides(workers=self._n))
+        settings = (settings or RunSettings()).with_overrides(workers=self._n)
+        if settings.devices != "cpu":
+            settings = settings.with_overrides(devices="gpu-shared" if share_gpu else "gpu")
+        self._cluster = Cluster(settings)
         self._eager = _executing_eagerly()
         self._lock = threading.RLock()
         self._incarnations: List[Incarnation] = []

@@ -223,3 +223,13 @@ def test_tf_config_readers():
         assert mwtb.is_chief() and mwtb.get_tf_config_cluster_spec() == {"worker": ["a", "b"]}
     finally:
         del os.environ["TF_CONFIG"]
+
+
+@pytest.mark.parametrize("devices,share_gpu,runs_on", [
+    ("cpu", True, "cpu"), ("cpu", False, "cpu"),
+    ("gpu", True, "gpu-shared"), ("gpu-shared", False, "gpu")])
+def test_share_gpu_chooses_how_workers_given_gpus_get_them(devices, share_gpu, runs_on):
+    from harness.settings import RunSettings
+    runner = mpr.MultiProcessRunner(lambda: None, {"worker": ["a", "b"]}, share_gpu=share_gpu,
+                                    settings=RunSettings(devices=devices))
+    assert runner._cluster.settings.devices == runs_on

@@ -7,7 +7,8 @@ import pytest
 from harness import faults
 from harness.core import tfconfig
 from harness.faults import FaultError
-from harness.launch.devices import gpu_assignment, visible_gpus
+from harness.launch.devices import (device_assignment, gpu_assignment, shared_assignment,
+                                    visible_gpus, worker_environments)
 from harness.settings import (SettingError, max_workers, parse_choice,
                               parse_marker, parse_seconds, parse_workers)
 
@@ -65,6 +66,34 @@ def test_gpu_assignment_splits_evenly():
         gpu_assignment(2, ["0"])
     with pytest.raises(SettingError, match="no GPU is visible"):
         gpu_assignment(2, [])
+
+
+def test_gpu_assignment_points_a_short_machine_at_sharing():
+    with pytest.raises(SettingError, match="--mwms-devices=gpu-shared to share"):
+        gpu_assignment(2, ["0"])
+
+
+def test_shared_assignment_gives_every_worker_every_gpu():
+    assert shared_assignment(3, ["0"]) == ["0", "0", "0"]
+    assert shared_assignment(2, ["1", "3"]) == ["1,3", "1,3"]
+    with pytest.raises(SettingError, match="--mwms-devices=gpu-shared: no GPU is visible"):
+        shared_assignment(2, [])
+
+
+def test_device_assignment_reads_the_gpus_only_where_it_hands_them_out():
+    env = {"CUDA_VISIBLE_DEVICES": "2,5"}
+    assert device_assignment(2, "cpu", env) == ["-1", "-1"]
+    assert device_assignment(2, "gpu", env) == ["2", "5"]
+    assert device_assignment(2, "gpu-shared", env) == ["2,5", "2,5"]
+    # cpu never looks: no GPU visible is no error there
+    assert device_assignment(2, "cpu", {"CUDA_VISIBLE_DEVICES": ""}) == ["-1", "-1"]
+
+
+def test_worker_environments_hand_each_worker_its_share():
+    base = {"CUDA_VISIBLE_DEVICES": "0", "TF_CONFIG": "{}", "KEEP": "1"}
+    envs = worker_environments(2, "gpu-shared", base)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "0"]
+    assert all("TF_CONFIG" not in e and e["KEEP"] == "1" for e in envs)
 
 
 def test_visible_gpus_from_env():

@@ -52,6 +52,7 @@ from multiprocess import connection
 from harness.launch.ray.link import ControllerLink
 from harness.errors import HarnessError, SettingError
 from harness.launch import memory, scratch
+from harness.launch.devices import uses_gpus
 from harness.launch.base import Backend, Launcher, Placement
 from harness.core.protocol import WorkerSpec
 
@@ -382,7 +383,7 @@ def _check(settings, option: str) -> None:
     if settings.network == "isolated":
         raise SettingError(f"{option}=ray: workers run on the Ray nodes' own network, so "
                            f"network='isolated' cannot be had; use auto or host")
-    if settings.devices == "gpu":
+    if uses_gpus(settings.devices):
         raise SettingError(f"{option}=ray: GPUs are not handed out on Ray yet; use "
                            f"--mwms-devices=cpu")
 
