@@ -262,16 +262,25 @@ def no_evidence(f: Facts) -> Optional[Blame]:
                  f"({where_stopped(pool[0])})", pool[0].last_step, ambiguous=True)
 
 
+def _cut_by(call, gone: WorkerObservation) -> bool:
+    """Whether ``gone``'s process ended while ``call`` was in flight: a
+    peer reading that call's data from it loses the connection."""
+    return (gone.exit_time is not None and call.began <= gone.exit_time
+            and (call.ended is None or call.ended >= gone.exit_time))
+
+
 def _needed_in(w: WorkerObservation, left: List[WorkerObservation]) -> Optional[Tuple[str, int]]:
     """Where ``w`` needed the workers that ``left``: ``(function, call
     number)`` of its last collective call, which raised or never ended and
-    which none of them made; else, without a ledger, ``("", step)``, its
-    last step, past every one of theirs.  None when they did not leave it
-    waiting there."""
+    which none of them made, or which they made but left while ``w`` was
+    still in it (its data still to be read from them); else, without a
+    ledger, ``("", step)``, its last step, past every one of theirs.  None
+    when they did not leave it waiting there."""
     call = ledger.last_call(w)
     if call is not None and (call.ended is None or call.raised):
         name = ledger.function_of(w, call)
-        if all(ledger.calls_of(gone, name) < call.number for gone in left):
+        if all(ledger.calls_of(gone, name) < call.number or _cut_by(call, gone)
+               for gone in left):
             return name, call.number
         return None
     if call is not None and w.error is not None:
@@ -307,8 +316,9 @@ def left_early(f: Facts) -> Optional[Blame]:
     next one.
 
     Where it left is the ledger's: the others' last call of a function,
-    raised or pending, is one the leaver never made (or, with no ledger,
-    their last step is past its last).  From 3 workers up it answers only
+    raised or pending, is one the leaver never made, or made and left while
+    they still read its data (1 run in 64 under load); with no ledger,
+    their last step is past its last.  From 3 workers up it answers only
     when fewer left than stayed (else those that stayed are the odd ones,
     for the majority rules).  With 2 workers one call more on the one that
     stayed would look the same; the text says so, and names the one that
@@ -357,10 +367,15 @@ def left_early(f: Facts) -> Optional[Blame]:
     culprits = [w.index for w in left]
     reason = "it left while they still needed it in a collective"
     counted = collective_counts(f)
+    # A call the leavers made too: they ended their processes mid-exchange.
+    cut = bool(name) and all(ledger.calls_of(w, name) >= max(numbers) for w in left)
     if counted is not None and not counted.ambiguous:
         if sorted(counted.culprits) != sorted(culprits):
             return None   # the per-step counts name another: they are the better evidence
         reason += f"; it {counted.reason}"
+    elif cut:
+        reason = (f"its process ended while they still read its data of call {max(numbers)}, "
+                  f"which it had made too")
     elif len(f.workers) == 2:
         reason += f"; with 2 workers one call more on {names([stuck[0].index])} would look the same"
     return Blame(culprits, reason, stuck[0].last_step,

@@ -65,6 +65,32 @@ def test_from_three_workers_the_one_that_left_is_named_without_a_doubt(n):
     assert f"workers {stayed} then failed in call 10 with UnavailableError" in v.text
 
 
+def cut_in_call(number: int, t: float = 2.15, began: float = 1.9) -> object:
+    """Worker 0, raising at ``t`` in its call ``number`` of `step`, begun at ``began``."""
+    w = failed_in(0, 2, calls=number, t=t, message=RESET)
+    last = dataclasses.replace(w.calls[-1], began=began, ended=t)
+    return dataclasses.replace(w, calls=w.calls[:-1] + (last,))
+
+
+def test_a_peer_cut_off_in_a_call_the_leaver_made_too_names_the_leaver():
+    """TensorFlow 2.21, recorded (tests/test_scripts.py's script whose
+    worker 1 ends a call early, 1 run in 64 beside 3 others on 2 cores):
+    worker 1 returned after its last call and its process ended while
+    worker 0 still read that call's data from it; worker 0 raised in that
+    call, one both made, not in the next."""
+    v = diagnose(run(cut_in_call(9), left(1, 2)))
+    assert (v.rule, v.culprits, v.ambiguous) == ("left_early", (1,), False)
+    assert ("worker 0 then failed in call 9 with UnavailableError; culprit: worker 1 (its "
+            "process ended while they still read its data of call 9, which it had made "
+            "too)") in v.text, v.text
+
+
+def test_a_call_over_before_the_peer_left_was_not_cut_by_it():
+    # worker 0's call 9 raised at 2.05, after worker 1 returned (2.0) but
+    # before its process ended (2.1): worker 1 leaving did not cause it
+    assert blame_of(run(cut_in_call(9, began=1.0, t=2.05), left(1, 2))) is None
+
+
 def test_workers_still_waiting_for_the_one_that_left_are_said_to_wait():
     obs = run(with_ledger(blocked(0, 2), blocked=True), left(1, 2), ended_by="hang")
     v = diagnose(obs)
