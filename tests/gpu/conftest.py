@@ -48,17 +48,18 @@ def gpus() -> List[str]:
 @pytest.fixture
 def gpu_cluster(request, mwms_cluster, monkeypatch, gpus):
     """``gpu_cluster(workers=2, share=None)``: a Cluster whose workers compute
-    on GPUs.  ``share=None`` shares the first GPU only where there are
-    fewer GPUs than workers; ``share=True`` puts every worker on the first
-    GPU whatever the machine has."""
+    on GPUs, one each (the first GPUs).  ``share=None`` puts every worker
+    on the first GPU only where there are fewer GPUs than workers;
+    ``share=True`` does whatever the machine has."""
     from harness.controller import Cluster
 
     start_method = request.config.getoption("mwms_start_method") or "spawn"
 
     def make(workers: int = 2, share: Optional[bool] = None) -> Cluster:
         shared = len(gpus) < workers if share is None else share
-        if shared:
-            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus[0])
+        # One GPU per worker (the first ones), or the first GPU for all.
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES",
+                           gpus[0] if shared else ",".join(gpus[:workers]))
         return Cluster(mwms_cluster.settings.with_overrides(
             workers=workers, devices="gpu-shared" if shared else "gpu",
             start_method=start_method))
