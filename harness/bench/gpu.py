@@ -155,11 +155,12 @@ def run_tests(timeout: float) -> dict:
 # -- the benchmark and the probes ---------------------------------------------------
 
 def _settings(start_method: str, timeout: float = 120.0):
+    """Two workers on a GPU each (the first two), as tests/gpu puts them, or
+    both on the first where there is one."""
     from harness.launch.devices import visible_gpus
     from harness.settings import RunSettings
     visible = visible_gpus()
-    if len(visible) < 2:
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible[0]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[:2])
     return RunSettings(workers=2, timeout=timeout, grace=15.0, start_method=start_method,
                        devices="gpu" if len(visible) >= 2 else "gpu-shared")
 

@@ -1,6 +1,8 @@
 """Which devices each worker sees, told to it by its ``CUDA_VISIBLE_DEVICES``:
-a table of small functions, one per ``--mwms-devices`` value.  Pure
-functions; CUDA is never initialised here.
+a table of small functions, one per ``--mwms-devices`` value.  CUDA is
+never initialised here: the GPUs are listed by nvidia-smi, and whether
+TensorFlow can use them is asked of a fresh interpreter
+(:func:`tensorflow_gpus`).
 
 ``cpu``
     every GPU hidden;
