@@ -317,7 +317,7 @@ def left_early(f: Facts) -> Optional[Blame]:
 
     Where it left is the ledger's: the others' last call of a function,
     raised or pending, is one the leaver never made, or made and left while
-    they still read its data (1 run in 64 under load); with no ledger,
+    they still read its data (2 runs in about 280 under load); with no ledger,
     their last step is past its last.  From 3 workers up it answers only
     when fewer left than stayed (else those that stayed are the odd ones,
     for the majority rules).  With 2 workers one call more on the one that
