@@ -23,6 +23,7 @@ their reason, and the benchmark and probes say why they did not run.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -283,14 +284,14 @@ def bench(runs: int, deadline: float) -> dict:
 # -- the whole check ---------------------------------------------------------------
 
 def summary(results: dict) -> str:
-    lines = [f"GPU check, {results['machine']['date']}: TensorFlow "
-             f"{results['machine']['tensorflow']}, GPUs {results['machine']['nvidia_smi'] or 'none'}"]
+    info = results["machine"]
+    lines = [f"GPU check, {info['date']}: TensorFlow {info['tensorflow']}, "
+             f"GPUs {info['nvidia_smi'] or 'none'}"]
     tests = results.get("tests") or {}
-    counts: Dict[str, int] = {}
-    for case in tests.get("cases", ()):
-        counts[case["outcome"]] = counts.get(case["outcome"], 0) + 1
+    counts = dict(collections.Counter(case["outcome"] for case in tests.get("cases", ())))
     if tests:
-        lines.append(f"tests: {counts or 'none ran'} in {tests['seconds']} s (exit {tests['exit']})")
+        lines.append(f"tests: {counts or 'none ran'} in {tests['seconds']} s "
+                     f"(exit {tests['exit']})")
         lines += [f"  {c['outcome']}: {c['name']}: {c['message'][:160]}"
                   for c in tests.get("cases", ()) if c["outcome"] in ("failed", "error")]
     for name, found in (results.get("bench") or {}).items():
