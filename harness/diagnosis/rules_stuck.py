@@ -269,19 +269,21 @@ def _cut_by(call, gone: WorkerObservation) -> bool:
             and (call.ended is None or call.ended >= gone.exit_time))
 
 
-def _needed_in(w: WorkerObservation, left: List[WorkerObservation]) -> Optional[Tuple[str, int]]:
+def _needed_in(w: WorkerObservation,
+               left: List[WorkerObservation]) -> Optional[Tuple[str, int, bool]]:
     """Where ``w`` needed the workers that ``left``: ``(function, call
-    number)`` of its last collective call, which raised or never ended and
-    which none of them made, or which they made but left while ``w`` was
-    still in it (its data still to be read from them); else, without a
-    ledger, ``("", step)``, its last step, past every one of theirs.  None
-    when they did not leave it waiting there."""
+    number, cut)`` of its last collective call, which raised or never ended
+    and which none of them made, or (``cut``) which every one of them made
+    but left while ``w`` was still in it (its data still to be read from
+    them); else, without a ledger, ``("", step, False)``, its last step,
+    past every one of theirs.  None when they did not leave it waiting
+    there."""
     call = ledger.last_call(w)
     if call is not None and (call.ended is None or call.raised):
         name = ledger.function_of(w, call)
-        if all(ledger.calls_of(gone, name) < call.number or _cut_by(call, gone)
-               for gone in left):
-            return name, call.number
+        made = [ledger.calls_of(gone, name) >= call.number for gone in left]
+        if all(not m or _cut_by(call, gone) for m, gone in zip(made, left)):
+            return name, call.number, all(made)
         return None
     if call is not None and w.error is not None:
         # It raised after its last recorded call ended: in the next one,
@@ -289,11 +291,11 @@ def _needed_in(w: WorkerObservation, left: List[WorkerObservation]) -> Optional[
         # peer's connection reset, can beat the ledger's first marker).
         name = ledger.function_of(w, call)
         if all(ledger.calls_of(gone, name) <= call.number for gone in left):
-            return name, call.number + 1
+            return name, call.number + 1, False
         return None
     if call is None and w.last_step is not None and all(
             gone.last_step is None or gone.last_step < w.last_step for gone in left):
-        return "", w.last_step
+        return "", w.last_step, False
     return None
 
 
@@ -340,7 +342,7 @@ def left_early(f: Facts) -> Optional[Blame]:
     needed = {w.index: _needed_in(w, left) for w in stuck}
     if any(v is None for v in needed.values()):
         return None
-    name, _ = needed[stuck[0].index]
+    name = needed[stuck[0].index][0]
     if any(v[0] != name for v in needed.values()):
         return None
     numbers = sorted({v[1] for v in needed.values()})
@@ -367,8 +369,7 @@ def left_early(f: Facts) -> Optional[Blame]:
     culprits = [w.index for w in left]
     reason = "it left while they still needed it in a collective"
     counted = collective_counts(f)
-    # A call the leavers made too: they ended their processes mid-exchange.
-    cut = bool(name) and all(ledger.calls_of(w, name) >= max(numbers) for w in left)
+    cut = all(v[2] for v in needed.values())   # they ended their processes mid-exchange
     if counted is not None and not counted.ambiguous:
         if sorted(counted.culprits) != sorted(culprits):
             return None   # the per-step counts name another: they are the better evidence
