@@ -262,11 +262,16 @@ def no_evidence(f: Facts) -> Optional[Blame]:
                  f"({where_stopped(pool[0])})", pool[0].last_step, ambiguous=True)
 
 
+def _gone_at(w: WorkerObservation) -> float:
+    """When a worker that left was gone: its return, after which its process
+    only ends (its sockets close on the way, before the parent sees the exit)."""
+    return w.finish_time if w.finish_time is not None else w.exit_time
+
+
 def _cut_by(call, gone: WorkerObservation) -> bool:
-    """Whether ``gone``'s process ended while ``call`` was in flight: a
-    peer reading that call's data from it loses the connection."""
-    return (gone.exit_time is not None and call.began <= gone.exit_time
-            and (call.ended is None or call.ended >= gone.exit_time))
+    """Whether ``call`` was still in flight when ``gone`` left: a peer
+    reading that call's data from it loses the connection."""
+    return call.ended is None or call.ended >= _gone_at(gone)
 
 
 def _needed_in(w: WorkerObservation,
@@ -335,7 +340,7 @@ def left_early(f: Facts) -> Optional[Blame]:
         return None
     if len(f.workers) >= 3 and len(left) >= len(stuck):
         return None
-    first_gone = min(w.finish_time if w.finish_time is not None else w.exit_time for w in left)
+    first_gone = min(_gone_at(w) for w in left)
     if any(w.error is not None and (w.finish_time is None or w.finish_time < first_gone)
            for w in stuck):
         return None   # a peer failed before any left: not because it left

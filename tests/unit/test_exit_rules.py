@@ -85,10 +85,16 @@ def test_a_peer_cut_off_in_a_call_the_leaver_made_too_names_the_leaver():
             "too)") in v.text, v.text
 
 
-def test_a_call_over_before_the_peer_left_was_not_cut_by_it():
-    # worker 0's call 9 raised at 2.05, after worker 1 returned (2.0) but
-    # before its process ended (2.1): worker 1 leaving did not cause it
-    assert blame_of(run(cut_in_call(9, began=1.0, t=2.05), left(1, 2))) is None
+def test_a_peer_cut_off_before_the_leavers_exit_was_seen_names_the_leaver_too():
+    """Recorded the same way: worker 0 raised "Socket closed" in a call both
+    made after worker 1 returned (2.0) and before the parent saw its
+    process end (2.1); its sockets close on the way out."""
+    v = diagnose(run(cut_in_call(9, began=1.0, t=2.05), left(1, 2)))
+    assert (v.rule, v.culprits, v.ambiguous) == ("left_early", (1,), False)
+
+
+def test_a_peer_that_failed_in_a_call_the_leaver_made_before_it_returned_is_not_explained():
+    assert blame_of(run(cut_in_call(9, began=1.0, t=1.9), left(1, 2))) is None
 
 
 def test_workers_still_waiting_for_the_one_that_left_are_said_to_wait():
