@@ -201,6 +201,31 @@ def test_a_bandwidth_limit_slows_steps_by_what_the_link_carries(mwms_cluster):
         assert expected / 2 <= after <= expected * 4, (expected, times)
 
 
+def reach_the_bridge_after(steps):
+    """Once the boundaries of ``steps`` steps have passed, whether a TCP
+    connection to the bridge gets through (nothing listens there: refused)."""
+    ctx = harness.context()
+    for _ in ctx.steps(steps):
+        pass
+    try:
+        socket.create_connection((netns.BRIDGE_HOST, 9), timeout=1.0).close()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+
+
+@needs_switch
+def test_a_network_fault_is_in_place_when_its_step_begins(mwms_cluster):
+    """The worker waits at its step's boundary until the parent has made
+    the change: the step keyed to the fault is the one that meets it,
+    however soon it begins (here at once, with no TensorFlow at all)."""
+    result = mwms_cluster.run(reach_the_bridge_after, args=(2,), timeout=20,
+                              faults=[Partition(1, 1)])
+    result.assert_completed()
+    assert result.return_values[0] == "ConnectionRefusedError"
+    assert result.return_values[1] == "TimeoutError"
+
+
 def _holders_alive():
     from harness.core import linux
     return [c.pid for c in psutil.Process().children(recursive=True)

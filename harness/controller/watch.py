@@ -247,8 +247,18 @@ class WatchLoop:
         worker.events.append(Event(now - self.start, msg.kind, msg.step, repr(fault)))
         for delay, sig in fault.parent_signals(self.run_grace):
             self.actions.append(ParentAction(now + delay, worker.index, signal=sig))
+        applied = False
         for delay, command in fault.network_commands():
-            self.actions.append(ParentAction(now + delay, worker.index, command=command))
+            if delay > 0:
+                self.actions.append(ParentAction(now + delay, worker.index, command=command))
+            else:
+                self.network.command(command, worker.index)
+                applied = True
+        if applied:
+            try:
+                worker.handle.conn.send(protocol.APPLIED)   # it waits for this at its step
+            except OSError:
+                pass   # it is gone already
 
     def _on_phase(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         data = msg.data

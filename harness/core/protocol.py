@@ -2,7 +2,7 @@
 
 The parent (pytest's process) creates a duplex OS pipe per worker.  The
 worker sends :class:`Message` values up it, one at a time; the parent sends
-one thing down it, :data:`RELEASE`.  The channel is an OS pipe, so it keeps
+two things down it, :data:`APPLIED` and :data:`RELEASE`.  The channel is an OS pipe, so it keeps
 working when TensorFlow's own gRPC channels are wedged, and the parent wakes
 the instant a message (or the worker's death) arrives: there is no polling
 interval in the hang detector.
@@ -61,11 +61,17 @@ PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_OFF)
 
 # -- parent -> worker ----------------------------------------------------------
-# The one message down the channel: a worker that returned may exit now.  It
-# waits for it so that a worker which returned early stays in its cluster
-# until the whole run is decided.  (A worker that raised exits at once, as a
-# process whose main raised does.)
+# A worker that returned may exit now.  It waits for it so that a worker which
+# returned early stays in its cluster until the whole run is decided.  (A
+# worker that raised exits at once, as a process whose main raised does.)
 RELEASE = "release"
+# A network fault's first change to the worker's link is in place.  The
+# worker waits for it at the fault's step boundary, so the step the fault is
+# keyed to is the one that runs into it, however busy the machine.
+APPLIED = "applied"
+# How long a worker waits for APPLIED: the parent carries out a command in
+# milliseconds, so this is only a bound on a parent that is stuck.
+APPLIED_WAIT = 30.0
 
 # faulthandler in every worker dumps all its threads' Python stacks to its
 # stack file on this signal: a C-level handler, so it works while the main

@@ -25,15 +25,20 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import select
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # The anchor: bring lo up, say so, then hold the namespaces until stdin closes.
 ANCHOR = "ip link set lo up && echo ready && exec cat >/dev/null"
 START_WAIT = 5.0
+# How long a command to the switch or the proxy may take (milliseconds, as a rule).
+COMMAND_WAIT = 10.0
 
 _probed: Optional[Tuple[bool, str]] = None
 
@@ -60,6 +65,24 @@ def end_anchor(anchor: subprocess.Popen) -> None:
     for stream in (anchor.stdin, anchor.stdout, anchor.stderr):
         if stream is not None and not stream.closed:
             stream.close()
+
+
+def await_done(process: subprocess.Popen) -> bool:
+    """Wait for ``process`` (the switch's anchor, the proxy) to say "done":
+    it carried out the command it was sent.  False if it ended or said
+    nothing within :data:`COMMAND_WAIT` (a run that is ending)."""
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + COMMAND_WAIT
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return False
+        byte = os.read(fd, 1)   # unbuffered: the next line is the next command's
+        if not byte:
+            return False
+        line += byte
+    return line.strip() == b"done"
 
 
 def anchor_failed(anchor: subprocess.Popen, default: str) -> OSError:
@@ -200,6 +223,7 @@ while read -r cmd i arg; do
     clear) ip link set v$i up; tc qdisc del dev v$i root 2>/dev/null
            nsenter -t $pid -n tc qdisc del dev eth0 root 2>/dev/null ;;
   esac
+  echo done
 done
 """.replace("SUBNET", SUBNET)
 
@@ -313,14 +337,15 @@ class Switch:
         line = f"{verb} {index} {' '.join(args)}\n".encode()
         targets = ([self.proxy] if verb in PROXY_VERBS else
                    [self.anchor, self.proxy] if verb == "clear" else [self.anchor])
+        targets = [process for process in targets if process is not None]
         for process in targets:
-            if process is None:
-                continue
             try:
                 process.stdin.write(line)
                 process.stdin.flush()
             except OSError:
                 pass   # it is gone: the run is ending
+        for process in targets:
+            await_done(process)
 
     def reset(self) -> None:
         """Every link up and unthrottled (a new attempt of a run)."""

@@ -162,6 +162,7 @@ async def main_async(routes: list) -> None:
         if not line:
             break
         proxy.command(line.decode())
+        print("done", flush=True)   # the parent waits for it: the change is in place
     for server in servers:
         server.close()
     for link in list(proxy.links):

@@ -57,7 +57,11 @@ def preempt(fault: Preempt, ctx) -> None:
 
 def on_the_network(fault: StepFault, ctx) -> None:
     """Nothing in the worker: the parent acts on its network link (it saw
-    the FAULT message first), and the step runs on into it."""
+    the FAULT message first).  The step runs on into it once the parent
+    says the change is made; a change due later (``ResetPeers(after=...)``)
+    is not waited for."""
+    if any(after <= 0 for after, _ in fault.network_commands()):
+        ctx.wait_applied()
 
 
 def raise_error(fault: RaiseError, ctx) -> None:

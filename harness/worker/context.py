@@ -71,7 +71,8 @@ class WorkerContext:
                  send: Callable[..., None], faults: Tuple[Fault, ...] = (),
                  sync_check: bool = False, progress_map: Optional[progress.Writer] = None,
                  step_function: Optional[str] = None, attempt: int = 0,
-                 check_replicas: bool = False, reference_workers: int = 0):
+                 check_replicas: bool = False, reference_workers: int = 0,
+                 wait_applied: Optional[Callable[[], None]] = None):
         self.index = index
         self.attempt = attempt
         # A single-worker reference run stands in for a cluster of this many.
@@ -93,6 +94,8 @@ class WorkerContext:
         self.in_boundary = False
         self.acted: set = set()
         self.send = send
+        # Blocks until the parent has put a network fault in place.
+        self.wait_applied = wait_applied
         self.progress_map = progress_map
         # (name, variable) for each variable the strategy creates, when the
         # run checks its replicas (see harness.worker.replicas); else None.

@@ -87,6 +87,16 @@ class Channel:
         except (OSError, EOFError):
             pass
 
+    def wait_applied(self) -> None:
+        """Until the parent says a network fault is in place (:data:`protocol.APPLIED`)."""
+        try:
+            if self._conn.poll(protocol.APPLIED_WAIT) and self._conn.recv() == protocol.APPLIED:
+                return
+        except (OSError, EOFError):
+            os._exit(EXIT_PARENT_GONE)  # nobody to act on the network
+        raise HarnessError(f"the parent did not put a network fault in place within "
+                           f"{protocol.APPLIED_WAIT:g} s")
+
 
 def start_ledger(ctx, progress_map: progress.Writer, level: str, send) -> None:
     """Hook TensorFlow to keep the collective ledger; never fail the run for it."""
@@ -185,7 +195,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     ctx = context_module.WorkerContext(spec.index, spec.num_workers, spec.tf_config,
                                        channel.send, spec.faults, spec.sync_check, progress_map,
                                        spec.step_function, spec.attempt,
-                                       bool(spec.replicas_path), spec.reference_workers)
+                                       bool(spec.replicas_path), spec.reference_workers,
+                                       wait_applied=channel.wait_applied)
     context_module.activate(ctx)
     code = 1
     try:
