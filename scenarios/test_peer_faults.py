@@ -11,7 +11,10 @@ from scenarios.meta import NO_FIX, culprit_check, scenario
 
 STEPS = 10
 AT = 5
-COLLECTIVE_TIMEOUT = 2.0
+# Longer than the slowest legitimate step here: with 2 s, a CI run on 2
+# cores (-n 2) timed out a step before the pause, one that a peer only
+# reached more than 2 s later.
+COLLECTIVE_TIMEOUT = 4.0
 
 
 def train_loop(collective_timeout=None, steps=STEPS, chief_seconds=0.0):
@@ -84,7 +87,7 @@ def test_worker_crashes_mid_training(mwms_cluster):
           fixed_by="test_restart_from_checkpoint_after_a_crash")
 def test_worker_crashes_with_collective_timeout(mwms_cluster):
     """A worker dies at step 5; the strategy has
-    ``CommunicationOptions(timeout_seconds=2)``.
+    ``CommunicationOptions(timeout_seconds=4)``.
 
     TensorFlow: the same as without the timeout: the dead peer's closed
     connection makes the survivors raise ``UnavailableError`` at once, before
@@ -290,9 +293,9 @@ def _paused_with_timeout(scenario_run, mwms_cluster):
           fixed_by=NO_FIX)
 def test_paused_worker_with_collective_timeout(mwms_cluster, scenario_run):
     """A worker stops at step 5 and never resumes; the strategy has
-    ``CommunicationOptions(timeout_seconds=2)``.
+    ``CommunicationOptions(timeout_seconds=4)``.
 
-    TensorFlow: after 2 s the survivors raise ``DeadlineExceededError:
+    TensorFlow: after 4 s the survivors raise ``DeadlineExceededError:
     Collective has timed out during execution``: an error instead of a
     hang.  Not deterministic here: a survivor can die aborting the
     timed-out collective (SIGSEGV, or SIGABRT from absl "Mutex corrupt"), a
