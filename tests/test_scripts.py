@@ -78,6 +78,10 @@ TRAIN = textwrap.dedent('''\
             steps = range(args.steps)
         for _ in steps:
             loss = train_step(iterator)
+        # Leave together: a worker whose process ends right after the last
+        # all-reduce can cut a peer's read of its data (seen in CI, 2 workers).
+        from tensorflow.python.eager import context
+        context.context().wait_at_barrier("training-done", 60000)
 
         with open(os.path.join(args.out, f"worker-{task_id}.json"), "w") as f:
             json.dump({"name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
@@ -163,6 +167,8 @@ def test_absl_app_run_completes(mwms_cluster, tmp_path):
         def main(argv):
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
             total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+            from tensorflow.python.eager import context   # leave together, as train.py
+            context.context().wait_at_barrier("done", 60000)
             with open(os.path.join(FLAGS.out, f"{strategy.cluster_resolver.task_id}"), "w") as f:
                 f.write(f"{FLAGS.steps} {float(total)} {argv[1:]}")
 
@@ -227,6 +233,8 @@ def test_module_form_runs_like_python_dash_m(mwms_cluster, tmp_path, monkeypatch
         for _ in range(config.STEPS):
             one = strategy.run(lambda: tf.constant(1.0))
             total += float(strategy.reduce("SUM", one, axis=None))
+        from tensorflow.python.eager import context   # leave together, as train.py
+        context.context().wait_at_barrier("done", 60000)
         task_id = strategy.cluster_resolver.task_id
         with open(os.path.join(args.out, f"worker-{task_id}.json"), "w") as f:
             json.dump({"name": __name__, "package": __package__, "argv": sys.argv,
@@ -432,6 +440,8 @@ AT_EXIT_PY = textwrap.dedent('''\
 
     for _ in range(3):
         train_step()
+    from tensorflow.python.eager import context   # leave together, as train.py
+    context.context().wait_at_barrier("training-done", 60000)
     if strategy.cluster_resolver.task_id == 0:
         if sys.argv[1] == "abort":
             atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))
