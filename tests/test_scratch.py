@@ -128,3 +128,25 @@ def test_a_scratch_directory_is_stale_only_when_its_owner_is_gone(tmp_path):
     link.symlink_to(path)
     assert not scratch.stale(str(link), now + 1000)
     link.unlink()
+
+
+MANAGER_USER = """
+import multiprocessing
+from harness.launch.manager import guarded_manager
+with guarded_manager(multiprocessing) as manager:
+    manager.dict()["shared"] = 1
+print(multiprocessing.util.get_temp_dir(), flush=True)
+"""
+
+
+def test_multiprocessings_own_exit_handler_finds_its_directory(temp_dir):
+    """The sweeper is told of ``multiprocessing``'s temp directory (a
+    Manager's socket); it must not take it before ``multiprocessing``'s own
+    exit handler, which then printed a FileNotFoundError traceback."""
+    proc = subprocess.run([sys.executable, "-c", MANAGER_USER], capture_output=True, text=True,
+                          env=dict(os.environ, TMPDIR=temp_dir), timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert os.path.dirname(proc.stdout.strip()) == temp_dir
+    assert not _gone_within([proc.stdout.strip()], 5 + scratch.QUIET_SECONDS)
+    _gone_within([os.path.join(temp_dir, n) for n in os.listdir(temp_dir)],
+                 5 + scratch.QUIET_SECONDS)   # the sweeper's last pass, before temp_dir goes

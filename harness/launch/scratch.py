@@ -169,15 +169,16 @@ def remove_at_end(path: str) -> None:
 
 
 def close() -> None:
-    """Remove the scratch directory now and let the sweeper go."""
-    global _dir, _sweeper
+    """Remove the scratch directory now.  The sweeper is left to remove
+    the rest when this process has ended (its pipe closes then): what it
+    was told of outside includes ``multiprocessing``'s own temp directories,
+    which their exit handlers, run after this one, remove first and fail
+    to find if the sweeper took them sooner."""
+    global _dir
     with _lock:
         if _dir is not None and _owner == os.getpid():
             shutil.rmtree(_dir, ignore_errors=True)
-            if _sweeper is not None:
-                _sweeper.stdin.close()
-                _sweeper.wait()
-        _dir = _sweeper = None
+        _dir = None
 
 
 def sweep(paths, quiet: float = QUIET_SECONDS, give_up: float = GIVE_UP_SECONDS) -> None:
