@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from harness.diagnosis.echoes import is_echo
 from harness.faults import BadTFConfig, UnresolvedHost
 from harness.network import namespace as netns
 from scenarios.meta import NO_FIX, culprit_check, culprit_from_three, scenario
@@ -112,8 +113,8 @@ def test_tf_config_cluster_lists_of_different_size(mwms_cluster):
     "... is joining a group with size N, but that group has size N+1" from
     the strategy's first collective (the initial broadcast of the variables).
     A worker still on its way there when a peer has exited raises an echo
-    instead (measured once at 4 workers: ``UnavailableError`` "Connection
-    reset by peer"): which do is a race.
+    instead (at 4 workers ``UnavailableError`` "Connection reset by peer" was
+    seen; any echo of a peer's exit may come): which do is a race.
 
     Source: seed rule 1.
 
@@ -123,10 +124,10 @@ def test_tf_config_cluster_lists_of_different_size(mwms_cluster):
     result = mwms_cluster.run(train_and_report, timeout=10,
                               faults=[BadTFConfig(last, "wrong_size")])
     result.assert_failed(culprits=[last], error="InternalError")
-    messages = [w.exception.message for w in result.workers if w.exception]
-    assert any("is joining a group with" in m for m in messages), messages
-    assert all("is joining a group with" in m or "Connection reset by peer" in m
-               or "failed to connect" in m for m in messages), messages
+    errors = [w.exception for w in result.workers if w.exception]
+    assert any("is joining a group with" in e.message for e in errors), errors
+    # The rest report a peer's exit, in whatever words reached them first.
+    assert all("is joining a group with" in e.message or is_echo(e) for e in errors), errors
 
 
 @pytest.mark.timeout(60)
