@@ -45,6 +45,11 @@ def step():
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0), axis=None)
 
 for k in range(a.steps):
+    if a.bug == "pause" and k == a.at:
+        # Every worker is done with the last step before the pause: else a
+        # peer may still read that step's data from the stopped process.
+        from tensorflow.python.eager import context
+        context.context().wait_at_barrier("before-the-pause", 60000)
     if index == a.worker and k == a.at:
         if a.bug.startswith("skip"):
             continue                       # a bad local batch, skipped
