@@ -369,6 +369,12 @@ def needs_network(plan: Iterable[Fault]) -> bool:
     return any(f.network_commands() for f in plan)
 
 
+def changes_the_network_at_once(fault: Fault) -> bool:
+    """Whether ``fault`` changes the network as it acts (not only seconds
+    later): the worker then waits at its step until the change is made."""
+    return any(after <= 0 for after, _ in fault.network_commands())
+
+
 def needs_host_names(plan: Iterable[Fault]) -> bool:
     """Whether a fault of ``plan`` lists a worker by a host name the run resolves."""
     return any(f.host_names() for f in plan)

@@ -21,6 +21,7 @@ from harness.controller.memory import MemorySampler
 from harness.core import progress, protocol
 from harness.diagnosis.deadlock import certain_deadlock
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
+from harness.faults import changes_the_network_at_once
 from harness.launch.base import WorkerHandle
 from harness.network import RunNetwork
 from harness.settings import RunSettings
@@ -247,14 +248,12 @@ class WatchLoop:
         worker.events.append(Event(now - self.start, msg.kind, msg.step, repr(fault)))
         for delay, sig in fault.parent_signals(self.run_grace):
             self.actions.append(ParentAction(now + delay, worker.index, signal=sig))
-        applied = False
         for delay, command in fault.network_commands():
             if delay > 0:
                 self.actions.append(ParentAction(now + delay, worker.index, command=command))
             else:
                 self.network.command(command, worker.index)
-                applied = True
-        if applied:
+        if changes_the_network_at_once(fault):
             try:
                 worker.handle.conn.send(protocol.APPLIED)   # it waits for this at its step
             except OSError:

@@ -4,7 +4,7 @@ circumstantial.  See :mod:`harness.diagnosis.rules`."""
 from __future__ import annotations
 
 import collections
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from harness.core import protocol
 from harness.diagnosis.echoes import names_unhealthy, short_type, tasks_named_unhealthy
@@ -274,8 +274,16 @@ def _cut_by(call, gone: WorkerObservation) -> bool:
     return call.ended is None or call.ended >= _gone_at(gone)
 
 
-def _needed_in(w: WorkerObservation,
-               left: List[WorkerObservation]) -> Optional[Tuple[str, int, bool]]:
+class Needed(NamedTuple):
+    """Where a worker needed the workers that left: call ``number`` of
+    ``function`` (``""``: step ``number``, without a ledger); ``cut``: a
+    call they made too, but left while it was still reading their data."""
+    function: str
+    number: int
+    cut: bool
+
+
+def _needed_in(w: WorkerObservation, left: List[WorkerObservation]) -> Optional[Needed]:
     """Where ``w`` needed the workers that ``left``: ``(function, call
     number, cut)`` of its last collective call, which raised or never ended
     and which none of them made, or (``cut``) which every one of them made
@@ -288,7 +296,7 @@ def _needed_in(w: WorkerObservation,
         name = ledger.function_of(w, call)
         made = [ledger.calls_of(gone, name) >= call.number for gone in left]
         if all(not m or _cut_by(call, gone) for m, gone in zip(made, left)):
-            return name, call.number, all(made)
+            return Needed(name, call.number, all(made))
         return None
     if call is not None and w.error is not None:
         # It raised after its last recorded call ended: in the next one,
@@ -296,11 +304,11 @@ def _needed_in(w: WorkerObservation,
         # peer's connection reset, can beat the ledger's first marker).
         name = ledger.function_of(w, call)
         if all(ledger.calls_of(gone, name) <= call.number for gone in left):
-            return name, call.number + 1, False
+            return Needed(name, call.number + 1, False)
         return None
     if call is None and w.last_step is not None and all(
             gone.last_step is None or gone.last_step < w.last_step for gone in left):
-        return "", w.last_step, False
+        return Needed("", w.last_step, False)
     return None
 
 
@@ -347,10 +355,10 @@ def left_early(f: Facts) -> Optional[Blame]:
     needed = {w.index: _needed_in(w, left) for w in stuck}
     if any(v is None for v in needed.values()):
         return None
-    name = needed[stuck[0].index][0]
-    if any(v[0] != name for v in needed.values()):
+    name = needed[stuck[0].index].function
+    if any(v.function != name for v in needed.values()):
         return None
-    numbers = sorted({v[1] for v in needed.values()})
+    numbers = sorted({v.number for v in needed.values()})
     its = "its process" if len(left) == 1 else "their processes"
     if name:
         made = sorted({ledger.calls_of(w, name) for w in left})
@@ -374,7 +382,7 @@ def left_early(f: Facts) -> Optional[Blame]:
     culprits = [w.index for w in left]
     reason = "it left while they still needed it in a collective"
     counted = collective_counts(f)
-    cut = all(v[2] for v in needed.values())   # they ended their processes mid-exchange
+    cut = all(v.cut for v in needed.values())   # they ended their processes mid-exchange
     if counted is not None and not counted.ambiguous:
         if sorted(counted.culprits) != sorted(culprits):
             return None   # the per-step counts name another: they are the better evidence

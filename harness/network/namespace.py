@@ -67,22 +67,19 @@ def end_anchor(anchor: subprocess.Popen) -> None:
             stream.close()
 
 
-def await_done(process: subprocess.Popen) -> bool:
-    """Wait for ``process`` (the switch's anchor, the proxy) to say "done":
-    it carried out the command it was sent.  False if it ended or said
-    nothing within :data:`COMMAND_WAIT` (a run that is ending)."""
+def await_done(process: subprocess.Popen) -> None:
+    """Wait for ``process`` (the switch's anchor, the proxy) to end the line
+    that says it carried out the command it was sent; not past its end, nor
+    past :data:`COMMAND_WAIT` (a run that is ending)."""
     fd = process.stdout.fileno()
     deadline = time.monotonic() + COMMAND_WAIT
-    line = b""
-    while not line.endswith(b"\n"):
+    while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return False
+            return
         byte = os.read(fd, 1)   # unbuffered: the next line is the next command's
-        if not byte:
-            return False
-        line += byte
-    return line.strip() == b"done"
+        if byte in (b"", b"\n"):
+            return
 
 
 def anchor_failed(anchor: subprocess.Popen, default: str) -> OSError:

@@ -18,7 +18,8 @@ from typing import Callable, Dict
 
 from harness.errors import InjectedFault
 from harness.faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, Partition, Pause,
-                            Preempt, RaiseError, ResetPeers, SkipStep, StepFault)
+                            Preempt, RaiseError, ResetPeers, SkipStep, StepFault,
+                            changes_the_network_at_once)
 from harness.worker.process import flush_output
 
 
@@ -60,7 +61,7 @@ def on_the_network(fault: StepFault, ctx) -> None:
     the FAULT message first).  The step runs on into it once the parent
     says the change is made; a change due later (``ResetPeers(after=...)``)
     is not waited for."""
-    if any(after <= 0 for after, _ in fault.network_commands()):
+    if changes_the_network_at_once(fault):
         ctx.wait_applied()
 
 
