@@ -109,6 +109,7 @@ TRAIN_AND_END = textwrap.dedent('''\
     parser = argparse.ArgumentParser()
     parser.add_argument("--chief-lingers", type=float, default=0.0)
     parser.add_argument("--abort-at-exit", action="store_true")
+    parser.add_argument("--where", required=True, help="an empty directory")
     args = parser.parse_args()
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -129,7 +130,18 @@ TRAIN_AND_END = textwrap.dedent('''\
     # coordination service's barrier lets nobody go before all are done.
     from tensorflow.python.eager import context
     context.context().wait_at_barrier("training-done", 60000)
-    if strategy.cluster_resolver.task_id == 0:
+    # The chief hosts that service: a peer still waiting for the barrier's
+    # answer when the chief's process ends gets "Socket closed" (seen on
+    # 2.15.1).  Each peer says it has its answer with a file; the chief
+    # waits for them all.
+    task_id = strategy.cluster_resolver.task_id
+    if task_id:
+        open(os.path.join(args.where, f"left-{task_id}"), "w").close()
+    else:
+        peers = strategy.cluster_resolver.cluster_spec().num_tasks("worker") - 1
+        deadline = time.monotonic() + 60
+        while len(os.listdir(args.where)) < peers and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(args.chief_lingers)   # the chief's own work after training
         if args.abort_at_exit:
             atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))
@@ -139,7 +151,9 @@ TRAIN_AND_END = textwrap.dedent('''\
 def _train_and_end(tmp_path):
     path = tmp_path / "train_and_end.py"
     path.write_text(TRAIN_AND_END)
-    return path
+    where = tmp_path / "left"
+    where.mkdir()
+    return path, ["--where", str(where)]
 
 
 @pytest.mark.timeout(60)
@@ -170,8 +184,9 @@ def test_chief_aborts_at_exit_after_training(mwms_cluster, tmp_path):
     Fix: nothing in the job may end its process otherwise than by its
     main returning (no teardown that aborts): see the fixed variant.
     """
-    result = mwms_cluster.run_script(_train_and_end(tmp_path),
-                                     ["--chief-lingers", "0.5", "--abort-at-exit"], timeout=30)
+    path, where = _train_and_end(tmp_path)
+    result = mwms_cluster.run_script(path, [*where, "--chief-lingers", "0.5", "--abort-at-exit"],
+                                     timeout=30)
     result.assert_crashed_at_exit(culprits=[0])
     assert all(w.returned for w in result.workers)
     assert result.workers[0].exit_code == -6
@@ -194,8 +209,8 @@ def test_chief_ends_after_its_peers_left(mwms_cluster, tmp_path):
 
     Fix: this.
     """
-    result = mwms_cluster.run_script(_train_and_end(tmp_path), ["--chief-lingers", "1"],
-                                     timeout=30)
+    path, where = _train_and_end(tmp_path)
+    result = mwms_cluster.run_script(path, [*where, "--chief-lingers", "1"], timeout=30)
     result.assert_completed()
     assert all(w.exit_code == 0 for w in result.workers)
     chief_ended = result.workers[0].observation.exit_time

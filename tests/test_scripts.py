@@ -22,10 +22,39 @@ from harness.settings import RunSettings
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]
 
+# Prepended to every script here.  Leave together: a worker whose process
+# ends right after the last all-reduce can cut a peer's read of its data,
+# so every worker first waits at the coordination service's barrier; and
+# the chief, which hosts that service, ends only once each peer has its
+# answer from the barrier (a peer still waiting for it when the chief's
+# process ended got "UnavailableError: Socket closed", seen in CI on
+# TensorFlow 2.15.1).  A peer says so with a file in `where`, the chief
+# waits for them all and removes them.
+LEAVE_TOGETHER = textwrap.dedent('''\
+    def leave_together(strategy, where):
+        import glob, os, time
+        from tensorflow.python.eager import context
+        context.context().wait_at_barrier("training-done", 60000)
+        task_id = strategy.cluster_resolver.task_id
+        if task_id:
+            open(os.path.join(where, f"left-{task_id}"), "w").close()
+            return
+        peers = strategy.cluster_resolver.cluster_spec().num_tasks("worker") - 1
+        deadline = time.monotonic() + 60
+        while len(glob.glob(os.path.join(where, "left-*"))) < peers:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the chief's peers never said they left")
+            time.sleep(0.01)
+        for path in glob.glob(os.path.join(where, "left-*")):
+            os.remove(path)
+
+
+''')
+
 # A tutorial-style custom training loop: a linear model on synthetic data,
 # distributed with distribute_datasets_from_function, one all-reduce of the
 # gradients per step.  --end says how the script ends on which worker.
-TRAIN = textwrap.dedent('''\
+TRAIN = LEAVE_TOGETHER + textwrap.dedent('''\
     import argparse
     import json
     import os
@@ -78,10 +107,7 @@ TRAIN = textwrap.dedent('''\
             steps = range(args.steps)
         for _ in steps:
             loss = train_step(iterator)
-        # Leave together: a worker whose process ends right after the last
-        # all-reduce can cut a peer's read of its data (seen in CI, 2 workers).
-        from tensorflow.python.eager import context
-        context.context().wait_at_barrier("training-done", 60000)
+        leave_together(strategy, args.out)
 
         with open(os.path.join(args.out, f"worker-{task_id}.json"), "w") as f:
             json.dump({"name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
@@ -154,7 +180,7 @@ def test_exit_status_zero_completes(mwms_cluster, train_py, end):
 def test_absl_app_run_completes(mwms_cluster, tmp_path):
     """absl's app.run parses flags from sys.argv and always ends in SystemExit."""
     script = tmp_path / "absl_main.py"
-    script.write_text(textwrap.dedent('''\
+    script.write_text(LEAVE_TOGETHER + textwrap.dedent('''\
         import os
         from absl import app, flags
         import tensorflow as tf
@@ -167,8 +193,7 @@ def test_absl_app_run_completes(mwms_cluster, tmp_path):
         def main(argv):
             strategy = tf.distribute.MultiWorkerMirroredStrategy()
             total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-            from tensorflow.python.eager import context   # leave together, as train.py
-            context.context().wait_at_barrier("done", 60000)
+            leave_together(strategy, FLAGS.out)
             with open(os.path.join(FLAGS.out, f"{strategy.cluster_resolver.task_id}"), "w") as f:
                 f.write(f"{FLAGS.steps} {float(total)} {argv[1:]}")
 
@@ -220,7 +245,7 @@ def test_module_form_runs_like_python_dash_m(mwms_cluster, tmp_path, monkeypatch
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "config.py").write_text("STEPS = 3\n")
-    (pkg / "task.py").write_text(textwrap.dedent('''\
+    (pkg / "task.py").write_text(LEAVE_TOGETHER + textwrap.dedent('''\
         import argparse, json, os, sys
         import tensorflow as tf
         from . import config            # a relative import: it runs inside its package
@@ -233,8 +258,7 @@ def test_module_form_runs_like_python_dash_m(mwms_cluster, tmp_path, monkeypatch
         for _ in range(config.STEPS):
             one = strategy.run(lambda: tf.constant(1.0))
             total += float(strategy.reduce("SUM", one, axis=None))
-        from tensorflow.python.eager import context   # leave together, as train.py
-        context.context().wait_at_barrier("done", 60000)
+        leave_together(strategy, args.out)
         task_id = strategy.cluster_resolver.task_id
         with open(os.path.join(args.out, f"worker-{task_id}.json"), "w") as f:
             json.dump({"name": __name__, "package": __package__, "argv": sys.argv,
@@ -420,7 +444,7 @@ def test_a_script_that_ends_early_is_named_as_the_worker_that_left(mwms_cluster,
 
 
 # Ends cleanly, then an atexit handler ends the process on worker 0.
-AT_EXIT_PY = textwrap.dedent('''\
+AT_EXIT_PY = LEAVE_TOGETHER + textwrap.dedent('''\
     import atexit
     import os
     import signal
@@ -440,8 +464,7 @@ AT_EXIT_PY = textwrap.dedent('''\
 
     for _ in range(3):
         train_step()
-    from tensorflow.python.eager import context   # leave together, as train.py
-    context.context().wait_at_barrier("training-done", 60000)
+    leave_together(strategy, sys.argv[2])
     if strategy.cluster_resolver.task_id == 0:
         if sys.argv[1] == "abort":
             atexit.register(lambda: os.kill(os.getpid(), signal.SIGABRT))
@@ -460,7 +483,7 @@ def test_a_script_that_dies_at_exit_after_training_crashed_at_exit(mwms_cluster,
     the run is crashed_at_exit, naming worker 0 and saying both."""
     path = tmp_path / "at_exit.py"
     path.write_text(AT_EXIT_PY)
-    result = mwms_cluster.run_script(path, [how], timeout=30)
+    result = mwms_cluster.run_script(path, [how, str(tmp_path)], timeout=30)
     result.assert_crashed_at_exit(culprits=[0])
     assert result.verdict.rule == "died_at_exit"
     assert all(w.returned for w in result.workers)
