@@ -68,11 +68,16 @@ def stop_workers(tracked: List[TrackedWorker], handles: List[WorkerHandle], star
     def kill(h: WorkerHandle) -> None:
         # Decide before the kill: once SIGKILL is sent the exit status can
         # arrive at once, and a worker we killed must not read as a crash.
+        # A worker still running when the run was decided (pending) ends by
+        # the harness's hand too when it ended by itself in the meantime: a
+        # slow teardown (on Ray each signal and kill is a call) can outlast
+        # TensorFlow's heartbeat timeout, whose error then ends a blocked
+        # worker after the verdict's moment, which is not evidence.
         h.join(0)
         alive = h.exitcode is None
         h.kill_tree(descendants[h.index])
         worker = by_index.get(h.index)
-        if alive and worker is not None:
+        if worker is not None and (alive or worker.pending):
             worker.note(killed_by_harness=True)
 
     # The unfinished first: a released worker exits and closes its

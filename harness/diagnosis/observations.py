@@ -150,8 +150,9 @@ class WorkerObservation:
 
     ``exit_code`` follows ``multiprocessing``: negative for death by a signal
     (``-9`` for SIGKILL).  ``killed_by_harness`` is True when that signal came
-    from the harness's own cleanup after a hang or grace expiry, so it is not
-    mistaken for a crash.  ``stopped`` is True when the worker was found
+    from the harness's own cleanup after a hang or grace expiry, or when a
+    worker still running at that moment ended by itself during the cleanup,
+    so it is not mistaken for a crash.  ``stopped`` is True when the worker was found
     stopped (SIGSTOP) at the end of the run: it could not dump a stack.
     ``tf_config`` is the ``TF_CONFIG`` the worker had when it built its
     strategy (what it was given, if it never did).  ``functions`` and
