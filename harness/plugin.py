@@ -27,6 +27,7 @@ from harness.settings import MARKER_KEYS, OPTIONS, Option, RunSettings, apply_ma
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 RUNS_KEY = pytest.StashKey[list]()     # every run's summary this session, for the summary
+TEST_SECONDS_KEY = pytest.StashKey[dict]()   # the tests' time by file, for --durations
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except SettingError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[RUNS_KEY] = []
+    config.stash[TEST_SECONDS_KEY] = {}
     config.pluginmanager.register(SessionRuns(config), "mwms-session-runs")
 
 
@@ -171,14 +173,20 @@ class SessionRuns:
         runs = getattr(report, "mwms_runs", None)
         if runs:
             self.config.stash[RUNS_KEY].extend(runs)
+        seconds = self.config.stash[TEST_SECONDS_KEY]
+        path = pytest_report.file_of(report.nodeid)
+        seconds[path] = seconds.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):   # an xdist worker: the controller summarizes
         return
     settings = config.stash.get(SETTINGS_KEY, None)
-    lines = pytest_report.summary_lines(config.stash.get(RUNS_KEY, []),
-                                    settings.report_dir if settings else None)
+    # pytest's --durations also asks where each file's time went.
+    wants_phases = config.getoption("durations", None) is not None
+    lines = pytest_report.summary_lines(
+        config.stash.get(RUNS_KEY, []), settings.report_dir if settings else None,
+        test_seconds=config.stash.get(TEST_SECONDS_KEY, {}) if wants_phases else None)
     if lines:
         terminalreporter.write_sep("=", "pytest-mwms")
         for line in lines:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from harness.core.protocol import WorkerError
 from harness.errors import SettingError
@@ -99,6 +99,8 @@ class RunResult:
       whatever its workers did, and its diagnosis says so first.
     - ``attempt``: which attempt this result is (0 unless restarted).
     - ``attempts``: with ``restarts``, every attempt's own result, in order.
+    - ``phases``: where the time went, seconds by phase, in order
+      (:mod:`harness.controller.phases`), every attempt added up.
     """
 
     outcome: str
@@ -111,6 +113,7 @@ class RunResult:
     faults_never_acted: Tuple[Tuple[str, str], ...] = ()
     attempt: int = 0
     attempts: Tuple["RunResult", ...] = dataclasses.field(default=(), repr=False)
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def return_values(self) -> list:

@@ -255,3 +255,18 @@ def test_a_fault_left_behind_by_an_earlier_crash_is_listed_not_failed(mwms_clust
     assert result.outcome == "crashed" and result.faults_never_acted == ()
     assert "not acted: Delay(worker=0, step=6, seconds=0.1): did not act (the run ended first)" \
         in result.diagnosis
+
+
+def test_a_run_says_where_its_time_went(mwms_cluster):
+    """RunResult.phases: the parent's steps and the workers' (start,
+    strategy, steps, the wait) add up to the whole call."""
+    began = time.monotonic()
+    result = mwms_cluster.run(allreduce_steps, args=(5,))
+    wall = time.monotonic() - began
+    result.assert_completed()
+    phases = result.phases
+    assert list(phases) == ["request", "setup", "launch", "start", "strategy", "steps",
+                            "wait: finish", "stacks", "teardown", "diagnosis", "cleanup"]
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert phases["strategy"] > 0 and phases["steps"] > 0
+    assert wall - 0.05 <= sum(phases.values()) <= wall

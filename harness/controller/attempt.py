@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from harness import faults as faults_module
 from harness.controller.ledger_view import LedgerView
 from harness.controller.outcome import judge, with_task_restarts
+from harness.controller.phases import Clock, worker_phases
 from harness.controller.replicas import compare as compare_replicas
 from harness.controller.request import RunRequest
 from harness.controller.restarts import POLICIES, TaskRestarter, incarnation_plan, specs_dir
@@ -94,7 +95,8 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     for spec in specs:
         progress.create(spec.progress_path)
         readers.append(progress.Reader(spec.progress_path))
-    launched = start = time.monotonic()
+    clock = Clock()
+    launched = start = clock.last
     handles: List[WorkerHandle] = []
     tracked: List[TrackedWorker] = []
     ended_by = EndedBy.HANG
@@ -123,7 +125,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         # The clock of the run starts once the workers exist: a forkserver
         # still importing TensorFlow (the first run of a session) is no
         # hang of theirs.
-        start = time.monotonic()
+        start = clock.mark("launch")
         job.network.workers_started()
         tracked = [track(h, readers[h.index]) for h in handles]
         loop = WatchLoop(tracked, req.settings, start, req.progress, attempt, job.network,
@@ -132,16 +134,18 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         timeout = loop.timeout   # the progress callback may have set it
         # The run's clock (events, hang detection) and the user's (the
         # whole call, a cold forkserver's wait included).
-        duration = time.monotonic() - start
+        duration = clock.mark("run") - start
         total = time.monotonic() - launched
         for worker in tracked:
             worker.stop_reading()
         if ended_by != EndedBy.ALL_FINISHED:
             dump_stacks(tracked, specs)
+        clock.mark("stacks")
     finally:
         # The live processes: a restarted worker's ended ones are gone already.
         stop_workers(tracked, [h for h in handles if restarter is None
                                or all(h is not e for e in restarter.ended)], start)
+        clock.mark("teardown")
     obs = RunObservation(
         num_workers=req.settings.workers, timeout=timeout,
         grace=req.settings.grace, ended_by=ended_by, duration=duration, workers=tuple(
@@ -150,11 +154,16 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     for reader in readers:
         reader.close()
     if restarter is None:
-        return attempt_result(obs, plan, tracked, specs, total, attempt)
-    incarnations = [restarter.incarnation(i) for i in range(req.settings.workers)]
-    result = attempt_result(obs, incarnation_plan(req.plan, incarnations), tracked, specs,
-                            total, attempt, incarnations)
-    return with_task_restarts(result, restarter.history, restarter.not_restarted, req.plan)
+        result = attempt_result(obs, plan, tracked, specs, total, attempt)
+    else:
+        incarnations = [restarter.incarnation(i) for i in range(req.settings.workers)]
+        result = with_task_restarts(
+            attempt_result(obs, incarnation_plan(req.plan, incarnations), tracked, specs,
+                           total, attempt, incarnations),
+            restarter.history, restarter.not_restarted, req.plan)
+    clock.mark("diagnosis")
+    clock.phases.pop("run", None)
+    return dataclasses.replace(result, phases={**worker_phases(obs), **clock.phases})
 
 
 def task_restarter(req: RunRequest, start_again, result_of) -> Optional[TaskRestarter]:

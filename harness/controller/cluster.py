@@ -18,6 +18,7 @@ from typing import Callable, List, Optional, Sequence
 from harness import faults as faults_module
 from harness.controller.attempt import Job, load_value, run_attempt
 from harness.controller.outcome import certain_to_recur, combine_attempts, judge
+from harness.controller.phases import Clock
 from harness.controller.replicas import compare_reference
 from harness.controller.request import RunRequest, make_request
 from harness.controller.restarts import POLICIES
@@ -130,20 +131,24 @@ class Cluster:
         Each run's workers share a network namespace of their own when the
         ``network`` setting allows it: see :mod:`harness.network`.
         """
+        checked = time.monotonic()
         request = make_request(
             self.settings, self.launcher.start_method, fn, args, kwargs, faults=faults,
             sync_check=sync_check, env=env, restart_on=restart_on, timeout=timeout,
             grace=grace, restarts=restarts, restart_policy=restart_policy, ledger=ledger,
             step_fn=step_fn, check_replicas=check_replicas, reference=reference,
             on_return=on_return, progress=progress)
-        result = self.submit(request)
-        self.runs.append(result)
-        return result
+        self.runs.append(self.submit(request, checked))
+        return self.runs[-1]
 
-    def submit(self, request: RunRequest) -> RunResult:
-        """Run a checked request: its attempts, then its reference run."""
+    def submit(self, request: RunRequest, checked: Optional[float] = None) -> RunResult:
+        """Run a checked request: its attempts, then its reference run.
+        ``checked``: when the request's checks began (its phase's start)."""
         settings, n = request.settings, request.settings.workers
-        launched = time.monotonic()
+        clock = Clock()
+        launched = clock.last
+        if checked is not None:
+            clock.add("request", launched - checked)
         attempts: List[RunResult] = []
         not_restarted: Optional[str] = None
         with self.launcher.place(n, settings.state_dir) as placement, \
@@ -157,6 +162,7 @@ class Cluster:
             envs = tuple({**e, "TMPDIR": tmpdir, **dict(request.env)}
                          for e in worker_environments(n, settings.devices))
             job = Job(request, envs, network, network.worker_namespaces(n))
+            clock.mark("setup")
             try:
                 # Every attempt on the ports reserved once: a restarted
                 # cluster is found at the same addresses, and a port of the
@@ -170,7 +176,9 @@ class Cluster:
                         placement.spare))
                     files = os.path.join(tmpdir, f"attempt-{attempt}")
                     os.mkdir(files, 0o700)
+                    clock.mark("setup")
                     attempts.append(run_attempt(self.launcher, job, attempt, configs, plan, files))
+                    clock.last = time.monotonic()
                     if attempts[-1].verdict.outcome not in request.restart_on:
                         break
                     if attempt + 1 < allowed:
@@ -182,8 +190,11 @@ class Cluster:
                     attempts[-1] = self._against_reference(job, attempts[-1], plan, files,
                                                            tmpdir, placement.ports[0])
             finally:
+                clock.last = time.monotonic()
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        return combine_attempts(attempts, request.plan, time.monotonic() - launched, not_restarted)
+        clock.mark("cleanup")
+        return combine_attempts(attempts, request.plan, time.monotonic() - launched, not_restarted,
+                                clock.phases)
 
     def run_script(self, path=None, argv: Sequence[str] = (), *, module: Optional[str] = None,
                    env: Optional[dict] = None, faults: Sequence = (),

@@ -16,6 +16,7 @@ import re
 from typing import Mapping, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
+from harness.controller.phases import added
 from harness.core import protocol
 from harness.diagnosis import Verdict, diagnose
 from harness.diagnosis.echoes import exit_text, is_echo, short_type
@@ -89,12 +90,14 @@ def certain_to_recur(workers: Sequence[WorkerObservation]) -> Optional[str]:
 
 
 def combine_attempts(attempts: Sequence[RunResult], plan: Sequence[Fault],
-                     total: float, not_restarted: Optional[str] = None) -> RunResult:
+                     total: float, not_restarted: Optional[str] = None,
+                     setup: Optional[Mapping[str, float]] = None) -> RunResult:
     """The result of a run from its attempts' results: the last attempt's,
     with every attempt kept.  A fault planned for an attempt that never ran
     never acted, and a run with such a fault fails, as one whose worker
     never reached it does.  ``not_restarted``: why the last attempt was not
-    restarted though restarts were left (:func:`certain_to_recur`)."""
+    restarted though restarts were left (:func:`certain_to_recur`).  ``setup``:
+    the phases of the run outside its attempts, added to theirs."""
     last = attempts[-1]
     ended = f"the run ended after attempt {len(attempts) - 1} ({last.outcome})"
     if not_restarted:
@@ -114,7 +117,8 @@ def combine_attempts(attempts: Sequence[RunResult], plan: Sequence[Fault],
             parts += [f"--- attempt {a.attempt} ---", a.diagnosis]
         text = "\n".join(parts)
     return dataclasses.replace(last, outcome=outcome, diagnosis=text, duration=total,
-                               faults_never_acted=never, attempts=tuple(attempts))
+                               faults_never_acted=never, attempts=tuple(attempts),
+                               phases=added([a.phases for a in attempts] + [setup or {}]))
 
 
 # Lines of a TensorFlow error message that say nothing of their own.

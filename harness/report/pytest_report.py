@@ -86,13 +86,58 @@ def run_summary(run, nodeid: str) -> dict:
     xdist's JSON transport)."""
     return {"nodeid": nodeid, "outcome": str(run.outcome), "culprits": list(run.culprits),
             "ambiguous": bool(run.ambiguous), "duration": round(float(run.duration), 3),
-            "workers": len(run.workers)}
+            "workers": len(run.workers), "attempts": max(1, len(run.attempts)),
+            "phases": {k: round(float(v), 4) for k, v in run.phases.items()}}
+
+
+# The columns of the per-file table (``--durations``): which phases each
+# adds up (harness.controller.phases).
+PHASE_GROUPS = (
+    ("start-up", ("request", "setup", "launch", "start", "strategy")),
+    ("steps", ("steps",)),
+    ("TF detects", ("wait: TensorFlow's failure detection",)),
+    ("harness waits", ("wait: hang timeout", "wait: grace", "wait: deadlock proof")),
+    ("finish", ("wait: finish",)),
+    ("end", ("stacks", "teardown", "diagnosis", "cleanup")),
+)
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def phase_table(runs: Sequence[dict], test_seconds: Dict[str, float]) -> List[str]:
+    """Where each test file's time went, in seconds: its tests' time
+    (``test_seconds``, by file), its runs' phases grouped as
+    :data:`PHASE_GROUPS`, and the rest of its tests' time outside runs."""
+    by_file: Dict[str, List[dict]] = collections.defaultdict(list)
+    for r in runs:
+        by_file[file_of(r["nodeid"])].append(r)
+    names = [g for g, _ in PHASE_GROUPS]
+    head = ["file", "tests s", "runs", "restarts"] + names + ["outside runs"]
+    rows = []
+    for path in sorted(set(by_file) | set(test_seconds), key=lambda p: -test_seconds.get(p, 0.0)):
+        mine = by_file.get(path, [])
+        groups = [sum(r.get("phases", {}).get(p, 0.0) for r in mine for p in members)
+                  for _, members in PHASE_GROUPS]
+        total = test_seconds.get(path, 0.0)
+        in_runs = sum(v for r in mine for v in r.get("phases", {}).values())
+        rows.append([path, f"{total:.1f}", str(len(mine)),
+                     str(sum(r.get("attempts", 1) - 1 for r in mine))]
+                    + [f"{g:.1f}" for g in groups] + [f"{max(0.0, total - in_runs):.1f}"])
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(   # noqa: E731
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return ["where the time went, by file (seconds; --durations):", line(head)] + \
+        [line(r) for r in rows]
 
 
 def summary_lines(runs: Sequence[dict], report_dir: Optional[str] = None,
-                  slowest: int = SLOWEST_SHOWN) -> List[str]:
+                  slowest: int = SLOWEST_SHOWN,
+                  test_seconds: Optional[Dict[str, float]] = None) -> List[str]:
     """The session summary's lines: runs by outcome, verdicts that named one
-    culprit and that could not tell, the slowest runs, the report directory."""
+    culprit and that could not tell, the slowest runs, the report directory;
+    with ``test_seconds`` (the tests' time by file), :func:`phase_table`."""
     if not runs:
         return []
     by_outcome = collections.Counter(r["outcome"] for r in runs)
@@ -110,4 +155,6 @@ def summary_lines(runs: Sequence[dict], report_dir: Optional[str] = None,
         f"{r['duration']:.1f}s {r['nodeid']} ({r['outcome']})" for r in top))
     if report_dir:
         lines.append(f"timelines in {report_dir}")
+    if test_seconds is not None:
+        lines += phase_table(runs, test_seconds)
     return lines

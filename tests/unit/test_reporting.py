@@ -66,3 +66,25 @@ def test_the_session_summary():
     assert lines[2].startswith("slowest: 21.0s t::0 (completed)")
     assert lines[3] == "timelines in /r"
     assert reporting.summary_lines([]) == []
+
+
+def test_where_each_files_time_went_with_durations():
+    phases = [{"launch": 0.1, "start": 0.2, "strategy": 0.7, "steps": 2.0, "wait: finish": 0.1,
+               "teardown": 0.1},
+              {"launch": 0.1, "steps": 1.0, "wait: hang timeout": 5.0, "stacks": 0.5,
+               "teardown": 0.4}]
+    runs = [{"nodeid": "s/test_a.py::one", "outcome": "completed", "culprits": [],
+             "ambiguous": False, "duration": 3.2, "phases": phases[0]},
+            {"nodeid": "s/test_a.py::two", "outcome": "hang", "culprits": [1],
+             "ambiguous": False, "duration": 7.0, "attempts": 2, "phases": phases[1]}]
+    lines = reporting.summary_lines(runs, test_seconds={"s/test_a.py": 12.0, "s/test_b.py": 1.0})
+    table = lines[lines.index("where the time went, by file (seconds; --durations):") + 1:]
+    assert table[0].split() == ["file", "tests", "s", "runs", "restarts", "start-up", "steps",
+                                "TF", "detects", "harness", "waits", "finish", "end",
+                                "outside", "runs"]
+    # start-up 0.1+0.2+0.7+0.1, steps 3.0, harness waits 5.0, end 0.1+0.5+0.4; the rest of
+    # the 12 s was the tests' own.
+    assert table[1].split() == ["s/test_a.py", "12.0", "2", "1", "1.1", "3.0", "0.0", "5.0",
+                                "0.1", "1.0", "1.8"]
+    assert table[2].split() == ["s/test_b.py", "1.0", "0", "0"] + ["0.0"] * 6 + ["1.0"]
+    assert not any("where the time went" in line for line in reporting.summary_lines(runs))

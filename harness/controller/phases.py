@@ -1,0 +1,134 @@
+"""Where a run's time went: its phases, in seconds (``RunResult.phases``).
+
+The parent's own steps are timed where they run (:class:`Clock`); what the
+workers did between the launch and the verdict is read from their events
+(:func:`worker_phases`), on the run's clock.  The phases, in order:
+
+``request``
+    checking ``run()``'s arguments and pickling ``fn`` with them;
+``setup``
+    the workers' ports, the run's network and scratch directory;
+``launch``
+    asking the backend for the processes (forks of the forkserver);
+``start``
+    until every worker was set up and about to call ``fn``;
+``strategy``
+    until every worker that makes an MWMS strategy had it (TensorFlow's
+    cluster start-up, the first collective);
+``steps``
+    until the last step any worker began (or, with no steps, the first
+    worker's end): ``fn``'s own work;
+``wait: ...``
+    from there to the moment the run was decided, named by what it waited
+    for: ``finish`` (the workers' returns), ``TensorFlow's failure
+    detection`` (a worker ended badly and its peers waited until
+    TensorFlow failed them: heartbeats, collective time-outs), ``grace``
+    (peers of a failed worker stayed blocked), ``hang timeout`` (no
+    progress for ``timeout`` seconds), ``deadlock proof`` (the ledgers
+    proved it);
+``stacks``
+    the stacks of the workers still running, when the run did not complete;
+``teardown``
+    every process of the attempt gone;
+``diagnosis``
+    the verdict and the results;
+``cleanup``
+    the run's directory and network removed.
+
+A run with restarts adds its attempts' phases up.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, Mapping, Optional, Sequence
+
+from harness.core import protocol
+from harness.diagnosis.observations import EndedBy, RunObservation, WorkerObservation
+
+ORDER = ("request", "setup", "launch", "start", "strategy", "steps", "wait: finish",
+         "wait: TensorFlow's failure detection", "wait: grace", "wait: hang timeout",
+         "wait: deadlock proof", "stacks", "teardown", "diagnosis", "cleanup")
+
+WAITS = {
+    EndedBy.HANG: "wait: hang timeout",
+    EndedBy.GRACE_EXPIRED: "wait: grace",
+    EndedBy.DEADLOCK: "wait: deadlock proof",
+}
+
+
+class Clock:
+    """Adds the time between successive :meth:`mark` calls to named phases."""
+
+    def __init__(self) -> None:
+        self.phases: Dict[str, float] = {}
+        self.last = time.monotonic()
+
+    def mark(self, phase: str) -> float:
+        """The time since the last mark goes to ``phase``; returns now."""
+        now = time.monotonic()
+        self.add(phase, now - self.last)
+        self.last = now
+        return now
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] = self.phases.get(phase, 0.0) + max(0.0, seconds)
+
+
+def _first(w: WorkerObservation, kind: str) -> Optional[float]:
+    return next((e.time for e in w.events if e.kind == kind), None)
+
+
+def _ended(w: WorkerObservation) -> Optional[float]:
+    """When the worker's ``fn`` ended or its process died, on the run's clock."""
+    times = [t for t in (w.finish_time, w.exit_time) if t is not None]
+    return min(times) if times else None
+
+
+def _bad(w: WorkerObservation) -> bool:
+    return w.error is not None or (w.exit_code is not None and not w.returned)
+
+
+def worker_phases(obs: RunObservation) -> Dict[str, float]:
+    """``start``, ``strategy``, ``steps`` and the ``wait``: the run's
+    ``duration`` (from the launch's end to the verdict) cut at the last
+    worker's start, the last strategy made and the last step begun."""
+    end = obs.duration
+    workers = obs.workers
+    started = [_first(w, protocol.STARTED) for w in workers]
+    start = max((t for t in started if t is not None), default=0.0)
+    made = [t for t in (_first(w, protocol.STRATEGY_CREATED) for w in workers) if t is not None]
+    strategy = max([start] + made)
+    stepped = [e.time for w in workers for e in w.events if e.kind == protocol.STEP]
+    ended = [t for t in (_ended(w) for w in workers) if t is not None]
+    work_end = max(stepped) if stepped else min(ended, default=end)
+    cuts = [min(start, end), min(max(strategy, start), end)]
+    cuts.append(min(max(work_end, cuts[-1]), end))
+    if obs.ended_by in WAITS:
+        wait = WAITS[obs.ended_by]
+    elif any(_bad(w) for w in workers):
+        wait = "wait: TensorFlow's failure detection"
+    else:
+        wait = "wait: finish"
+    return {"start": cuts[0], "strategy": cuts[1] - cuts[0], "steps": cuts[2] - cuts[1],
+            wait: end - cuts[2]}
+
+
+def added(parts: Sequence[Mapping[str, float]]) -> Dict[str, float]:
+    """The phases of several attempts (or runs), added up, in :data:`ORDER`."""
+    total: Dict[str, float] = {}
+    for part in parts:
+        for name, seconds in part.items():
+            total[name] = total.get(name, 0.0) + seconds
+    return ordered(total)
+
+
+def ordered(phases: Mapping[str, float]) -> Dict[str, float]:
+    """``phases`` in :data:`ORDER` (any other name last)."""
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return {k: phases[k] for k in sorted(phases, key=lambda k: rank.get(k, len(ORDER)))}
+
+
+def render(phases: Mapping[str, float]) -> str:
+    """``launch 0.02 s, start 0.05 s, ...``: the phases that took any time."""
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in ordered(phases).items()
+                     if seconds >= 0.005)
