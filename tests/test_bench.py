@@ -100,6 +100,42 @@ def test_schedule_alternates_launchers_and_caps_hang_runs():
     assert not any(t[3] for t in warm)
 
 
+def test_schedule_gives_the_floor_the_completing_workloads_only():
+    plan = bench.schedule(["floor", "harness"], [1, 4], repeats=2, hang_repeats=2)
+    assert {t[1] for t in plan if t[0] == "floor"} == {1}
+    assert sum(1 for t in plan if t[0] == "harness" and t[1] == 4) == 2
+
+
+def test_the_floor_runs_the_loop_on_each_worker():
+    from harness.bench.floor import FloorServer
+    server = FloorServer()
+    try:
+        answers = server.run("harness.workloads:allreduce_loop", {"n_steps": 3}, 2)
+    finally:
+        server.close()
+    assert [a["value"] for a in answers] == [2.0, 2.0], answers
+    assert all(a["began"] <= a["ended"] for a in answers)
+    assert server.proc.poll() is not None
+
+
+def test_the_warm_benchmark_prints_the_ratio_and_each_phase(capsys):
+    from harness.bench import warm
+    assert warm.main(["--workers", "2", "--rounds", "1", "--check", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | " in out and "harness / floor" in out
+    for phase in ("launch", "start", "strategy", "steps", "teardown"):
+        assert f"| {phase} | " in out
+    assert "within the limit of 1000×" in out
+
+
+def test_the_warm_check_fails_above_its_limit():
+    from harness.bench.warm import check
+    fig = {"rows": {2: {"ratio": 1.62}, 4: {"ratio": 1.1}}}
+    assert check(fig, 1.5) == (False, "warm run at 2 workers: 1.62× the floor, ABOVE the "
+                                      "limit of 1.5×")
+    assert check(fig, 1.7)[0]
+
+
 def test_schedule_cold_run_is_a_completing_workload():
     plan = bench.schedule(["harness"], [4], repeats=1, hang_repeats=1)
     assert plan[0] == ("harness", 1, -1, True)
@@ -109,7 +145,7 @@ def test_schedule_cold_run_is_a_completing_workload():
 def test_parse_args_defaults_and_subsets():
     a = bench.parse_args([])
     assert (a.repeats, a.hang_timeout, a.json) == (5, 10.0, "bench-results.json")
-    assert a.launchers == ["harness", "spawn", "runner", "ray"]
+    assert a.launchers == ["floor", "harness", "spawn", "runner", "ray"]
     assert a.workloads == [1, 2, 3, 4, 5]
     a = bench.parse_args(["--launchers", "harness,spawn", "--workloads", "1,4", "--repeats", "2"])
     assert a.launchers == ["harness", "spawn"] and a.workloads == [1, 4] and a.repeats == 2

@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-ALL_LAUNCHERS = ("harness", "spawn", "runner", "ray")
+ALL_LAUNCHERS = ("floor", "harness", "spawn", "runner", "ray")
 ALL_WORKLOADS = (1, 2, 3, 4, 5)
 # The workloads that hang: 4's skipper lingers, so only the hang timer can
 # tell; 5's returns, so the ledgers prove the deadlock at once.
@@ -257,6 +257,10 @@ def render_table(summary: dict, workloads: Dict[int, Workload]) -> str:
 
 
 NOTES = {
+    "floor": "floor: a bare fork server that imported TensorFlow forks the workers; each sets "
+             "its `TF_CONFIG`, runs the workload and sends back its value (no progress, "
+             "monitoring, diagnosis or clean-up guarantee: the least a warm launcher costs; "
+             "completing workloads only).",
     "harness": "harness: `Cluster.run` in the benchmark's process; workers forked from a "
                "forkserver that imported TensorFlow once (its first run is the cold one).",
     "spawn": "spawn: a fresh `python -c` per worker, each importing TensorFlow. No progress "
@@ -352,7 +356,9 @@ def schedule(launchers: Sequence[str], workloads: Sequence[int], repeats: int,
         for w in workloads:
             if w in HANG_WORKLOADS and rep >= hang_repeats:
                 continue
-            plan.extend((name, w, rep, False) for name in launchers)
+            # The floor cannot tell a hang: it runs the completing workloads only.
+            plan.extend((name, w, rep, False) for name in launchers
+                        if not (name == "floor" and w in HANG_WORKLOADS))
     return plan
 
 
@@ -375,7 +381,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="runs of workloads 4 and 5 at most (each costs >= T; the runner's T + 30 s) (2)")
     p.add_argument("--launchers", default=",".join(ALL_LAUNCHERS),
                    type=lambda s: parse_list(s, ALL_LAUNCHERS),
-                   help="subset of harness,spawn,runner")
+                   help="subset of " + ",".join(ALL_LAUNCHERS))
     p.add_argument("--workloads", default="1,2,3,4,5",
                    type=lambda s: parse_list(s, ALL_WORKLOADS, int), help="subset of 1,2,3,4,5")
     p.add_argument("--hang-timeout", type=float, default=10.0, help="T for workloads 4 and 5 (10 s)")

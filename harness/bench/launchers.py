@@ -583,5 +583,10 @@ class RunnerLauncher:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-LAUNCHERS = {"harness": HarnessLauncher, "spawn": SpawnLauncher, "runner": RunnerLauncher,
-             "ray": RayLauncher}
+def _floor():
+    from .floor import FloorLauncher
+    return FloorLauncher()
+
+
+LAUNCHERS = {"floor": _floor, "harness": HarnessLauncher, "spawn": SpawnLauncher,
+             "runner": RunnerLauncher, "ray": RayLauncher}

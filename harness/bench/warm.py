@@ -102,6 +102,16 @@ def render(fig: dict) -> str:
     return "\n".join(lines)
 
 
+def check(fig: dict, limit: float) -> tuple:
+    """``(passed, line)``: whether the ratio at the fewest workers measured
+    is at most ``limit``, and the line that says so."""
+    n = min(fig["rows"])
+    ratio = fig["rows"][n]["ratio"]
+    passed = ratio <= limit
+    return passed, (f"warm run at {n} workers: {ratio:.2f}× the floor, "
+                    f"{'within' if passed else 'ABOVE'} the limit of {limit:g}×")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m harness.bench.warm",
                                 description=__doc__.splitlines()[0])
@@ -127,12 +137,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.json, "w") as f:
             json.dump(fig, f, indent=1)
     if args.check is not None:
-        n = args.workers[0]
-        ratio = fig["rows"][n]["ratio"]
-        verdict = "within" if ratio <= args.check else "ABOVE"
-        print(f"warm run at {n} workers: {ratio:.2f}× the floor, {verdict} the limit of "
-              f"{args.check:g}×", flush=True)
-        return 0 if ratio <= args.check else 1
+        passed, line = check(fig, args.check)
+        print(line, flush=True)
+        return 0 if passed else 1
     return 0
 
 
