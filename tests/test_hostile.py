@@ -165,21 +165,27 @@ UNGUARDED = """
 from harness.controller import Cluster
 from harness.settings import RunSettings
 print("main module imported as", __name__, flush=True)
-result = Cluster(RunSettings(workers=2, timeout=20)).run(len, args=("ab",))
+SCALE = 3
+
+def scaled(text):
+    return SCALE * len(text)
+
+result = Cluster(RunSettings(workers=2, timeout=20)).run(scaled, args=("ab",))
 print(result.report())
+print("values", result.return_values)
 """
 
 
-def test_a_script_that_starts_a_cluster_unguarded_finds_why_in_the_workers_logs(tmp_path):
-    """Each worker imports the script's main module again (multiprocess's
-    forkserver and spawn do): at its top level, that starts a cluster
-    inside the worker, which multiprocess refuses before the harness's code
-    runs there.  The workers' logs hold that refusal, so the report says
-    why they died."""
+def test_a_script_that_starts_a_cluster_unguarded_runs_its_function_once_per_worker(tmp_path):
+    """A forked worker does not import the parent's main module again (it
+    runs the harness's entry point and ``fn``, which dill carries by value
+    when it lives in ``__main__``): a script that starts a cluster at its
+    top level, with no ``if __name__ == '__main__':``, runs its function on
+    each worker and is not started again inside them."""
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=100, cwd=tmp_path).stdout
-    assert "CRASHED" in out, out
-    assert "finished its bootstrapping phase" in out, out
-    assert "if __name__ == '__main__':" in out, out
+    assert "COMPLETED" in out, out
+    assert "values [6, 6]" in out, out
+    assert out.count("main module imported as") == 1, out

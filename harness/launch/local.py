@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -213,30 +214,45 @@ class LocalLauncher(Launcher):
             _ensure_forkserver()
 
     def start(self, specs: Sequence[WorkerSpec]) -> List[ProcessHandle]:
-        from harness.worker import worker_main   # the worker side's one entry point
+        """Start a process per spec, all at once: each start is a round trip
+        to the forkserver (or a new interpreter), and one at a time each
+        waits behind the workers started before it on a busy machine."""
         ctx = self._context()
         if self.start_method == "forkserver":
             _ensure_forkserver()
-        handles: List[ProcessHandle] = []
-        try:
-            for spec in specs:
-                parent_conn, child_conn = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=worker_main, args=(spec, child_conn),
-                                   name=protocol.process_name(spec))
-                proc.start()
-                child_conn.close()
-                handles.append(ProcessHandle(spec.index, proc, parent_conn))
-            if self.start_method == "forkserver":
-                _warn_about_preload()
-        except BaseException:
-            for h in handles:
-                h.kill_tree()
-                h.join(5)
-                h.close()
-            raise
+        with concurrent.futures.ThreadPoolExecutor(len(specs) or 1,
+                                                   thread_name_prefix="mwms-start") as pool:
+            started = [pool.submit(_start_one, ctx, spec) for spec in specs]
+            try:
+                handles = [f.result() for f in started]
+            except BaseException:
+                # Whatever stopped this one (a failed start, Ctrl-C), every
+                # process that did start is undone.
+                for f in started:
+                    with contextlib.suppress(BaseException):
+                        h = f.result()
+                        h.kill_tree()
+                        h.join(5)
+                        h.close()
+                raise
+        if self.start_method == "forkserver":
+            _warn_about_preload()
         return handles
 
 
+def _start_one(ctx, spec: WorkerSpec) -> ProcessHandle:
+    from harness.worker import worker_main   # the worker side's one entry point
+    parent_conn, child_conn = ctx.Pipe(duplex=True)
+    try:
+        proc = ctx.Process(target=worker_main, args=(spec, child_conn),
+                           name=protocol.process_name(spec))
+        proc.start()
+    except BaseException:
+        parent_conn.close()
+        raise
+    finally:
+        child_conn.close()
+    return ProcessHandle(spec.index, proc, parent_conn)
 
 
 def _prewarm(settings) -> None:

@@ -5,7 +5,7 @@ over the channel of :mod:`harness.core.protocol`:
 
 1. joins its cluster's network namespace when the run is isolated
    (:mod:`harness.network.namespace`), then ties its life to its parent's
-   (``PR_SET_PDEATHSIG``) and starts its group reaper (:mod:`.process`);
+   (``PR_SET_PDEATHSIG``) and leads a process group (:mod:`.process`);
    a worker with a ``StartDelay`` then waits it out (or, never starting,
    until it is killed) before anything else of it runs;
 2. sends stdout and stderr to its log file;
@@ -40,7 +40,7 @@ from harness.errors import HarnessError, SerializationError
 from harness.faults import StartDelay
 from harness.core.protocol import Message, WorkerError, WorkerSpec
 from harness.worker import context as context_module
-from harness.worker.process import flush_output, redirect_output, start_group_reaper
+from harness.worker.process import flush_output, lead_process_group, redirect_output
 from harness.worker.strategy_hook import install_strategy_hook
 from harness.worker import ledger as ledger_module
 
@@ -167,7 +167,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         except OSError as e:
             netns_error = e
     linux.die_with_parent(EXIT_ORPHANED)
-    start_group_reaper()
+    lead_process_group()
     wait_for_start(spec, conn)
     redirect_output(spec.log_path)
     # The name carried the log's path to the fork (protocol.process_name).

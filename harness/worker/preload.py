@@ -6,20 +6,25 @@ before TensorFlow could look for them.  It is Keras-neutral: tf_keras is not
 preloaded, and the server starts without ``TF_USE_LEGACY_KERAS`` (see
 :mod:`harness.launch.local`), so each run's workers choose their Keras.
 """
+import gc
 import os
 import signal
 
 from harness.core.linux import set_parent_death_signal
+from harness.worker import process as _process
 
-# Die with pytest.  The server's own "alive" pipe is not enough: every
-# worker inherits its write end, so while a worker lives (blocked in a
-# collective, say) the server would never see it close, and the workers
-# (which die with the server) would never be told.  The signal fires when
-# the *thread* that started the server ends, which is pytest's main thread.
+# Die with pytest, and take every worker's process group along (what fn
+# started in them included): the workers' own reaper.  The server's "alive"
+# pipe is not enough: every worker inherits its write end, so while a
+# worker lives (blocked in a collective, say) the server would never see it
+# close.  The signal fires when the *thread* that started the server ends,
+# which is pytest's main thread.
 _parent = os.getppid()
-set_parent_death_signal(signal.SIGKILL)
+signal.signal(signal.SIGTERM, _process.end_with_the_workers)
+set_parent_death_signal(signal.SIGTERM)
 if os.getppid() != _parent:
     os._exit(0)
+_process.SERVER_KILLS_GROUPS = True
 
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
@@ -74,12 +79,20 @@ if os.environ.get("MWMS_PRELOAD_REPORT"):
         _report.write("\n".join(_problems))
 
 
-def _output_to_the_workers_log(prepare):
-    """Before multiprocess prepares a forked child (it imports the parent's
-    main module again, which may fail: a script that starts a cluster at
-    its top level), point the child's stdout and stderr at the worker's log,
-    named in its process name: what fails there is in the log, not lost in
-    the server's /dev/null."""
+# What multiprocess's preparation data would have a forked child import:
+# the parent's main module, again.  A worker runs harness.worker's entry
+# point and fn, which dill carries by value when it lives in __main__, so
+# that import is only cost (the whole parent side, when the main module is
+# a benchmark or a user's script) and, for a script that starts a cluster
+# at its top level, a second cluster inside the worker.
+_MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
+
+
+def _prepared_as_a_worker(prepare):
+    """Before multiprocess prepares a forked child, point the child's
+    stdout and stderr at the worker's log, named in its process name (what
+    fails there is in the log, not lost in the server's /dev/null); then
+    prepare it without importing the parent's main module."""
     def prepare_in_the_log(data):
         path = protocol.log_path_of(str(data.get("name", "")))
         if path:
@@ -87,7 +100,7 @@ def _output_to_the_workers_log(prepare):
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             os.close(fd)
-        return prepare(data)
+        return prepare({k: v for k, v in data.items() if k not in _MAIN_MODULE_KEYS})
     return prepare_in_the_log
 
 
@@ -95,4 +108,11 @@ from multiprocess import spawn as _spawn  # noqa: E402
 
 from harness.core import protocol  # noqa: E402
 
-_spawn.prepare = _output_to_the_workers_log(_spawn.prepare)
+_spawn.prepare = _prepared_as_a_worker(_spawn.prepare)
+
+# Last: what the server holds now is shared by every worker forked from it.
+# Frozen, the workers' garbage collections never walk it: a full collection
+# in a worker would otherwise visit TensorFlow's millions of objects, and
+# writing their headers would copy the pages they live on.
+gc.collect()
+gc.freeze()
