@@ -110,6 +110,9 @@ def main(argv=None):
     tf_config = json.loads(os.environ["TF_CONFIG"])
     num_workers = len(tf_config["cluster"]["worker"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    # Seeded weights: every run fits the same losses, so a test can check
+    # that they fall.
+    tf.keras.utils.set_random_seed(0)
 
     global_batch_size = PER_WORKER_BATCH_SIZE * num_workers
     multi_worker_dataset = mnist_dataset(global_batch_size)
