@@ -11,6 +11,9 @@
   may name a straggler unless its ``@scenario(straggler=True)`` says it has
   one: a balanced run names none (``harness.diagnosis.stragglers``).
 * After each test, no TensorFlow worker may be left running.
+* Under pytest-xdist's ``--dist loadgroup`` (the default here: pyproject's
+  ``addopts``), each scenario file is one group, so a scenario and its
+  culprit check share their run in one pytest process.
 """
 from __future__ import annotations
 
@@ -23,6 +26,26 @@ from harness.diagnosis.echoes import short_type
 from scenarios.meta import culprit_check_of, declared
 
 _LAST_RESULT = "_mwms_scenario_last_result"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _group(item) -> str:
+    return os.path.basename(str(item.path))
+
+
+def _plain_nodeid(item) -> str:
+    """The test's node id without the group xdist adds to it under loadgroup."""
+    suffix = "@" + _group(item)
+    return item.nodeid[:-len(suffix)] if item.nodeid.endswith(suffix) else item.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Each scenario file is one xdist group (the session's other tests are not touched)."""
+    for item in items:
+        path = str(item.path)
+        if os.path.dirname(path) == HERE:
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +107,7 @@ def _record_outcome(item, result, passed: bool) -> None:
     if not path or result is None:
         return
     raised = sorted(_raised_types(result))
-    line = json.dumps({"test": item.nodeid, "outcome": str(result.outcome),
+    line = json.dumps({"test": _plain_nodeid(item), "outcome": str(result.outcome),
                        "error": result.error, "raised": raised,
                        "workers": len(result.workers), "passed": passed,
                        "stragglers": list(result.stragglers),

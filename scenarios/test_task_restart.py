@@ -170,10 +170,11 @@ def test_a_task_restarted_after_its_peers_finished_waits_for_ever(mwms_cluster, 
     whole job must restart (``restart_policy="cluster"``) so that every task
     runs again.
     """
-    # Only the timeout ends it (no collective to prove a deadlock by); 8 s
-    # covers a restarted process that load keeps from reporting its start
-    # (over 3 s with 16 workers on 2 cores).
-    result = mwms_cluster.run(restartable_loop, timeout=8, grace=5, restarts=1,
+    # Only the timeout ends it (no collective to prove a deadlock by).  Its
+    # clock restarts at the crash and again at the new process's start, so
+    # 5 s covers a restarted process that load keeps from reporting its
+    # start (over 3 s, the most seen, with 16 workers on 2 cores).
+    result = mwms_cluster.run(restartable_loop, timeout=5, grace=5, restarts=1,
                               restart_policy="task",
                               kwargs={"exit_after_loop": True,
                                       "done": mwms_manager.Barrier(workers)})

@@ -235,7 +235,7 @@ def _holders_alive():
 def test_network_faults_say_why_they_cannot_be_done(monkeypatch):
     """A machine without ``tc`` (or ``setpriv``, ``nsenter``) gets the
     reason, and the run is refused before any process starts."""
-    monkeypatch.setattr(netns, "_switch_probed", None)
+    monkeypatch.delenv(netns.PROBES_VARIABLE, raising=False)
     real = netns.shutil.which
     monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else real(tool))
     ok, why = netns.switch_available()

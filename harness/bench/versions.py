@@ -70,8 +70,7 @@ def run_catalogue(venv: str, workers: int, parallel: int) -> dict:
         outcomes = os.path.join(tmp, "outcomes.jsonl")
         cmd = [os.path.join(venv, "bin", "python"), "-m", "pytest", "scenarios/", "-q",
                "-p", "no:randomly", f"--mwms-workers={workers}"]
-        if parallel > 1:
-            cmd += ["-n", str(parallel)]
+        cmd += ["-n", str(parallel if parallel > 1 else 0)]   # 0: no xdist (the default has it)
         env = dict(os.environ, MWMS_SCENARIO_OUTCOMES=outcomes)
         subprocess.run(cmd, cwd=ROOT, env=env, check=False)
         with open(outcomes) as f:

@@ -17,15 +17,15 @@ workers did between the launch and the verdict is read from their events
     cluster start-up, the first collective);
 ``steps``
     until the last step any worker began (or, with no steps, the first
-    worker's end): ``fn``'s own work;
+    worker's end, or else the last progress seen): ``fn``'s own work;
 ``wait: ...``
     from there to the moment the run was decided, named by what it waited
     for: ``finish`` (the workers' returns), ``TensorFlow's failure
-    detection`` (a worker ended badly and its peers waited until
-    TensorFlow failed them: heartbeats, collective time-outs), ``grace``
-    (peers of a failed worker stayed blocked), ``hang timeout`` (no
-    progress for ``timeout`` seconds), ``deadlock proof`` (the ledgers
-    proved it);
+    detection`` (until a worker ended badly, and then, where every worker
+    ended, until TensorFlow failed its peers: heartbeats, collective
+    time-outs), ``grace`` (from the first worker that ended badly, while
+    its peers stayed blocked), ``hang timeout`` (no progress for
+    ``timeout`` seconds), ``deadlock proof`` (the ledgers proved it);
 ``stacks``
     the stacks of the workers still running, when the run did not complete;
 ``teardown``
@@ -49,9 +49,9 @@ ORDER = ("request", "setup", "launch", "start", "strategy", "steps", "wait: fini
          "wait: TensorFlow's failure detection", "wait: grace", "wait: hang timeout",
          "wait: deadlock proof", "stacks", "teardown", "diagnosis", "cleanup")
 
+DETECTION = "wait: TensorFlow's failure detection"
 WAITS = {
     EndedBy.HANG: "wait: hang timeout",
-    EndedBy.GRACE_EXPIRED: "wait: grace",
     EndedBy.DEADLOCK: "wait: deadlock proof",
 }
 
@@ -89,9 +89,10 @@ def _bad(w: WorkerObservation) -> bool:
 
 
 def worker_phases(obs: RunObservation) -> Dict[str, float]:
-    """``start``, ``strategy``, ``steps`` and the ``wait``: the run's
+    """``start``, ``strategy``, ``steps`` and the waits: the run's
     ``duration`` (from the launch's end to the verdict) cut at the last
-    worker's start, the last strategy made and the last step begun."""
+    worker's start, the last strategy made, the last step begun and, where
+    the grace ran out, the first worker that ended badly."""
     end = obs.duration
     workers = obs.workers
     started = [_first(w, protocol.STARTED) for w in workers]
@@ -100,17 +101,22 @@ def worker_phases(obs: RunObservation) -> Dict[str, float]:
     strategy = max([start] + made)
     stepped = [e.time for w in workers for e in w.events if e.kind == protocol.STEP]
     ended = [t for t in (_ended(w) for w in workers) if t is not None]
-    work_end = max(stepped) if stepped else min(ended, default=end)
+    # Without steps, the work ends where the first worker ended, or where
+    # the last progress was seen (the hang timer's start).
+    work_end = max(stepped) if stepped else min(ended, default=obs.last_progress_time)
     cuts = [min(start, end), min(max(strategy, start), end)]
     cuts.append(min(max(work_end, cuts[-1]), end))
-    if obs.ended_by in WAITS:
-        wait = WAITS[obs.ended_by]
-    elif any(_bad(w) for w in workers):
-        wait = "wait: TensorFlow's failure detection"
+    phases = {"start": cuts[0], "strategy": cuts[1] - cuts[0], "steps": cuts[2] - cuts[1]}
+    bad = [t for t in (_ended(w) for w in workers if _bad(w)) if t is not None]
+    detected = min(max(min(bad, default=cuts[2]), cuts[2]), end)
+    if obs.ended_by == EndedBy.GRACE_EXPIRED:
+        phases[DETECTION] = detected - cuts[2]
+        phases["wait: grace"] = end - detected
+    elif obs.ended_by in WAITS:
+        phases[WAITS[obs.ended_by]] = end - cuts[2]
     else:
-        wait = "wait: finish"
-    return {"start": cuts[0], "strategy": cuts[1] - cuts[0], "steps": cuts[2] - cuts[1],
-            wait: end - cuts[2]}
+        phases[DETECTION if bad else "wait: finish"] = end - cuts[2]
+    return phases
 
 
 def added(parts: Sequence[Mapping[str, float]]) -> Dict[str, float]:

@@ -40,9 +40,6 @@ START_WAIT = 5.0
 # How long a command to the switch or the proxy may take (milliseconds, as a rule).
 COMMAND_WAIT = 10.0
 
-_probed: Optional[Tuple[bool, str]] = None
-
-
 def start_anchor(script: str, env: Optional[dict] = None,
                  flags: str = "-Urn") -> subprocess.Popen:
     """``script`` (sh) in a new user and network namespace (``flags``:
@@ -358,63 +355,86 @@ class Switch:
     __exit__ = Namespace.__exit__
 
 
+# Each probe's answer, once known, as JSON in this variable of the
+# environment: a worker (its environment is the parent's) and a process it
+# starts know it without probing again.  A test module that asks at import
+# (a skip mark) is imported again by every worker of every run of its
+# functions, and each probe starts processes.
+PROBES_VARIABLE = "MWMS_NETWORK_PROBES"
+
+
+def _probe_namespace() -> Tuple[bool, str]:
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return False, "the unshare and ip commands are not installed"
+    try:
+        Namespace().close()
+    except OSError as e:
+        return False, f"unshare -Urn failed: {e}"
+    return True, ""
+
+
+def _probe_switch() -> Tuple[bool, str]:
+    ok, why = available()
+    missing = [tool for tool in ("setpriv", "nsenter", "tc") if not shutil.which(tool)]
+    if not ok:
+        return False, why
+    if missing:
+        return False, f"{', '.join(missing)} not installed"
+    try:
+        Switch(1).close()
+    except OSError as e:
+        return False, f"a bridged namespace could not be made: {e}"
+    return True, ""
+
+
+def _probe_names() -> Tuple[bool, str]:
+    ok, why = available()
+    if not ok:
+        return False, why
+    if not shutil.which("mount"):
+        return False, "the mount command is not installed"
+    try:
+        Namespace(names=True).close()
+    except OSError as e:
+        return False, f"unshare -Urnm with a bind-mounted /etc/hosts failed: {e}"
+    return True, ""
+
+
+PROBES = {"namespace": _probe_namespace, "switch": _probe_switch, "names": _probe_names}
+
+
+def _probed(name: str) -> Tuple[bool, str]:
+    """Probe ``name``'s answer: from the environment when this process or
+    its parent has it, else tried now and put there."""
+    try:
+        known = json.loads(os.environ.get(PROBES_VARIABLE) or "{}")
+        ok, why = known[name]
+        return bool(ok), str(why)
+    except (ValueError, KeyError, TypeError):
+        pass
+    answer = PROBES[name]()
+    try:
+        known = json.loads(os.environ.get(PROBES_VARIABLE) or "{}")
+    except ValueError:
+        known = {}
+    os.environ[PROBES_VARIABLE] = json.dumps({**known, name: list(answer)})
+    return answer
+
+
 def available() -> Tuple[bool, str]:
     """Whether this machine lets this user make a network namespace per
-    cluster, and why not; tried once per process."""
-    global _probed
-    if _probed is None:
-        if not shutil.which("unshare") or not shutil.which("ip"):
-            _probed = (False, "the unshare and ip commands are not installed")
-        else:
-            try:
-                Namespace().close()
-                _probed = (True, "")
-            except OSError as e:
-                _probed = (False, f"unshare -Urn failed: {e}")
-    return _probed
-
-
-_switch_probed: Optional[Tuple[bool, str]] = None
+    cluster, and why not; tried once (:data:`PROBES_VARIABLE`)."""
+    return _probed("namespace")
 
 
 def switch_available() -> Tuple[bool, str]:
     """Whether network faults can be done here (a namespace per worker on a
-    bridge, :class:`Switch`), and why not; tried once per process."""
-    global _switch_probed
-    if _switch_probed is None:
-        ok, why = available()
-        missing = [tool for tool in ("setpriv", "nsenter", "tc") if not shutil.which(tool)]
-        if not ok:
-            _switch_probed = (False, why)
-        elif missing:
-            _switch_probed = (False, f"{', '.join(missing)} not installed")
-        else:
-            try:
-                Switch(1).close()
-                _switch_probed = (True, "")
-            except OSError as e:
-                _switch_probed = (False, f"a bridged namespace could not be made: {e}")
-    return _switch_probed
-
-
-_names_probed: Optional[Tuple[bool, str]] = None
+    bridge, :class:`Switch`), and why not; tried once."""
+    return _probed("switch")
 
 
 def names_available() -> Tuple[bool, str]:
     """Whether a cluster namespace can have an ``/etc/hosts`` of its own
     here (``Namespace(names=True)``: a mount namespace too), and why not;
-    tried once per process."""
-    global _names_probed
-    if _names_probed is None:
-        ok, why = available()
-        if not ok:
-            _names_probed = (False, why)
-        elif not shutil.which("mount"):
-            _names_probed = (False, "the mount command is not installed")
-        else:
-            try:
-                Namespace(names=True).close()
-                _names_probed = (True, "")
-            except OSError as e:
-                _names_probed = (False, f"unshare -Urnm with a bind-mounted /etc/hosts failed: {e}")
-    return _names_probed
+    tried once."""
+    return _probed("names")

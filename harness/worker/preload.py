@@ -50,15 +50,17 @@ import harness.worker.ledger  # noqa: E402,F401
 # asks for tf_keras imports it itself, a second or two.
 
 # A worker imports fn's module to unpickle it, and a test module imports
-# pytest and hypothesis: imported here once, not again by every worker of
-# every run (measured: 0.25 s a run from a light module, 0.5 s from a test
-# module, before this).  Then what the user named (mwms_preload), each
+# pytest and hypothesis, and the harness's own modules a test reads results
+# and faults with (harness.result pulls in the diagnosis; harness.network,
+# the probes): imported here once, by name, not again by every worker of
+# every run.  None of them is the worker side's: this only warms the
+# imports of the module fn lives in.  Then what the user named (mwms_preload), each
 # guarded: one that fails or starts a thread is reported (the parent warns),
 # and the server goes on without it.
 import importlib  # noqa: E402
 import threading  # noqa: E402
 
-for _name in ("pytest", "hypothesis"):
+for _name in ("pytest", "hypothesis", "harness.result", "harness.faults", "harness.network"):
     try:
         importlib.import_module(_name)
     except Exception:

@@ -33,7 +33,6 @@ def test_the_phases_add_up_to_the_run():
 
 
 @pytest.mark.parametrize("ended_by, wait", [(EndedBy.HANG, "wait: hang timeout"),
-                                            (EndedBy.GRACE_EXPIRED, "wait: grace"),
                                             (EndedBy.DEADLOCK, "wait: deadlock proof")])
 def test_a_run_decided_by_the_harness_names_what_it_waited_for(ended_by, wait):
     obs = run([worker(0, finish=None), worker(1, finish=None)], duration=5.5, ended_by=ended_by)
@@ -49,6 +48,15 @@ def test_peers_failed_by_tensorflow_after_a_death_wait_for_its_failure_detection
     assert phases["wait: TensorFlow's failure detection"] == pytest.approx(10.0)
 
 
+def test_a_grace_that_ran_out_begins_at_the_first_worker_that_ended_badly():
+    timed_out = worker(1, finish=4.4, error=WorkerError("DeadlineExceededError", "", "", None))
+    blocked = worker(0, finish=None)
+    phases = worker_phases(run([blocked, timed_out], duration=6.4,
+                               ended_by=EndedBy.GRACE_EXPIRED))
+    assert phases["wait: TensorFlow's failure detection"] == pytest.approx(3.9)
+    assert phases["wait: grace"] == pytest.approx(2.0)
+
+
 def test_a_run_without_a_strategy_or_steps_has_its_work_until_the_first_end():
     w = WorkerObservation(index=0, events=(Event(0.1, "started"),), finish_time=0.3,
                           returned=True)
@@ -60,6 +68,14 @@ def test_a_worker_that_never_started_leaves_the_whole_run_to_the_wait():
     w = WorkerObservation(index=0, exit_code=1, exit_time=0.2)
     phases = worker_phases(run([w], duration=0.2))
     assert phases["start"] == 0.0 and sum(phases.values()) == pytest.approx(0.2)
+
+
+def test_a_hang_without_steps_waits_from_the_last_progress():
+    blocked = WorkerObservation(index=0, events=(Event(0.1, "started"),
+                                                 Event(0.2, "strategy_creating")))
+    phases = worker_phases(run([blocked], duration=5.2, ended_by=EndedBy.HANG))
+    assert phases["wait: hang timeout"] == pytest.approx(5.0)
+    assert phases["steps"] == pytest.approx(0.1)
 
 
 def test_the_clock_adds_each_interval_to_its_phase(monkeypatch):
