@@ -33,6 +33,9 @@ from harness.launch import memory, scratch
 from harness.launch.base import Backend, Launcher
 
 START_METHODS = ("forkserver", "spawn")
+# How many workers start at once (a thread each): more only queue at the
+# forkserver, which forks one at a time.
+MAX_STARTING = 16
 
 
 def kill_tree(pid: int, known: Sequence[psutil.Process] = ()) -> None:
@@ -220,7 +223,7 @@ class LocalLauncher(Launcher):
         ctx = self._context()
         if self.start_method == "forkserver":
             _ensure_forkserver()
-        with concurrent.futures.ThreadPoolExecutor(len(specs) or 1,
+        with concurrent.futures.ThreadPoolExecutor(min(len(specs), MAX_STARTING) or 1,
                                                    thread_name_prefix="mwms-start") as pool:
             started = [pool.submit(_start_one, ctx, spec) for spec in specs]
             try:
