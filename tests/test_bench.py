@@ -116,6 +116,7 @@ def test_the_floor_runs_the_loop_on_each_worker():
     assert [a["value"] for a in answers] == [2.0, 2.0], answers
     assert all(a["began"] <= a["ended"] for a in answers)
     assert server.proc.poll() is not None
+    assert not os.path.exists(server.tmpdir)   # autograph's files went with it
 
 
 def test_the_warm_benchmark_prints_the_ratio_and_each_phase(capsys):

@@ -16,9 +16,11 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import List, Optional, Sequence
 
@@ -111,8 +113,12 @@ class FloorServer:
     def __init__(self):
         from harness.core.linux import set_parent_death_signal
         t0 = time.monotonic()
+        # Its temporary directory, removed on close: TensorFlow's autograph
+        # leaves a generated file per traced function in each child's.
+        self.tmpdir = tempfile.mkdtemp(prefix="mwms-floor-")
         self.proc = subprocess.Popen([sys.executable, "-c", SERVE_CODE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, TMPDIR=self.tmpdir),
                                      preexec_fn=set_parent_death_signal)
         if self.proc.stdout.readline().strip() != "ready":
             self.close()
@@ -133,6 +139,7 @@ class FloorServer:
         with contextlib.suppress(OSError):
             self.proc.kill()
         self.proc.wait()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 class FloorLauncher:
