@@ -3,12 +3,12 @@
 A bare fork server, a ``python`` that has imported TensorFlow and then, for
 each run, forks N children.  Each child sets its ``TF_CONFIG``, runs the
 workload function and writes back its value; once every child has, the
-server lets them exit, waits for them and answers.  No progress channel, no monitoring, no diagnosis, no clean-up
-guarantee beyond dying with its parent: what is left of any launcher once
-everything a harness adds is taken away.  :class:`FloorLauncher` is it as
-one of :mod:`harness.bench`'s launchers (completing workloads only: it
-cannot tell a hang), and :func:`floor_run` times one run for
-:mod:`harness.bench.warm`.
+server lets them exit, waits for them and answers.  No progress channel,
+no monitoring, no diagnosis, no clean-up guarantee beyond dying with its
+parent: what is left of any launcher once everything a harness adds is
+taken away.  :class:`FloorServer` is it, for :mod:`harness.bench.warm`;
+:class:`FloorLauncher` is it as one of :mod:`harness.bench`'s launchers
+(completing workloads only: it cannot tell a hang).
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional
+
+from harness.core import tfconfig
 
 SERVE_CODE = "from harness.bench.floor import serve; serve()"
 
@@ -101,12 +103,6 @@ def free_ports(n: int) -> List[int]:
             s.close()
 
 
-def configs(ports: Sequence[int]) -> List[dict]:
-    workers = [f"127.0.0.1:{p}" for p in ports]
-    return [{"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
-            for i in range(len(ports))]
-
-
 class FloorServer:
     """The fork server, started at once; :meth:`run` is one run on it."""
 
@@ -128,7 +124,7 @@ class FloorServer:
     def run(self, fn: str, kwargs: dict, workers: int) -> list:
         """Each worker's answer (``{"ok": ..., "value" or "error": ...}``)."""
         self.proc.stdin.write(json.dumps({"fn": fn, "kwargs": kwargs,
-                                          "configs": configs(free_ports(workers))}) + "\n")
+                                          "configs": tfconfig.cluster_configs(free_ports(workers))}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:

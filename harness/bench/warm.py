@@ -28,7 +28,7 @@ FN = "harness.workloads:allreduce_loop"
 KWARGS = {"n_steps": 20}
 
 
-def _check(values: list, workers: int) -> None:
+def _assert_sums(values: list, workers: int) -> None:
     if values != [float(workers)] * workers:
         raise RuntimeError(f"{workers} workers answered {values}, not {workers} each")
 
@@ -53,7 +53,7 @@ def measure(workers: Sequence[int], rounds: int) -> dict:
         bad = [a["error"] for a in answers if not a["ok"]]
         if bad:
             raise RuntimeError(f"the floor's run failed: {bad[0]}")
-        _check([a["value"] for a in answers], n)
+        _assert_sums([a["value"] for a in answers], n)
         return wall
 
     def harness_run(n: int) -> float:
@@ -61,7 +61,7 @@ def measure(workers: Sequence[int], rounds: int) -> dict:
         result = clusters[n].run(allreduce_loop, kwargs=KWARGS)
         wall = time.monotonic() - t0
         result.assert_completed()
-        _check(result.return_values, n)
+        _assert_sums(result.return_values, n)
         phases[n].append(dict(result.phases))
         return wall
 

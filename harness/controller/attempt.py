@@ -134,7 +134,8 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         timeout = loop.timeout   # the progress callback may have set it
         # The run's clock (events, hang detection) and the user's (the
         # whole call, a cold forkserver's wait included).
-        duration = clock.mark("run") - start
+        # The workers' phases come from their events (worker_phases).
+        duration = clock.skip() - start
         total = time.monotonic() - launched
         for worker in tracked:
             worker.stop_reading()
@@ -162,7 +163,6 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
                            total, attempt, incarnations),
             restarter.history, restarter.not_restarted, req.plan)
     clock.mark("diagnosis")
-    clock.phases.pop("run", None)
     return dataclasses.replace(result, phases={**worker_phases(obs), **clock.phases})
 
 

@@ -57,7 +57,8 @@ WAITS = {
 
 
 class Clock:
-    """Adds the time between successive :meth:`mark` calls to named phases."""
+    """Adds the time between successive :meth:`mark` calls to named phases
+    (:meth:`skip` leaves an interval out)."""
 
     def __init__(self) -> None:
         self.phases: Dict[str, float] = {}
@@ -69,6 +70,12 @@ class Clock:
         self.add(phase, now - self.last)
         self.last = now
         return now
+
+    def skip(self) -> float:
+        """The time since the last mark goes to no phase (another clock
+        accounts for it); returns now."""
+        self.last = time.monotonic()
+        return self.last
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + max(0.0, seconds)

@@ -407,16 +407,14 @@ def _probed(name: str) -> Tuple[bool, str]:
     """Probe ``name``'s answer: from the environment when this process or
     its parent has it, else tried now and put there."""
     try:
-        known = json.loads(os.environ.get(PROBES_VARIABLE) or "{}")
+        known = dict(json.loads(os.environ.get(PROBES_VARIABLE) or "{}"))
+    except (ValueError, TypeError):
+        known = {}
+    try:
         ok, why = known[name]
         return bool(ok), str(why)
-    except (ValueError, KeyError, TypeError):
-        pass
-    answer = PROBES[name]()
-    try:
-        known = json.loads(os.environ.get(PROBES_VARIABLE) or "{}")
-    except ValueError:
-        known = {}
+    except (KeyError, TypeError, ValueError):
+        answer = PROBES[name]()
     os.environ[PROBES_VARIABLE] = json.dumps({**known, name: list(answer)})
     return answer
 
