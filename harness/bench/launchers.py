@@ -280,6 +280,7 @@ class SpawnLauncher:
         with reserve_ports(n) as reservation:
             for env, config in zip(envs, tfconfig.cluster_configs(reservation.ports)):
                 env["TF_CONFIG"] = tfconfig.dumps(config)
+                env["TMPDIR"] = stamp_dir   # removed after the run, autograph's files with it
             t0 = time.monotonic()
             try:
                 for i in range(n):
@@ -479,6 +480,9 @@ class RunnerLauncher:
         self._log = open(self.log_path, "wb")
         env = worker_environments(1)[0]
         env["BENCH_RUNNER_LOG"] = self.log_path
+        # Autograph's generated files (one per traced function per worker)
+        # go with the directory the launcher removes on close.
+        env["TMPDIR"] = self._dir
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, script], cwd=self._dir, env=env, stdin=subprocess.PIPE,
