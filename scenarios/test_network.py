@@ -57,9 +57,10 @@ def test_partition_with_a_collective_timeout(mwms_cluster):
     TensorFlow: the collective gives up first: ``DeadlineExceededError``
     "Collective has timed out" on the workers waiting for the cut-off one,
     4 s later, before the heartbeats are missed (8-9 s).  Not deterministic: a
-    worker may instead die of SIGSEGV aborting the timed-out collective (a
-    TensorFlow bug, seen at 3 workers); the harness then says it cannot
-    tell, rather than blame the worker that crashed.
+    worker, or every worker, may instead die of SIGSEGV aborting the
+    timed-out collective (a TensorFlow bug, seen at 3 workers on 2.21 and
+    at 2 on 2.15); the harness then says it cannot tell, rather than blame
+    the workers that crashed.
 
     Source: the MWMS fault-tolerance guide; ``CommunicationOptions``.
 

@@ -16,7 +16,8 @@ The order of the table is the order of trust:
   found stopped had stopped before anyone died (``stopped_before_deaths``),
   or every worker exited alike, which names no one (``coordinated_exit``),
   or the dead died of TensorFlow aborting a timed-out collective, which
-  names no one either (``timed_out_abort``);
+  names no one either (``timed_out_abort``), nor does every worker dying of
+  such an abort at once, blocked in its collectives (``aborted_together``);
 * a worker whose address in ``TF_CONFIG`` did not resolve, as the errors
   or the workers' own lookups say, explains a failure or a hang
   (``unresolved_address``);
@@ -69,8 +70,9 @@ from typing import Callable, FrozenSet, Optional, Sequence, Tuple
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.facts import (CRASHED, DIVERGED, FAILED, FAILED_ECHOES, FAILED_MISMATCH, HANG_,
                                      SITUATIONS, Facts)
-from harness.diagnosis.rules_any import (config, coordinated_exit, crash, nothing_to_blame, reference,
-                                         replicas, stopped_before_deaths, timed_out_abort)
+from harness.diagnosis.rules_any import (aborted_together, config, coordinated_exit, crash,
+                                         nothing_to_blame, reference, replicas,
+                                         stopped_before_deaths, timed_out_abort)
 from harness.diagnosis.facts import CRASHED_AT_EXIT
 from harness.diagnosis.rules_any import died_at_exit
 from harness.diagnosis.rules_any import collective_order
@@ -103,6 +105,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
     Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
     Rule("timed_out_abort", frozenset({CRASHED}), timed_out_abort),
+    Rule("aborted_together", frozenset({CRASHED}), aborted_together),
     Rule("crash", frozenset({CRASHED}), crash),
     Rule("died_at_exit", frozenset({CRASHED_AT_EXIT}), died_at_exit),
     Rule("unresolved_address", _TROUBLE, unresolved_address),

@@ -10,7 +10,7 @@ from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.facts import Facts, or_inf, where_stopped
 from harness.diagnosis.words import names
 from harness.diagnosis.blame import Blame, SIMULTANEOUS
-from harness.diagnosis import order
+from harness.diagnosis import ledger, order
 
 
 def nothing_to_blame(f: Facts) -> Optional[Blame]:
@@ -141,6 +141,33 @@ def timed_out_abort(f: Facts) -> Optional[Blame]:
                  headline=f"{names([w.index for w in died])} died "
                           f"({exit_text(died[0].exit_code)}) as the others' collectives "
                           f"timed out; cannot tell which worker they waited for")
+
+
+def aborted_together(f: Facts) -> Optional[Blame]:
+    """Every worker died of SIGSEGV or SIGABRT at once (within
+    ``SIMULTANEOUS`` s), at the same step, none raised, and each blocked in a
+    collective where its ledger says: TensorFlow aborting the collectives
+    (a timeout, a peer it lost) crashed them all, so none left an error
+    saying whom it waited for.  Nothing singles one out: it cannot tell,
+    and names every worker."""
+    ws = f.workers
+    if len(ws) < 2 or not all(w.died and w.error is None and w.exit_code in ABORT_SIGNALS
+                              and w.exit_time is not None for w in ws):
+        return None
+    times = [w.exit_time for w in ws]
+    if max(times) - min(times) > SIMULTANEOUS or len({w.last_step for w in ws}) != 1:
+        return None
+    if any(ledger.has_ledger(w) and ledger.pending_call(w) is None for w in ws):
+        return None
+    codes = sorted({exit_text(w.exit_code) for w in ws})
+    return Blame([w.index for w in ws],
+                 f"every worker died ({', '.join(codes)}) at once {where_stopped(ws[0])}, "
+                 f"none raised: TensorFlow can crash every worker aborting their collectives, "
+                 f"and the worker they waited for is not known", ws[0].last_step,
+                 ambiguous=True,
+                 headline=f"all {len(ws)} workers died ({', '.join(codes)}) at once "
+                          f"{where_stopped(ws[0])} in their collectives; cannot tell which "
+                          f"worker they waited for")
 
 
 def crash(f: Facts) -> Optional[Blame]:

@@ -102,6 +102,28 @@ def test_a_death_as_the_collectives_time_out_names_no_one():
         assert blame(R.timed_out_abort, run(other, *obs.workers[1:])) is None
 
 
+def test_every_worker_aborted_at_once_in_its_collective_names_no_one():
+    # A partition with a collective timeout: both workers segfaulted
+    # aborting their all-reduce of step 5 (TensorFlow 2.15), none raised.
+    obs = run(with_ledger(died(0, 2, -11, 9.0, steps=range(6)), blocked=True),
+              with_ledger(died(1, 2, -11, 9.1, steps=range(6)), blocked=True))
+    v = diagnose(obs)
+    assert (v.outcome, v.culprits, v.ambiguous, v.rule) == (
+        "crashed", (0, 1), True, "aborted_together")
+    assert "at step 5" in v.text and "SIGSEGV" in v.text
+    # Without ledgers, the same deaths alike.
+    bare = run(died(0, 2, -11, 9.0, steps=range(6)), died(1, 2, -6, 9.1, steps=range(6)))
+    assert blame(R.aborted_together, bare).ambiguous
+    # Not alike: apart in time or step, a kill, an exit status, a survivor,
+    # a worker whose ledger shows it was not in a collective.
+    for other in (died(1, 2, -11, 12.0, steps=range(6)), died(1, 2, -11, 9.1, steps=range(3)),
+                  died(1, 2, -9, 9.1, steps=range(6)), died(1, 2, 1, 9.1, steps=range(6)),
+                  blocked(1, 2, steps=range(6)),
+                  with_ledger(died(1, 2, -11, 9.1, steps=range(6)))):
+        assert blame(R.aborted_together, run(bare.workers[0], other)) is None
+        assert decided_by(run(bare.workers[0], other)) != "aborted_together"
+
+
 def test_a_worker_stopped_before_the_deaths_outranks_them():
     # The others' collective timed out waiting for the stopped worker; one
     # survivor died of SIGSEGV aborting it.  Still crashed; the stopped one
