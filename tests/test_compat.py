@@ -294,3 +294,27 @@ def test_the_pool_runs_its_initializer_then_the_function_on_every_task():
                                       initializer=_mark_initialized)
     assert pool.run(index_plus, args=(10,)) == [10, 11]
     pool.shutdown()
+
+
+CASES = os.path.join(os.path.dirname(__file__), "compat_cases")
+
+
+def test_tensorflows_combinations_run_on_the_harness_with_pytests_options(pytester):
+    """TensorFlow's ``combinations`` under ``pytest -q -x -k ... -n 0``, with
+    only ``install()`` in a conftest: a workers-only preset and the chief
+    preset run on harness workers (the pool runner of ``strategy_combinations``),
+    a GPU preset skips for the GPUs missing, a parameter-server preset skips
+    with the reason; absl never sees pytest's options."""
+    from harness.compat import spec
+    with open(os.path.join(CASES, "combinations_case.py")) as f:
+        pytester.makepyfile(combinations_case=f.read())
+    pytester.makeconftest("import harness.compat\nharness.compat.install()\n")
+    chief = "" if spec.shapes_supported() else " and not 2x1CPU"
+    result = pytester.runpytest_subprocess(
+        "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "-rs",
+        "-k", f"test_sum and not GPUNoShare{chief}", "combinations_case.py", timeout=200)
+    out = result.stdout.str()
+    assert "UnrecognizedFlagError" not in out and "NotInitializedError" not in out, out
+    result.assert_outcomes(passed=1 if chief else 2, skipped=2)
+    assert "required GPUs are available" in out, out
+    assert "belong to ParameterServerStrategy" in out, out

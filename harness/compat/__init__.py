@@ -16,6 +16,7 @@ message opening with the harness's verdict.
 - ``task``: the worker side (the function every worker runs, the barrier);
 - ``verdict``: pure functions from a ``RunResult`` to TensorFlow's result or error;
 - ``spec``: cluster specs, what maps onto the harness and what does not;
+- ``routes``: what :func:`install` changes in TensorFlow's modules;
 - ``errors``: TensorFlow's runner's errors, and the harness's refusals.
 
 It may import :mod:`harness.controller`, :mod:`harness.settings`,
@@ -27,16 +28,14 @@ supported, and what is not and why: ``docs/compat.md``.
 
 
 def install() -> None:
-    """Make ``tf.__internal__.distribute.multi_process_runner`` this
-    package's ``multi_process_runner`` (tf-keras's tests reach the runner
-    that way): call it once, from a ``conftest.py``, before the tests run."""
-    import importlib
+    """Make every way TensorFlow's test utilities start multi-worker
+    processes run on the harness, and keep pytest's options from absl's
+    flags: call it once, from a ``conftest.py``, before the tests run.
 
-    from harness.compat import multi_process_runner
-    # Each of TensorFlow's API trees has its own __internal__ module.
-    for name in ("tensorflow", "tensorflow.compat.v2"):
-        try:
-            distribute = importlib.import_module(name).__internal__.distribute
-        except (ImportError, AttributeError):
-            continue
-        distribute.multi_process_runner = multi_process_runner
+    ``tf.__internal__.distribute.multi_process_runner`` becomes this
+    package's ``multi_process_runner`` (tf-keras's tests reach the runner
+    that way), as do the references TensorFlow's ``combinations``,
+    ``strategy_combinations`` and ``multi_worker_test_base`` bound at
+    import (:mod:`harness.compat.routes`)."""
+    from harness.compat import routes
+    routes.install()

@@ -42,5 +42,8 @@ def is_chief() -> bool:
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    from tensorflow.python.distribute import multi_worker_test_base
-    return getattr(multi_worker_test_base, name)
+    # install() puts this module in the place of TensorFlow's: its own
+    # comes from where install() keeps it.
+    from harness.compat import routes
+    return getattr(routes.tensorflows("tensorflow.python.distribute.multi_worker_test_base"),
+                   name)

@@ -27,7 +27,7 @@ import time
 import unittest
 import weakref
 from multiprocessing.managers import SyncManager
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from harness.compat import spec, verdict
 from harness.compat.errors import (OneTaskRestartError, SubprocessTimeoutError,
@@ -141,7 +141,10 @@ class MultiProcessRunner:
                  use_dill_for_args=True, daemon=False, dependence_on_chief=True,
                  auto_restart=False, share_gpu=True, args=None, kwargs=None, *,
                  hang_timeout: Optional[float] = None, settings: Optional[RunSettings] = None):
-        self._n = spec.num_workers(cluster_spec)
+        counts = spec.shape(cluster_spec)
+        self._order = spec.tasks(counts)
+        self._names = [spec.label(*task) for task in self._order]
+        self._n = len(self._order)
         if not callable(fn):
             raise ValueError("fn is not a callable")
         self._fn, self._args, self._kwargs = fn, tuple(args or ()), dict(kwargs or {})
@@ -152,7 +155,8 @@ class MultiProcessRunner:
         self._auto_restart = auto_restart
         self._dependence_on_chief = dependence_on_chief
         self._hang_timeout = float(hang_timeout or DEFAULT_TIMEOUT_SEC)
-        settings = (settings or RunSettings()).with_overrides(workers=self._n)
+        settings = (settings or RunSettings()).with_overrides(
+            **({"workers": self._n} if counts["worker"] == self._n else {"cluster": counts}))
         if settings.devices != "cpu":
             settings = settings.with_overrides(devices="gpu-shared" if share_gpu else "gpu")
         self._cluster = Cluster(settings)
@@ -200,43 +204,44 @@ class MultiProcessRunner:
         exited, it is started again at once, its peers keeping their
         processes (a pod restart); otherwise the cluster starts once every
         task is asked for, after every task of the one before has exited."""
-        spec.check_task(task_type, task_id, self._n)
-        if cluster_spec is not None and spec.num_workers(cluster_spec) != self._n:
+        index = spec.check_task(task_type, task_id, self._order)
+        if cluster_spec is not None and spec.tasks(spec.shape(cluster_spec)) != self._order:
             raise OneTaskRestartError(
-                f"start_single_process with a cluster_spec of {spec.num_workers(cluster_spec)} "
-                f"workers into a cluster of {self._n}: pytest-mwms cannot change a running "
-                f"cluster's size")
+                f"start_single_process with a cluster_spec of "
+                f"{', '.join(spec.label(*t) for t in spec.tasks(spec.shape(cluster_spec)))} "
+                f"into a cluster of {', '.join(self._names)}: pytest-mwms cannot change a "
+                f"running cluster's shape")
         call = ((self._fn, self._args, self._kwargs) if fn is None
                 else (fn, tuple(args or ()), dict(kwargs or {})))
         with self._lock:
             if self._joined:
                 raise ValueError("cannot start new processes after MultiProcessRunner.join() "
                                  "is called")
-            if self._into_running_cluster(task_id, call):
+            if self._into_running_cluster(index, call):
                 return
-            if task_id in self._pending:
-                raise ValueError(f"worker-{task_id} was already started")
-            self._pending[task_id] = call
+            if index in self._pending:
+                raise ValueError(f"{self._names[index]} was already started")
+            self._pending[index] = call
             if len(self._pending) == self._n:
                 tasks, self._pending = self._pending, {}
                 self._launch(tasks)
 
-    def _into_running_cluster(self, task_id: int, call: tuple) -> bool:
-        """Start ``task_id`` again into the last cluster while another of its
-        tasks runs (True), or wait for the last cluster to end (False)."""
+    def _into_running_cluster(self, index: int, call: tuple) -> bool:
+        """Start task ``index`` (the harness's) again into the last cluster
+        while another of its tasks runs (True), or wait for the last cluster
+        to end (False)."""
         last = self._current()
         if last is None or not last.running:
             return False
         if last.all_exited():
             last.wait(time.monotonic() + STOP_MARGIN_SEC)
             return False
-        if last.exit_code(task_id) is None:
-            raise ValueError(f"start_single_process('worker', {task_id}): worker-{task_id} "
-                             f"is still running")
-        last.shared.payloads[task_id] = _payload(*call)
-        if not last.start_again(task_id, STOP_MARGIN_SEC):
+        if last.exit_code(index) is None:
+            raise ValueError(f"start_single_process: {self._names[index]} is still running")
+        last.shared.payloads[index] = _payload(*call)
+        if not last.start_again(index, STOP_MARGIN_SEC):
             raise SubprocessTimeoutError(
-                f"start_single_process('worker', {task_id}): the task did not start again "
+                f"start_single_process: {self._names[index]} did not start again "
                 f"within {STOP_MARGIN_SEC:g} s (its cluster ended meanwhile?)", None,
                 last.result)
         return True
@@ -250,7 +255,7 @@ class MultiProcessRunner:
         # One barrier, as TensorFlow's runner has: a restarted task comes back
         # to the barrier its peers are at.
         shared = Shared(statuses=m.dict(), starts=m.dict(), barriers=(m.Barrier(self._n),),
-                        payloads=m.dict(),
+                        payloads=m.dict(), order=self._order, routed=_routed(),
                         eager=self._eager, grpc_fail_fast=self._grpc_fail_fast)
         inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
                           timeout=self._hang_timeout, grace=GRACE_SEC, restarts=restarts,
@@ -262,36 +267,38 @@ class MultiProcessRunner:
         return self._incarnations[-1] if self._incarnations else None
 
     # -- the tasks --------------------------------------------------------
-    def _started(self, task_type, task_id) -> Incarnation:
-        spec.check_task(task_type, task_id, self._n)
+    def _started(self, task_type, task_id) -> Tuple[Incarnation, int]:
+        index = spec.check_task(task_type, task_id, self._order)
         inc = self._current()
         if inc is None:
             raise KeyError((task_type, task_id))
-        return inc
+        return inc, index
 
     def get_process_id(self, task_type, task_id):
         """The task's pid (None before it starts), once its cluster runs."""
-        if task_id in self._pending or self._current() is None:
+        index = spec.check_task(task_type, task_id, self._order)
+        if index in self._pending or self._current() is None:
             return None
-        return self._started(task_type, task_id).pid(task_id)
+        return self._current().pid(index)
 
     def get_process_exit_code(self, task_type, task_id):
         """The task's exit code; None while it runs.  KeyError if never started."""
-        if task_id in self._pending:
+        if spec.check_task(task_type, task_id, self._order) in self._pending:
             return None
-        return self._started(task_type, task_id).exit_code(task_id)
+        inc, index = self._started(task_type, task_id)
+        return inc.exit_code(index)
 
     def process_exists(self, task_type, task_id):
         return self.get_process_exit_code(task_type, task_id) is None
 
     def terminate(self, task_type, task_id):
         """Kill the task (its exit is then no error of ``join``), and wait for it to end."""
-        inc = self._started(task_type, task_id)
-        inc.terminated.add(task_id)
+        inc, index = self._started(task_type, task_id)
+        inc.terminated.add(index)
         inc.started.wait()
-        inc.kill(task_id)
+        inc.kill(index)
         until = time.monotonic() + STOP_MARGIN_SEC
-        while inc.exit_code(task_id) is None and inc.running and time.monotonic() < until:
+        while inc.exit_code(index) is None and inc.running and time.monotonic() < until:
             time.sleep(0.05)
 
     def terminate_all(self, sig=None):
@@ -312,7 +319,7 @@ class MultiProcessRunner:
             if self._pending:
                 missing = sorted(set(range(self._n)) - set(self._pending))
                 raise OneTaskRestartError(
-                    f"join() with worker-{', worker-'.join(map(str, missing))} not started: "
+                    f"join() with {', '.join(self._names[i] for i in missing)} not started: "
                     f"pytest-mwms starts a cluster once each of its tasks is asked for")
         inc = self._current()
         if inc is None:
@@ -344,13 +351,13 @@ class MultiProcessRunner:
         if self._stream_output:
             for inc in self._incarnations[self._printed:]:
                 if inc.result is not None:
-                    sys.stdout.write("".join(verdict.output_lines([inc.result])))
+                    sys.stdout.write("".join(verdict.output_lines([inc.result], self._names)))
             sys.stdout.flush()
         self._printed = len(self._incarnations)
 
     def _judge(self, inc: Incarnation, timeout):
         result = inc.result
-        stdout = verdict.output_lines(self.results) if self._return_output else []
+        stdout = verdict.output_lines(self.results, self._names) if self._return_output else []
         mpr_result = verdict.MultiProcessRunnerResult(verdict.return_values(result), stdout)
         kind, index = verdict.decide(result, inc.terminated)
         if kind == "ok":
@@ -362,13 +369,20 @@ class MultiProcessRunner:
                 error)
             exc.mpr_result, exc.run_result = mpr_result, result
             if error is not None and hasattr(exc, "add_note"):
-                exc.add_note(f"worker-{index}'s traceback:\n{error.traceback}")
+                exc.add_note(f"{self._names[index]}'s traceback:\n{error.traceback}")
             raise verdict.with_verdict(exc, result.diagnosis)
         if kind == "timeout":
             raise SubprocessTimeoutError(
                 f"{result.diagnosis}\n\n{verdict.TIMEOUT_TEXT.format(timeout)}", mpr_result, result)
         raise UnexpectedSubprocessExitError(
-            f"{result.diagnosis}\n\n{verdict.exit_text(result, index)}", mpr_result, result)
+            f"{result.diagnosis}\n\n{verdict.exit_text(result, index, self._names)}", mpr_result,
+            result)
+
+
+def _routed() -> bool:
+    # Read at a run's start: routes imports this module.
+    from harness.compat import routes
+    return routes.installed
 
 
 def _payload(fn, args, kwargs) -> tuple:

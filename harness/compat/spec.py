@@ -5,11 +5,15 @@ Pure functions and the standard library: no TensorFlow, no processes.
 """
 from __future__ import annotations
 
+import dataclasses
 import socket
-from typing import Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 from harness.compat.errors import UnsupportedClusterError
 
+# The task types of MultiWorkerMirroredStrategy's clusters, in the order the
+# harness numbers its processes.
+TASK_TYPES = ("chief", "worker", "evaluator")
 # Why each task type the harness does not run is refused.
 UNSUPPORTED = {
     "chief": "a separate 'chief' task: the harness's clusters are 'worker' tasks only, "
@@ -48,29 +52,60 @@ def create_cluster_spec(has_chief: bool = False, num_workers: int = 1, num_ps: i
     return spec
 
 
-def num_workers(cluster_spec: Optional[Mapping]) -> int:
-    """How many harness workers ``cluster_spec`` is, or the reason it cannot run."""
+def shapes_supported() -> bool:
+    """Whether the harness's settings take a cluster shape (a chief, an evaluator)."""
+    from harness.settings import RunSettings
+    return "cluster" in {f.name for f in dataclasses.fields(RunSettings)}
+
+
+def shape(cluster_spec: Optional[Mapping]) -> Dict[str, int]:
+    """``cluster_spec``'s count of each task type the harness runs
+    (``chief``, ``worker``, ``evaluator``), or the reason it cannot run."""
     if cluster_spec is None or not hasattr(cluster_spec, "items"):
         raise ValueError(f"cluster_spec: a dict of task type to addresses, got {cluster_spec!r}")
-    if "chief" in cluster_spec and len(cluster_spec["chief"]) > 1:
+    counts = {kind: len(cluster_spec.get(kind) or ()) for kind in TASK_TYPES}
+    if counts["chief"] > 1:
         raise ValueError("If chief exists in the cluster, there must be at most one chief. "
-                         f"Current `cluster_spec` has {len(cluster_spec['chief'])} chiefs.")
-    for task_type, addresses in cluster_spec.items():
-        if task_type != "worker" and addresses:
-            why = UNSUPPORTED.get(task_type, f"a {task_type!r} task: the harness runs "
-                                             f"'worker' tasks only")
-            raise UnsupportedClusterError(f"pytest-mwms cannot run {why} (cluster_spec "
-                                          f"{dict(cluster_spec)!r})")
-    n = len(cluster_spec.get("worker", ()))
-    if n < 1:
-        raise ValueError(f"cluster_spec has no 'worker' task: {dict(cluster_spec)!r}")
-    return n
+                         f"Current `cluster_spec` has {counts['chief']} chiefs.")
+    if counts["evaluator"] > 1:
+        raise ValueError(f"a cluster has at most one evaluator; `cluster_spec` has "
+                         f"{counts['evaluator']}")
+    refused = [kind for kind, addresses in cluster_spec.items()
+               if addresses and (kind not in TASK_TYPES
+                                 or (kind != "worker" and not shapes_supported()))]
+    if refused:
+        kind = refused[0]
+        why = UNSUPPORTED.get(kind, f"a {kind!r} task: MultiWorkerMirroredStrategy's "
+                                    f"clusters have 'chief', 'worker' and 'evaluator' tasks")
+        raise UnsupportedClusterError(f"pytest-mwms cannot run {why} (cluster_spec "
+                                      f"{dict(cluster_spec)!r})")
+    if counts["chief"] + counts["worker"] < 1:
+        raise ValueError(f"cluster_spec has no 'chief' or 'worker' task: {dict(cluster_spec)!r}")
+    return counts
 
 
-def check_task(task_type: str, task_id: int, n: int) -> None:
-    """A task of the runner's cluster, or a clear error."""
-    if task_type != "worker":
+def tasks(counts: Mapping[str, int]) -> Tuple[Tuple[str, int], ...]:
+    """``(type, index)`` of each task, in the harness's order: the chief,
+    the workers, the evaluator (MultiWorkerMirroredStrategy's)."""
+    return tuple((kind, i) for kind in TASK_TYPES for i in range(counts.get(kind, 0)))
+
+
+def num_workers(cluster_spec: Optional[Mapping]) -> int:
+    """How many harness processes ``cluster_spec`` is, or the reason it cannot run."""
+    return sum(shape(cluster_spec).values())
+
+
+def label(task_type: str, task_id: int) -> str:
+    """The task as TensorFlow's runner names it: ``worker-1``, ``chief-0``."""
+    return f"{task_type}-{task_id}"
+
+
+def check_task(task_type: str, task_id: int, order: Tuple[Tuple[str, int], ...]) -> int:
+    """The harness's index of a task of the runner's cluster, or a clear error."""
+    if task_type not in TASK_TYPES or (task_type != "worker" and not shapes_supported()):
         raise UnsupportedClusterError(
             f"pytest-mwms cannot run {UNSUPPORTED.get(task_type, repr(task_type))}")
-    if not isinstance(task_id, int) or not 0 <= task_id < n:
-        raise ValueError(f"worker-{task_id} is not a task of this {n}-worker cluster")
+    if (task_type, task_id) not in order:
+        raise ValueError(f"{label(task_type, task_id)} is not a task of this cluster "
+                         f"({', '.join(label(*t) for t in order)})")
+    return order.index((task_type, task_id))

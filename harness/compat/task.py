@@ -42,7 +42,11 @@ class Shared:
     ``eager``: whether the parent ran eagerly; ``grpc_fail_fast``: the
     runner's argument, for ``GRPC_FAIL_FAST``; ``payloads``: a managed
     dict, task index to the call ``start_single_process`` gave it when it
-    started the task again into the running cluster."""
+    started the task again into the running cluster; ``order``: each
+    task's ``(type, index)`` by the harness's index (empty: workers only);
+    ``routed``: whether the parent ran :func:`harness.compat.install`, which
+    each task then runs too (a test that runs again in the task, as
+    ``combinations``' do, reaches the same bound references)."""
 
     statuses: Any
     starts: Any
@@ -50,10 +54,28 @@ class Shared:
     eager: bool = True
     grpc_fail_fast: Optional[bool] = None
     payloads: Any = None
+    order: Tuple[Tuple[str, int], ...] = ()
+    routed: bool = False
 
 
-def task_index() -> int:
-    return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+def task_index(order: Tuple[Tuple[str, int], ...] = ()) -> int:
+    """This task's index among the runner's: its place in ``order`` (the
+    chief first), or its ``worker`` index."""
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    if order:
+        return order.index((task["type"], int(task["index"])))
+    return int(task["index"])
+
+
+def _absl_flags_at_their_defaults() -> None:
+    """TensorFlow's runner starts each task through ``absl.app.run`` with the
+    program name only: the flags are parsed, at their defaults.  Left
+    unparsed, TensorFlow's wrapper would parse this process's command line
+    the first time a flag is read."""
+    with contextlib.suppress(ImportError):
+        from absl import flags
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
 
 
 def _share_barrier_with_tensorflow(barrier) -> None:
@@ -63,8 +85,8 @@ def _share_barrier_with_tensorflow(barrier) -> None:
     if "tensorflow" not in sys.modules:
         return
     with contextlib.suppress(ImportError):
-        from tensorflow.python.distribute import multi_process_runner as tf_runner
-        tf_runner._barrier = barrier
+        from harness.compat import routes
+        routes.tensorflows("tensorflow.python.distribute.multi_process_runner")._barrier = barrier
 
 
 def _log_like_tensorflow() -> None:
@@ -94,7 +116,7 @@ def pickled_exception(exc: BaseException) -> Optional[bytes]:
 def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
     """The function each harness worker runs: its task's ``fn``."""
     global _barrier
-    index = task_index()
+    index = task_index(shared.order)
     again = shared.payloads.get(index) if shared.payloads is not None else None
     module, payload = again or tasks[index]
     attempt = shared.starts.get(index, 0)
@@ -104,6 +126,10 @@ def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
     if shared.grpc_fail_fast is not None:
         os.environ["GRPC_FAIL_FAST"] = str(shared.grpc_fail_fast)
     _log_like_tensorflow()
+    _absl_flags_at_their_defaults()
+    if shared.routed:
+        from harness.compat import routes
+        routes.install()
     if module:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)

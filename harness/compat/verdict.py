@@ -26,10 +26,17 @@ TIMEOUT_TEXT = ("One or more subprocesses timed out, where timeout was set to {}
                 "`multi_process_runner.run()` if it should be adjusted.")
 
 
-def prefixed(index: int, log: str) -> List[str]:
-    """A worker's log as TensorFlow's runner streams it: each line after
-    ``[worker-i]:`` padded to 14 characters, newline kept."""
-    task = f"[worker-{index}]:".ljust(PREFIX_WIDTH)
+def name(index: int, names: Optional[Sequence[str]] = None) -> str:
+    """Task ``index`` as TensorFlow's runner names it (``chief-0``,
+    ``worker-1``): from ``names``, the runner's task names by index, else
+    a cluster of workers only."""
+    return names[index] if names else f"worker-{index}"
+
+
+def prefixed(index: int, log: str, names: Optional[Sequence[str]] = None) -> List[str]:
+    """A task's log as TensorFlow's runner streams it: each line after
+    ``[worker-i]:`` (``[chief-0]:``) padded to 14 characters, newline kept."""
+    task = f"[{name(index, names)}]:".ljust(PREFIX_WIDTH)
     return [f"{task} {line}\n" for line in log.splitlines()]
 
 
@@ -37,7 +44,8 @@ def attempts_of(result: RunResult) -> Tuple[RunResult, ...]:
     return tuple(result.attempts) or (result,)
 
 
-def output_lines(results: Sequence[RunResult]) -> List[str]:
+def output_lines(results: Sequence[RunResult],
+                 names: Optional[Sequence[str]] = None) -> List[str]:
     """Every worker's lines, run by run and attempt by attempt, worker by
     worker, a restarted task's processes in turn (TensorFlow's are
     interleaved as they come)."""
@@ -46,7 +54,7 @@ def output_lines(results: Sequence[RunResult]) -> List[str]:
         for attempt in attempts_of(result):
             for w in attempt.workers:
                 for process in w.attempts or (w,):
-                    lines += prefixed(w.index, process.log)
+                    lines += prefixed(w.index, process.log, names)
     return lines
 
 
@@ -85,11 +93,12 @@ def decide(result: RunResult, terminated: AbstractSet[int] = frozenset()) -> Tup
     return "ok", None
 
 
-def exit_text(result: RunResult, index: int) -> str:
+def exit_text(result: RunResult, index: int, names: Optional[Sequence[str]] = None) -> str:
     code = result.workers[index].exit_code
+    task = name(index, names)
     if code is not None and code < 0:
-        return f"Subprocess worker-{index} died by signal {-code}. See logs for details."
-    return f"Subprocess worker-{index} exited with exit code {code}. See logs for details."
+        return f"Subprocess {task} died by signal {-code}. See logs for details."
+    return f"Subprocess {task} exited with exit code {code}. See logs for details."
 
 
 def rebuild_exception(pickled: Optional[bytes], error: Optional[WorkerError]) -> BaseException:

@@ -43,24 +43,61 @@ def test_create_cluster_spec_has_tensorflows_shape_and_free_ports():
     assert mpr.create_cluster_spec(num_workers=2).keys() == {"worker"}
 
 
-def test_workers_only_map_and_every_other_task_is_refused_by_name():
+@pytest.fixture(params=[True, False], ids=["shapes", "workers-only"])
+def shapes(request, monkeypatch):
+    """Whether the harness's settings take a cluster shape: both ways."""
+    monkeypatch.setattr(spec, "shapes_supported", lambda: request.param)
+    return request.param
+
+
+def test_workers_only_map_and_parameter_servers_are_refused_by_name(shapes):
     assert spec.num_workers({"worker": ["a", "b", "c"]}) == 3
     assert spec.num_workers({"worker": ["a"], "ps": []}) == 1
-    for task, word in (("chief", "chief"), ("ps", "ParameterServerStrategy"),
-                       ("evaluator", "evaluator")):
+    for task, word in (("ps", "ParameterServerStrategy"), ("master", "'master'")):
         with pytest.raises(mpr.UnsupportedClusterError, match=word) as e:
             spec.num_workers({"worker": ["a"], task: ["b"]})
         assert isinstance(e.value, NotImplementedError)
     with pytest.raises(ValueError, match="at most one chief"):
         spec.num_workers({"chief": ["a", "b"], "worker": ["c"]})
-    with pytest.raises(ValueError, match="no 'worker'"):
+    with pytest.raises(ValueError, match="at most one evaluator"):
+        spec.num_workers({"worker": ["c"], "evaluator": ["a", "b"]})
+    with pytest.raises(ValueError, match="no 'chief' or 'worker'"):
         spec.num_workers({})
+
+
+def test_a_chief_and_an_evaluator_map_in_mwms_order_where_the_settings_take_shapes(shapes):
+    cs = mwtb.create_cluster_spec(has_chief=True, num_workers=2, has_eval=True)
+    if not shapes:
+        for task in ("chief", "evaluator"):
+            with pytest.raises(mpr.UnsupportedClusterError, match=task):
+                spec.shape({"worker": ["a"], task: ["b"]})
+        return
+    counts = spec.shape(cs)
+    assert counts == {"chief": 1, "worker": 2, "evaluator": 1}
+    order = spec.tasks(counts)
+    assert order == (("chief", 0), ("worker", 0), ("worker", 1), ("evaluator", 0))
+    assert spec.check_task("worker", 1, order) == 2
+    assert spec.check_task("evaluator", 0, order) == 3
+    with pytest.raises(ValueError, match="chief-1 is not a task"):
+        spec.check_task("chief", 1, order)
+    assert spec.num_workers({"chief": ["a"]}) == 1
+
+
+def test_a_task_finds_its_index_in_the_runners_order():
+    import json
+    import os
+    from harness.compat import task
+    order = (("chief", 0), ("worker", 0), ("worker", 1))
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {}, "task": {"type": "worker", "index": 1}})
+    try:
+        assert task.task_index(order) == 2 and task.task_index() == 1
+    finally:
+        del os.environ["TF_CONFIG"]
 
 
 def test_a_runner_checks_its_spec_and_fn_before_any_process_starts():
     with pytest.raises(mpr.UnsupportedClusterError):
-        mpr.MultiProcessRunner(lambda: None, mwtb.create_cluster_spec(has_chief=True,
-                                                                      num_workers=1))
+        mpr.MultiProcessRunner(lambda: None, mwtb.create_cluster_spec(num_workers=1, num_ps=1))
     with pytest.raises(ValueError, match="not a callable"):
         mpr.MultiProcessRunner(3, {"worker": ["a"]})
     with pytest.raises(mpr.UnsupportedClusterError):
@@ -197,15 +234,17 @@ def test_join_checks_its_timeout_and_refuses_a_cluster_not_wholly_asked_for():
         runner.join()
 
 
-def test_unsupported_calls_say_what_is_missing():
+def test_unsupported_calls_say_what_is_missing(shapes):
     runner = mpr.MultiProcessRunner(lambda: None, {"worker": ["a"]})
     with pytest.raises(NotImplementedError, match="worker process of its own"):
         runner.start_in_process_as("worker", 0)
     with pytest.raises(mpr.UnsupportedClusterError):
+        runner.start_single_process("ps", 0)
+    with pytest.raises(mpr.UnsupportedClusterError if not shapes else ValueError):
         runner.start_single_process("chief", 0)
     with pytest.raises(ValueError, match="worker-3"):
         runner.start_single_process("worker", 3)
-    with pytest.raises(mpr.OneTaskRestartError, match="size"):
+    with pytest.raises(mpr.OneTaskRestartError, match="shape"):
         runner.start_single_process("worker", 0, cluster_spec={"worker": ["a", "b"]})
     with pytest.raises(KeyError):
         runner.get_process_exit_code("worker", 0)
@@ -233,3 +272,64 @@ def test_share_gpu_chooses_how_workers_given_gpus_get_them(devices, share_gpu, r
     runner = mpr.MultiProcessRunner(lambda: None, {"worker": ["a", "b"]}, share_gpu=share_gpu,
                                     settings=RunSettings(devices=devices))
     assert runner._cluster.settings.devices == runs_on
+
+
+def test_a_runner_with_a_chief_runs_that_shape_and_names_its_tasks_as_tensorflow_does():
+    if not spec.shapes_supported():
+        pytest.skip("the harness's settings take no cluster shape yet")
+    runner = mpr.MultiProcessRunner(lambda: None, mwtb.create_cluster_spec(has_chief=True,
+                                                                           num_workers=2))
+    shape = runner._cluster.settings.shape
+    assert (shape.chief, shape.worker, shape.evaluator) == (1, 2, 0)
+    assert runner._names == ["chief-0", "worker-0", "worker-1"]
+    runner.start_single_process("worker", 1)
+    with pytest.raises(mpr.OneTaskRestartError, match="chief-0, worker-0 not started"):
+        runner.join()
+    assert verdict.prefixed(0, "hi", runner._names) == ["[chief-0]:     hi\n"]
+
+
+# -- install(): TensorFlow's test utilities on the harness --------------------
+
+def test_parameter_server_presets_skip_with_the_reason_and_others_run():
+    from harness.compat import routes
+    ps = mwtb.create_cluster_spec(has_chief=True, num_workers=1, num_ps=2)
+    assert "ParameterServerStrategy" in routes.skip_reason(ps)
+    assert routes.skip_reason({"worker": ["a", "b"]}) is None
+    with pytest.raises(unittest.SkipTest, match="ParameterServerStrategy"):
+        routes.FOR_COMBINATIONS.MultiProcessRunner(lambda: None, ps)
+    with pytest.raises(unittest.SkipTest, match="ParameterServerStrategy"):
+        routes.FOR_COMBINATIONS.MultiProcessPoolRunner(ps)
+    with pytest.raises(unittest.SkipTest, match="ParameterServerStrategy"):
+        routes.FOR_TEST_BASE.MultiProcessRunner(lambda: None, ps)
+    # MultiProcessCluster's servers must listen where the test connects
+    with pytest.raises(mpr.UnsupportedClusterError, match="MultiProcessCluster"):
+        routes.FOR_TEST_BASE.MultiProcessRunner(lambda: None, {"worker": ["a", "b"]})
+    # anything else is the harness's runner, as combinations calls it
+    assert isinstance(routes.FOR_COMBINATIONS.MultiProcessRunner(
+        lambda: None, {"worker": ["a", "b"]}, share_gpu=False, args=(1,),
+        dependence_on_chief=False), mpr.MultiProcessRunner)
+    assert routes.FOR_COMBINATIONS.get_barrier is mpr.get_barrier
+
+
+ABSL_UNDER_PYTEST = """
+import sys
+sys.argv = ["pytest", "-q", "-x", "-k", "not slow", "-n", "2", "--mwms-workers=3"]
+from absl import flags
+flags.DEFINE_string("tpu", "", "as TensorFlow's TPU tests define it")
+from harness.compat import routes
+routes.keep_argv_from_absl()
+flags.DEFINE_string("zone", "z", "defined after")
+print(repr(flags.FLAGS.tpu), repr(flags.FLAGS.zone), sys.argv[1])
+"""
+
+
+def test_absls_flags_never_read_pytests_command_line():
+    """TensorFlow's wrapper of absl's flags parses ``sys.argv`` when a flag is
+    read unparsed (``combinations``' TPU check reads one): pytest's options
+    there made absl raise UnrecognizedFlagError."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", ABSL_UNDER_PYTEST], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["''", "'z'", "-q"]

@@ -1,0 +1,179 @@
+"""What :func:`harness.compat.install` changes in TensorFlow, so that every
+way its test utilities start multi-worker processes runs on the harness,
+and pytest's command line stays pytest's.
+
+TensorFlow's test utilities bind ``multi_process_runner`` (and
+``multi_worker_test_base``) at import: ``combinations`` (which starts the
+tasks of a ``multi_worker_mirrored_*`` preset), ``strategy_combinations``
+(its presets' deferred pool runners, and the barrier its strategy creator
+waits on) and ``multi_worker_test_base`` (``MultiProcessCluster``, whose
+parameter-server clusters skip).  Each such module attribute is pointed at
+the harness's, as are the ``tf.__internal__`` trees tf-keras reaches the
+runner through, and the two modules themselves in ``sys.modules``: a test
+file imported afterwards that imports them by name (TensorFlow's own do)
+binds the harness's.
+
+``combinations`` sees the harness's runner through :class:`ForCombinations`:
+a preset the harness does not run (parameter servers) skips with the reason,
+as a preset whose GPUs are missing skips under TensorFlow's runner, instead
+of failing on the refusal.
+
+absl's flags read ``sys.argv`` on their first use (TensorFlow's wrapper of
+them parses it when a flag is read before parsing, as ``combinations``'
+TPU check does): under pytest, ``sys.argv`` is pytest's command line, and
+absl refuses its options.  :func:`keep_argv_from_absl` marks the flags
+parsed with their defaults, which is what TensorFlow's runner gives each
+task (``absl.app.run`` with the program name only).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import unittest
+from typing import Mapping, Optional
+
+from harness.compat import multi_process_runner, multi_worker_test_base, spec
+from harness.compat.errors import UnsupportedClusterError
+
+# Where TensorFlow's own modules hold the runner and the test base, by attribute.
+BOUND = {
+    "tensorflow.python.distribute.combinations": ("multi_process_runner",
+                                                  "multi_worker_test_base"),
+    "tensorflow.python.distribute.strategy_combinations": ("multi_process_runner",
+                                                           "multi_worker_test_base"),
+    "tensorflow.python.distribute.multi_worker_test_base": ("multi_process_runner",),
+}
+# The API trees whose __internal__.distribute has a multi_process_runner.
+API_TREES = ("tensorflow", "tensorflow.compat.v2")
+# TensorFlow's modules a test file imports by name, and the harness's stand-ins.
+MODULES = {
+    "tensorflow.python.distribute.multi_process_runner": multi_process_runner,
+    "tensorflow.python.distribute.multi_worker_test_base": multi_worker_test_base,
+}
+# TensorFlow's own modules, once the imports reach the stand-ins.
+original: dict = {}
+
+
+def skip_reason(cluster_spec: Optional[Mapping]) -> Optional[str]:
+    """Why a test preset's cluster does not run on the harness (the test
+    skips with it), or None when it runs."""
+    if cluster_spec is not None and hasattr(cluster_spec, "items") and cluster_spec.get("ps"):
+        return ("pytest-mwms runs MultiWorkerMirroredStrategy clusters: this preset's 'ps' "
+                "tasks belong to ParameterServerStrategy, outside the harness's scope")
+    try:
+        spec.shape(cluster_spec)
+    except UnsupportedClusterError as e:
+        return str(e)
+    return None
+
+
+class ForCombinations:
+    """``multi_process_runner`` as ``combinations`` and ``strategy_combinations``
+    see it: the harness's, but a preset it does not run skips."""
+
+    def __getattr__(self, name):
+        return getattr(multi_process_runner, name)
+
+    @staticmethod
+    def MultiProcessRunner(fn, cluster_spec, *args, **kwargs):
+        _skip_unless_runnable(cluster_spec)
+        return multi_process_runner.MultiProcessRunner(fn, cluster_spec, *args, **kwargs)
+
+    @staticmethod
+    def MultiProcessPoolRunner(cluster_spec, *args, **kwargs):
+        _skip_unless_runnable(cluster_spec)
+        return multi_process_runner.MultiProcessPoolRunner(cluster_spec, *args, **kwargs)
+
+
+def _skip_unless_runnable(cluster_spec) -> None:
+    why = skip_reason(cluster_spec)
+    if why is not None:
+        raise unittest.SkipTest(why)
+
+
+class ForTestBase(ForCombinations):
+    """``multi_process_runner`` as ``multi_worker_test_base`` sees it: its
+    ``MultiProcessCluster`` starts servers that the test process itself
+    connects to, at the spec's addresses; the harness's workers listen on
+    ports of their own (in a network namespace, by default), so only the
+    skip of a parameter-server cluster (tf-keras's only use) is routed."""
+
+    @staticmethod
+    def MultiProcessRunner(fn, cluster_spec, *args, **kwargs):
+        _skip_unless_runnable(cluster_spec)
+        raise UnsupportedClusterError(
+            "pytest-mwms cannot run multi_worker_test_base.MultiProcessCluster: its servers "
+            "must listen at the cluster spec's addresses, for the test process to connect "
+            "to them, and the harness's workers listen on ports of their own")
+
+
+FOR_COMBINATIONS = ForCombinations()
+FOR_TEST_BASE = ForTestBase()
+
+
+def keep_argv_from_absl() -> None:
+    """absl's flags, unparsed, are marked parsed with their defaults: pytest's
+    options in ``sys.argv`` are never read as absl's."""
+    try:
+        from absl import flags
+    except ImportError:
+        return
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def route_runner() -> None:
+    """Point every bound reference of TensorFlow's to the harness's runner."""
+    for name in API_TREES:
+        try:
+            distribute = importlib.import_module(name).__internal__.distribute
+        except (ImportError, AttributeError):
+            continue
+        distribute.multi_process_runner = multi_process_runner
+    for module_name, attributes in BOUND.items():
+        try:
+            module = tensorflows(module_name)
+        except ImportError:
+            continue
+        for attribute in attributes:
+            if attribute == "multi_process_runner":
+                value = (FOR_TEST_BASE if module_name.endswith("multi_worker_test_base")
+                         else FOR_COMBINATIONS)
+            else:
+                value = multi_worker_test_base
+            if hasattr(module, attribute):
+                setattr(module, attribute, value)
+
+
+# Whether install() ran in this process (its runners' tasks then run it too).
+installed = False
+
+
+def route_imports() -> None:
+    """A test file imported from now on that imports TensorFlow's runner
+    or test base by name (``from tensorflow.python.distribute import
+    multi_process_runner``, as TensorFlow's own tests do) gets the harness's."""
+    for name, ours in MODULES.items():
+        try:
+            theirs = original.get(name) or importlib.import_module(name)
+        except ImportError:
+            continue
+        original[name] = theirs
+        sys.modules[name] = ours
+        package, _, attribute = name.rpartition(".")
+        setattr(sys.modules[package], attribute, ours)
+
+
+def tensorflows(name: str):
+    """TensorFlow's own module ``name``, whether or not the imports are routed."""
+    return original.get(name) or importlib.import_module(name)
+
+
+def install() -> None:
+    global installed
+    installed = True
+    keep_argv_from_absl()
+    if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is not None:
+        route_runner()
+        route_imports()
