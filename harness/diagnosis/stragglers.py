@@ -208,9 +208,18 @@ def chance(last: int, calls: int, workers: int) -> float:
     """The probability that a given worker is last at ``last`` or more of
     ``calls`` calls when each of ``workers`` is last alike by chance (a
     binomial tail)."""
-    p = 1.0 / workers
-    return sum(math.comb(calls, k) * p ** k * (1 - p) ** (calls - k)
-               for k in range(last, calls + 1))
+    if last <= 0:
+        return 1.0
+    if workers <= 1:
+        return 1.0 if last <= calls else 0.0
+    # In logs: the binomial coefficient of thousands of calls is beyond a float.
+    log_p, log_q = -math.log(workers), math.log1p(-1.0 / workers)
+    terms = [math.lgamma(calls + 1) - math.lgamma(k + 1) - math.lgamma(calls - k + 1)
+             + k * log_p + (calls - k) * log_q for k in range(last, calls + 1)]
+    top = max(terms, default=-math.inf)
+    if top == -math.inf:
+        return 0.0
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
 def _singled_out(a: WorkerArrival, step: float) -> bool:

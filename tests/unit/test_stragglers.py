@@ -191,3 +191,12 @@ def test_chance_alone_names_no_one_in_a_short_run():
         0.008 if (i == 1) != (k in (3, 7)) else 0))
     report = stragglers(obs)
     assert report.arrival(1).last_share == 9 / 11 and report.stragglers == ()
+
+
+def test_chance_holds_for_thousands_of_calls():
+    """A long job's ledger has thousands of calls: the binomial tail is
+    worked out in logs (its coefficients are beyond a float)."""
+    from harness.diagnosis.stragglers import chance
+    assert chance(9, 11, 2) == pytest.approx((55 + 11 + 1) / 2 ** 11)
+    assert chance(0, 5000, 2) == 1.0 and chance(2400, 5000, 2) > 0.99
+    assert 0.0 <= chance(3000, 5000, 2) < 1e-40 and chance(5000, 5000, 4) >= 0.0
