@@ -17,6 +17,7 @@ message opening with the harness's verdict.
 - ``verdict``: pure functions from a ``RunResult`` to TensorFlow's result or error;
 - ``spec``: cluster specs, what maps onto the harness and what does not;
 - ``routes``: what :func:`install` changes in TensorFlow's modules;
+- ``originals``: TensorFlow's own modules that ``routes`` replaced, and whether it ran (a leaf);
 - ``errors``: TensorFlow's runner's errors, and the harness's refusals.
 
 It may import :mod:`harness.controller`, :mod:`harness.settings`,

@@ -44,6 +44,6 @@ def __getattr__(name: str):
         raise AttributeError(name)
     # install() puts this module in the place of TensorFlow's: its own
     # comes from where install() keeps it.
-    from harness.compat import routes
-    return getattr(routes.tensorflows("tensorflow.python.distribute.multi_worker_test_base"),
+    from harness.compat import originals
+    return getattr(originals.tensorflows("tensorflow.python.distribute.multi_worker_test_base"),
                    name)

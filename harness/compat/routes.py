@@ -33,7 +33,8 @@ import sys
 import unittest
 from typing import Mapping, Optional
 
-from harness.compat import multi_process_runner, multi_worker_test_base, spec
+from harness.compat import multi_process_runner, multi_worker_test_base, originals, spec
+from harness.compat.originals import original, tensorflows
 from harness.compat.errors import UnsupportedClusterError
 
 # Where TensorFlow's own modules hold the runner and the test base, by attribute.
@@ -51,8 +52,6 @@ MODULES = {
     "tensorflow.python.distribute.multi_process_runner": multi_process_runner,
     "tensorflow.python.distribute.multi_worker_test_base": multi_worker_test_base,
 }
-# TensorFlow's own modules, once the imports reach the stand-ins.
-original: dict = {}
 
 
 def skip_reason(cluster_spec: Optional[Mapping]) -> Optional[str]:
@@ -146,10 +145,6 @@ def route_runner() -> None:
                 setattr(module, attribute, value)
 
 
-# Whether install() ran in this process (its runners' tasks then run it too).
-installed = False
-
-
 def route_imports() -> None:
     """A test file imported from now on that imports TensorFlow's runner
     or test base by name (``from tensorflow.python.distribute import
@@ -165,14 +160,8 @@ def route_imports() -> None:
         setattr(sys.modules[package], attribute, ours)
 
 
-def tensorflows(name: str):
-    """TensorFlow's own module ``name``, whether or not the imports are routed."""
-    return original.get(name) or importlib.import_module(name)
-
-
 def install() -> None:
-    global installed
-    installed = True
+    originals.installed = install
     keep_argv_from_absl()
     if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is not None:
         route_runner()

@@ -29,7 +29,7 @@ import weakref
 from multiprocessing.managers import SyncManager
 from typing import Dict, List, Optional, Tuple
 
-from harness.compat import spec, verdict
+from harness.compat import originals, spec, verdict
 from harness.compat.errors import (OneTaskRestartError, SubprocessTimeoutError,
                                    UnexpectedSubprocessExitError)
 from harness.compat.incarnation import Incarnation
@@ -255,7 +255,7 @@ class MultiProcessRunner:
         # One barrier, as TensorFlow's runner has: a restarted task comes back
         # to the barrier its peers are at.
         shared = Shared(statuses=m.dict(), starts=m.dict(), barriers=(m.Barrier(self._n),),
-                        payloads=m.dict(), order=self._order, routed=_routed(),
+                        payloads=m.dict(), order=self._order, on_start=originals.installed,
                         eager=self._eager, grpc_fail_fast=self._grpc_fail_fast)
         inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
                           timeout=self._hang_timeout, grace=GRACE_SEC, restarts=restarts,
@@ -377,12 +377,6 @@ class MultiProcessRunner:
         raise UnexpectedSubprocessExitError(
             f"{result.diagnosis}\n\n{verdict.exit_text(result, index, self._names)}", mpr_result,
             result)
-
-
-def _routed() -> bool:
-    # Read at a run's start: routes imports this module.
-    from harness.compat import routes
-    return routes.installed
 
 
 def _payload(fn, args, kwargs) -> tuple:

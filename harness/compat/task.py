@@ -15,8 +15,9 @@ import importlib
 import json
 import os
 import sys
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
+from harness.compat import originals
 from harness.core import serialize
 
 _barrier = None
@@ -44,8 +45,8 @@ class Shared:
     dict, task index to the call ``start_single_process`` gave it when it
     started the task again into the running cluster; ``order``: each
     task's ``(type, index)`` by the harness's index (empty: workers only);
-    ``routed``: whether the parent ran :func:`harness.compat.install`, which
-    each task then runs too (a test that runs again in the task, as
+    ``on_start``: :func:`harness.compat.install` where the parent ran it,
+    which each task then runs too (a test that runs again in the task, as
     ``combinations``' do, reaches the same bound references)."""
 
     statuses: Any
@@ -55,7 +56,7 @@ class Shared:
     grpc_fail_fast: Optional[bool] = None
     payloads: Any = None
     order: Tuple[Tuple[str, int], ...] = ()
-    routed: bool = False
+    on_start: Optional[Callable[[], None]] = None
 
 
 def task_index(order: Tuple[Tuple[str, int], ...] = ()) -> int:
@@ -85,8 +86,7 @@ def _share_barrier_with_tensorflow(barrier) -> None:
     if "tensorflow" not in sys.modules:
         return
     with contextlib.suppress(ImportError):
-        from harness.compat import routes
-        routes.tensorflows("tensorflow.python.distribute.multi_process_runner")._barrier = barrier
+        originals.tensorflows("tensorflow.python.distribute.multi_process_runner")._barrier = barrier
 
 
 def _log_like_tensorflow() -> None:
@@ -127,9 +127,8 @@ def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
         os.environ["GRPC_FAIL_FAST"] = str(shared.grpc_fail_fast)
     _log_like_tensorflow()
     _absl_flags_at_their_defaults()
-    if shared.routed:
-        from harness.compat import routes
-        routes.install()
+    if shared.on_start is not None:
+        shared.on_start()
     if module:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
