@@ -39,7 +39,8 @@ from harness import faults as faults_module
 from harness.diagnosis.observations import OUTCOMES, Outcome
 from harness.errors import HarnessError, UsageError
 from harness.report.pytest_report import timeline_stem, wants_timeline
-from harness.settings import OPTIONS, Option, RunSettings, parse_choice, read_settings
+from harness.settings import OPTIONS, Option, RunSettings, read_settings
+from harness.validators import parse_choice
 
 PROG = "python -m harness"
 FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
@@ -47,6 +48,13 @@ FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
 # starts skips their values.
 _VALUE_FLAGS = {"-n", "--fault", "--expect", *(o.flag.replace("--mwms-", "--") for o in OPTIONS)}
 
+
+
+def _size(settings: RunSettings) -> str:
+    """``2 workers``, or ``4 tasks (chief:1,worker:2,evaluator:1)``."""
+    if settings.cluster is None:
+        return f"{settings.workers} workers"
+    return f"{settings.workers} tasks ({settings.cluster})"
 
 def parse_fault(text: str) -> faults_module.Fault:
     """A fault from its constructor call, e.g. ``"Crash(worker=1, step=5)"``.
@@ -220,7 +228,7 @@ def run_command(argv: Sequence[str]) -> int:
         expect = parse_choice(ns.expect, "--expect", OUTCOMES)
         plan = [parse_fault(f) for f in ns.fault]
         try:
-            faults_module.validate(plan, settings.workers, settings.restarts)
+            faults_module.validate(plan, settings.workers, settings.restarts, settings.shape)
         except faults_module.FaultError as e:
             raise UsageError(f"--fault: {e}") from None
         from harness.launch.state_dir import check_state_dir
@@ -233,7 +241,7 @@ def run_command(argv: Sequence[str]) -> int:
     except HarnessError as e:
         parser.error(str(e))   # prints the usage, exits 2
     what = f"-m {module}" if module else script
-    print(f"harness: running {what} on {settings.workers} workers (timeout {settings.timeout:g} s, "
+    print(f"harness: running {what} on {_size(settings)} (timeout {settings.timeout:g} s, "
           f"{settings.start_method}, {settings.devices})", flush=True)
     status = StatusLine()
     try:
@@ -254,7 +262,7 @@ def run_command(argv: Sequence[str]) -> int:
         for path in result.timeline(timeline_stem(settings.report_dir, what, 1)):
             print(f"harness: timeline: {path}")
     ok = result.outcome == expect
-    print(f"harness: {what} on {settings.workers} workers: {result.outcome} in "
+    print(f"harness: {what} on {_size(settings)}: {result.outcome} in "
           f"{result.duration:.1f} s; expected {expect}: {'ok' if ok else 'NOT OK'}", flush=True)
     return 0 if ok else 1
 

@@ -1,33 +1,28 @@
 """The fault vocabulary: plain frozen data, validated before any process starts.
 
-A fault names the worker it acts in and, for step-keyed faults, the step at
-whose boundary it acts (``context().steps()`` or the Keras callback).  Faults
-print as their constructor call, compare equal by value and hash, so a plan
-can be generated (hypothesis), printed in a failure and pasted back to
-replay it.
-
+A fault names the worker it acts in (or its ``task=``) and, for step-keyed
+faults, the step at whose boundary it acts (``context().steps()`` or the
+Keras callback).  Faults print as their constructor call and compare equal
+by value, so a plan can be generated, printed in a failure and pasted back.
 The diagnosis never reads the fault plan: it works out the culprit from
-what it observed, as it must for a user's real bug.  Faults only exist to
-prove that it does.
+what it observed, as it must for a user's real bug.
 
 Adding a fault kind is three edits: its class here (fields, and ``check``
-for what its fields must hold), its name in :data:`FAULT_TYPES` (what
-``--fault`` and the documentation list), and, for a step-keyed fault, a
-row in the worker's action table (:data:`harness.worker.actions.ACTIONS`)
-saying what it does there.  What a
-fault does in the parent is declared on the class: ``edit_configs`` (a
-``TF_CONFIG`` fault), ``parent_signals`` (a pause the parent ends, a
-preempted worker the parent kills when its grace is over),
-``network_commands`` (a link the parent cuts or throttles, see
-:mod:`harness.network.namespace`) and ``host_names`` (a name in ``TF_CONFIG``
-that resolves when the parent says).
-
-Every fault acts in one attempt of a run (``attempt=``, keyword only, 0 by
-default); see ``run(restarts=...)``.
+for what its fields must hold), its name in :data:`FAULT_TYPES`, and, for a
+step-keyed fault, a row in :data:`harness.worker.actions.ACTIONS` saying
+what it does there.  What a fault does in the parent is declared on the
+class: ``edit_configs`` (a ``TF_CONFIG`` fault), ``parent_signals`` (a
+pause the parent ends, a preempted worker it kills when its grace is
+over), ``network_commands`` (a link cut or throttled, see
+:mod:`harness.network.namespace`) and ``host_names`` (a name in
+``TF_CONFIG`` that resolves when the parent says).  Every fault acts in one
+attempt of a run (``attempt=``, keyword only, 0 by default).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import signal
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -47,9 +42,38 @@ def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
         raise FaultError(f"{fault!r}: {name} must be 0 or more, got {value!r}")
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+# The worker index of a fault keyed by task=, until the plan is checked
+# against the cluster's shape (see validate).
+UNRESOLVED = -1
+
+
+def _fault_class(cls):
+    """A frozen dataclass whose constructor also takes ``task=(type, index)``
+    in place of ``worker``: ``SkipStep(task=("worker", 1), step=4)``."""
+    cls = dataclasses.dataclass(frozen=True, repr=False)(cls)
+    fields_init = cls.__init__
+
+    @functools.wraps(fields_init)
+    def __init__(self, *args, task=None, **kwargs):
+        if task is not None:
+            if args:
+                raise FaultError(f"{cls.__name__}(task={task!r}): give the rest by keyword")
+            kwargs.setdefault("worker", UNRESOLVED)
+            task = tuple(task) if isinstance(task, (list, tuple)) else task
+        fields_init(self, *args, task=task, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+@_fault_class
 class Fault:
     """Base of every fault: the worker it acts in, and the attempt.
+
+    ``worker`` is the index of a task in the collectives, in MWMS's order
+    (the chief, when the cluster has one, is 0); ``task=("worker", 1)``
+    (keyword only) names the task as its ``TF_CONFIG`` does instead, and is
+    the only way to name an evaluator.  A fault takes one of the two.
 
     ``attempt`` (keyword only) is the attempt of a run with restarts
     (``run(restarts=K)``) that the fault acts in: 0, the first, by default,
@@ -58,10 +82,12 @@ class Fault:
     """
     worker: int
     attempt: int = dataclasses.field(default=0, kw_only=True)
+    task: Optional[Tuple[str, int]] = dataclasses.field(default=None, kw_only=True)
 
     def __repr__(self) -> str:
-        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                 if f.name != "attempt"]
+        shown = ([f"task={tuple(self.task)!r}"] if self.task is not None else []) + [
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+            if f.name not in ("attempt", "task") and not (f.name == "worker" and self.task)]
         if self.attempt != 0:   # last, as it is passed: by keyword
             shown.append(f"attempt={self.attempt!r}")
         return f"{type(self).__name__}({', '.join(shown)})"
@@ -88,21 +114,19 @@ class Fault:
         return ()
 
     def network_commands(self) -> Tuple[Tuple[float, str], ...]:
-        """What the parent does to the worker's network link once this fault
-        acted: ``(seconds after, command)`` pairs for
-        :meth:`harness.network.namespace.Switch.command`.  A fault with any puts the
-        run's workers in network namespaces of their own."""
+        """What the parent does to the worker's link once this fault acted:
+        ``(seconds after, command)`` pairs for :meth:`harness.network.namespace.
+        Switch.command`.  Any puts the workers in network namespaces."""
         return ()
 
     def host_names(self) -> Tuple[Tuple[str, Optional[float]], ...]:
         """The host names this fault lists in ``TF_CONFIG`` and when each
-        resolves: ``(name, seconds after the attempt starts or None: never)``
-        pairs.  A fault with any runs its cluster with an ``/etc/hosts`` of
-        its own (:class:`harness.network.namespace.Namespace`)."""
+        resolves: ``(name, seconds after the attempt starts or None: never)``;
+        any gives the cluster an ``/etc/hosts`` of its own."""
         return ()
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class StepFault(Fault):
     """A fault that acts at the boundary of step ``step`` of the worker's loop."""
     step: int
@@ -113,17 +137,17 @@ class StepFault(Fault):
             raise FaultError(f"{self!r}: step must be an integer 0 or more, got {self.step!r}")
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class SkipStep(StepFault):
     """The worker does not run ``step``: its step count diverges by one."""
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class ExtraCollective(StepFault):
     """At ``step`` the worker runs one all-reduce the others do not."""
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class Crash(StepFault):
     """At ``step`` the worker dies: ``os._exit(1)``, SIGKILL of itself, or ``abort()``."""
     how: str = "exit"
@@ -134,7 +158,7 @@ class Crash(StepFault):
             raise FaultError(f"{self!r}: how must be one of {', '.join(CRASH_HOW)}")
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class RaiseError(StepFault):
     """At ``step`` the worker's training loop raises :class:`~harness.errors.InjectedFault`."""
     message: str = "injected fault"
@@ -145,7 +169,7 @@ class RaiseError(StepFault):
             raise FaultError(f"{self!r}: message must be a string")
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class Pause(StepFault):
     """At ``step`` the worker is stopped with SIGSTOP; the parent sends
     SIGCONT after ``seconds``, or never when ``seconds`` is None."""
@@ -161,7 +185,7 @@ class Pause(StepFault):
         return () if self.seconds is None else ((self.seconds, signal.SIGCONT),)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class Preempt(StepFault):
     """At ``step`` the worker gets SIGTERM, a cluster manager's preemption
     notice; if it is still alive ``grace`` seconds later (the run's grace
@@ -186,7 +210,7 @@ class Preempt(StepFault):
         return ((run_grace if self.grace is None else self.grace, signal.SIGKILL),)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class Delay(StepFault):
     """At ``step`` the worker sleeps ``seconds``: a straggler that should
     still complete when ``seconds`` is below the hang timeout."""
@@ -197,7 +221,7 @@ class Delay(StepFault):
         _check_number(self, "seconds", self.seconds)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class Partition(StepFault):
     """At ``step`` the worker's network link goes down: it is cut off from
     every peer (its process runs on); healed after ``seconds``, or never
@@ -212,7 +236,7 @@ class Partition(StepFault):
         return ((0.0, "down"),) + (() if self.seconds is None else ((self.seconds, "up"),))
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class Bandwidth(StepFault):
     """From ``step`` on, the worker's link carries at most ``kbps`` kilobits
     a second each way (a token bucket on each end of its link).  Needs
@@ -229,7 +253,7 @@ class Bandwidth(StepFault):
         return ((0.0, f"rate {self.kbps:g}"),)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class Latency(StepFault):
     """From ``step`` on, every byte to and from the worker arrives ``ms``
     milliseconds late (± a uniform ``jitter_ms``), each way: a far or
@@ -249,7 +273,7 @@ class Latency(StepFault):
         return ((0.0, f"delay {self.ms:g} {self.jitter_ms:g}"),)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class ResetPeers(StepFault):
     """``after`` seconds past the worker's ``step`` boundary, every open
     connection to and from it is reset (both ends get RST, as when a NAT or
@@ -268,7 +292,7 @@ class ResetPeers(StepFault):
         return ((self.after, "reset"),)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class BadTFConfig(Fault):
     """The worker's ``TF_CONFIG`` is wrong from the start (see
     :func:`harness.core.tfconfig.apply_bad_config` for each ``kind``)."""
@@ -285,7 +309,7 @@ class BadTFConfig(Fault):
         return tfconfig.apply_bad_config(configs, self.worker, self.kind, spare_port)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class UnresolvedHost(Fault):
     """Every worker's ``TF_CONFIG`` lists worker ``worker`` by a host name
     (``mwms-worker-W``, see :func:`harness.core.tfconfig.host_name`) that
@@ -308,7 +332,7 @@ class UnresolvedHost(Fault):
         return ((tfconfig.host_name(self.worker), self.seconds),)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@_fault_class
 class StartDelay(Fault):
     """The worker's process starts ``seconds`` later than the others', or
     never when ``seconds`` is None: a pod that is scheduled late, or stays
@@ -331,9 +355,32 @@ FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preem
                UnresolvedHost)
 
 
-def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fault, ...]:
-    """Check a fault plan against a cluster of ``num_workers`` restarted up
-    to ``restarts`` times; return it as a tuple.
+def resolve(fault: Fault, shape: "tfconfig.ClusterShape") -> Fault:
+    """``fault`` with its ``worker`` worked out from its ``task=`` in a cluster
+    of ``shape``, or a FaultError; ``worker=`` counts the training tasks only."""
+    if fault.task is None:
+        if isinstance(fault.worker, int) and shape.training <= fault.worker < shape.total:
+            raise FaultError(f"{fault!r}: worker= counts the tasks in the collectives (0.."
+                             f"{shape.training - 1} in {shape}); the evaluator is "
+                             f"task=('evaluator', 0)")
+        return fault
+    if tuple(fault.task) not in shape.tasks:
+        raise FaultError(f"{fault!r}: no task {fault.task!r} in the cluster {shape}")
+    index = shape.index_of(tuple(fault.task))
+    if fault.worker not in (UNRESOLVED, index):
+        raise FaultError(f"{fault!r}: give worker= or task=, not both")
+    if index >= shape.training and isinstance(fault, (BadTFConfig, UnresolvedHost)):
+        raise FaultError(f"{fault!r}: the evaluator is in no TF_CONFIG's cluster")
+    resolved = copy.copy(fault)
+    object.__setattr__(resolved, "worker", index)
+    return resolved
+
+
+def validate(faults: Iterable, num_workers: int, restarts: int = 0,
+             shape: Optional["tfconfig.ClusterShape"] = None) -> Tuple[Fault, ...]:
+    """Check a fault plan against a cluster of ``num_workers`` (of ``shape``,
+    when it has a chief or an evaluator) restarted up to ``restarts`` times;
+    return it as a tuple, each fault's ``task=`` resolved to its worker.
 
     Each fault checks its own fields (:meth:`Fault.check`); across the plan,
     a worker may have one ``BadTFConfig`` and one ``StartDelay`` per attempt at most.
@@ -342,13 +389,16 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0) -> Tuple[Fau
         return ()
     if isinstance(faults, Fault):
         faults = (faults,)
+    shape = shape or tfconfig.ClusterShape(worker=num_workers)
     plan = tuple(faults)
-    seen_config = set()
-    seen_start = set()
     for f in plan:
         if not isinstance(f, Fault):
             raise FaultError(f"{f!r} is not a fault; use one of "
                              f"{', '.join(t.__name__ for t in FAULT_TYPES)} from harness.faults")
+    plan = tuple(resolve(f, shape) for f in plan)
+    seen_config = set()
+    seen_start = set()
+    for f in plan:
         f.check(num_workers, restarts)
         if isinstance(f, BadTFConfig):
             if (f.worker, f.attempt) in seen_config:
@@ -390,39 +440,6 @@ def for_worker(plan: Iterable[Fault], index: int) -> Tuple[Fault, ...]:
 
 def at_step(plan: Iterable[Fault], step: int) -> Tuple[StepFault, ...]:
     return tuple(f for f in plan if isinstance(f, StepFault) and f.step == step)
-
-
-AUTOMATIC_STEPS_HINT = ("use ctx.steps(), the Keras callback (ctx.keras_callback()), or "
-                        "automatic steps (each call of a tf.function that launches collectives)")
-
-
-def not_acted(plan: Sequence[Fault], workers) -> Tuple[List[Tuple[Fault, str]],
-                                                      List[Tuple[Fault, str]]]:
-    """The faults of ``plan`` that never acted in the run whose worker
-    observations are ``workers``: ``(never, ended_first)``, each a list of
-    (fault, why).  A fault acted when its worker reported it (its printed
-    form is what the record keeps).  One whose worker finished on its own
-    (returned, or exited 0) without reaching it *never* acted: the run asked
-    for a fault and did not get it, which is a failure of the run.  One
-    whose worker ended otherwise (raised, died, was stopped or killed when
-    the run was decided) did not act because the run ended first: listed,
-    not a failure."""
-    never, ended_first = [], []
-    for f in plan:
-        if not isinstance(f, StepFault):
-            continue   # a TF_CONFIG fault acts before the worker starts
-        w = workers[f.worker]
-        if any(e.kind == "fault" and e.data == repr(f) for e in w.events):
-            continue
-        if (w.returned and w.error is None) or (w.exit_code == 0 and not w.killed_by_harness
-                                                and w.error is None):
-            why = (f"worker {f.worker} never reached step {f.step}: "
-                   + (f"it reported no steps; {AUTOMATIC_STEPS_HINT}" if not w.steps
-                      else f"its last step was {w.steps[-1]}"))
-            never.append((f, why))
-        else:
-            ended_first.append((f, "did not act (the run ended first)"))
-    return never, ended_first
 
 
 def configs_under(plan: Sequence[Fault], configs: List[Optional[dict]],

@@ -85,8 +85,11 @@ class RunResult:
       process died at exit (``on_return="exit"``), which a cluster manager
       reads as a failed job; not a pass, and not restarted by
       ``restart_on``, which names outcomes of training.
-    - ``workers``: a :class:`WorkerResult` per worker, by index.
-    - ``culprits``: the worker indexes the diagnosis blames (sorted).
+    - ``workers``: a :class:`WorkerResult` per worker, by index (in a
+      cluster with a chief, the chief is 0 and the workers follow; an
+      evaluator is last); ``tasks`` the same by ``(type, index)``.
+    - ``culprits``: the worker indexes the diagnosis blames (sorted);
+      ``culprit_tasks`` the same as ``(type, index)``.
     - ``diagnosis``: the text to read first.
     - ``duration``: seconds from launch to verdict, every attempt included.
     - ``observation``: what the parent observed
@@ -114,6 +117,18 @@ class RunResult:
     attempt: int = 0
     attempts: Tuple["RunResult", ...] = dataclasses.field(default=(), repr=False)
     phases: Mapping[str, float] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def tasks(self) -> dict:
+        """Each task's :class:`WorkerResult` by ``(type, index)`` as its
+        ``TF_CONFIG`` names it: ``result.tasks[("worker", 1)]``; in a cluster
+        of workers only, ``("worker", i)`` is ``workers[i]``."""
+        return {self.observation.task(w.index): w for w in self.workers}
+
+    @property
+    def culprit_tasks(self) -> Tuple[Tuple[str, int], ...]:
+        """The culprits as ``(type, index)``: ``(("worker", 1),)``."""
+        return tuple(self.observation.task(i) for i in self.culprits)
 
     @property
     def return_values(self) -> list:

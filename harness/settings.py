@@ -13,181 +13,21 @@ Pure functions: no TensorFlow, no pytest.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Optional, Tuple
 
-from harness.diagnosis.observations import Outcome
+from harness.core.tfconfig import ClusterShape
 from harness.errors import SettingError
 from harness.launch.backends import BACKEND_NAMES, DEFAULT_BACKEND, backend_of
 from harness.launch.devices import DEVICES, device_assignment, uses_gpus
 from harness.launch.local import START_METHODS
 from harness.network import NETWORK_MODES, check_mode
 from harness.report.pytest_report import REPORT_MODES
-
-# A TensorFlow worker holds about 0.3-0.5 GiB once it has built a strategy;
-# forked workers share TensorFlow's pages, but their heaps and gRPC threads
-# do not.  More than this per GiB of RAM, or per core, only measures swapping.
-GIB_PER_WORKER = 0.5
-WORKERS_PER_CORE = 8
-MAX_WORKERS_CAP = 64
-MAX_RESTARTS = 100
-MAX_RAY_NODES = 16
-
-
-def max_workers(cpu_count: Optional[int] = None, mem_bytes: Optional[int] = None) -> int:
-    """The most workers this machine can hold, by cores and by memory."""
-    cpu_count = cpu_count or os.cpu_count() or 1
-    if mem_bytes is None:
-        try:
-            mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            mem_bytes = 8 << 30
-    by_mem = int(mem_bytes / (GIB_PER_WORKER * (1 << 30)))
-    return max(1, min(MAX_WORKERS_CAP, cpu_count * WORKERS_PER_CORE, by_mem))
-
-
-def _whole(value: Any) -> Optional[int]:
-    try:
-        return int(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        return None
-
-
-def parse_workers(value: Any, option: str = "--mwms-workers", limit: Optional[int] = None) -> int:
-    limit = max_workers() if limit is None else limit
-    n = _whole(value)
-    if n is None:
-        raise SettingError(f"{option}: {value!r} is not a whole number; "
-                           f"use an integer from 1 to {limit}")
-    if not 1 <= n <= limit:
-        raise SettingError(f"{option}: {n} is out of range; this machine holds "
-                           f"1 to {limit} workers")
-    return n
-
-
-def parse_seconds(value: Any, option: str = "--mwms-timeout", allow_zero: bool = False) -> float:
-    try:
-        s = float(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        s = None
-    if s is None or s != s or s in (float("inf"), float("-inf")):
-        raise SettingError(f"{option}: {value!r} is not a number of seconds")
-    if s < 0 or (s == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "greater than 0"
-        raise SettingError(f"{option}: {s:g} is out of range; use a number of seconds {bound}")
-    return s
-
-
-def parse_grace(value: Any, option: str = "--mwms-grace") -> float:
-    return parse_seconds(value, option, allow_zero=True)
-
-
-def parse_count(value: Any, option: str, what: str, lo: int, hi: int) -> int:
-    """A whole number of ``what`` from ``lo`` to ``hi``, as typed or given."""
-    n = _whole(value)
-    if n is None or not lo <= n <= hi:
-        raise SettingError(f"{option}: {value!r} is not a number of {what}; use a whole "
-                           f"number from {lo} to {hi}")
-    return n
-
-
-def parse_restarts(value: Any, option: str = "--mwms-restarts") -> int:
-    """A number of restarts: a whole number from 0 to :data:`MAX_RESTARTS`."""
-    return parse_count(value, option, "restarts", 0, MAX_RESTARTS)
-
-
-def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
-    return parse_count(value, option, "nodes", 1, MAX_RAY_NODES)
-
-
-# What a restart can follow: the names ``run(restart_on=...)`` takes, and
-# the outcome each stands for.
-RESTART_ON = {"crash": Outcome.CRASHED, "fail": Outcome.FAILED, "hang": Outcome.HANG}
-DEFAULT_RESTART_ON = "crash,fail"
-
-
-def parse_restart_on(value: Any, option: str = "run(restart_on=...)") -> frozenset:
-    """``"crash,fail"`` (or a sequence of those words) as the set of outcomes
-    after which a run with restarts left starts again."""
-    words = value if isinstance(value, (list, tuple, set, frozenset)) else str(value).split(",")
-    out = set()
-    for word in (str(w).strip().lower() for w in words):
-        if word not in RESTART_ON:
-            raise SettingError(f"{option}: {word!r} is not one of {', '.join(RESTART_ON)} "
-                               f"(comma-separated)")
-        out.add(RESTART_ON[word])
-    if not out:
-        raise SettingError(f"{option}: name at least one of {', '.join(RESTART_ON)}")
-    return frozenset(out)
-
-
-# What a restart starts again: the whole cluster, or only the task that
-# crashed or failed (a pod restart: the others keep their processes).
-RESTART_POLICIES = ("cluster", "task")
-DEFAULT_RESTART_POLICY = "cluster"
-
-
-def parse_restart_policy(value: Any, option: str = "--mwms-restart-policy") -> str:
-    return parse_choice(value, option, RESTART_POLICIES)
-
-
-def parse_choice(value: Any, option: str, choices: tuple) -> str:
-    v = str(value).strip().lower()
-    if v not in choices:
-        raise SettingError(f"{option}: {value!r} is not one of {', '.join(choices)}")
-    return v
-
-
-def parse_devices(value: Any, option: str = "--mwms-devices") -> str:
-    return parse_choice(value, option, DEVICES)
-
-
-def parse_start_method(value: Any, option: str = "--mwms-start-method") -> Optional[str]:
-    """A start method, or None (unset: :func:`finish` chooses by device)."""
-    return None if value in (None, "") else parse_choice(value, option, START_METHODS)
-
-
-def parse_network(value: Any, option: str = "--mwms-network") -> str:
-    return parse_choice(value, option, NETWORK_MODES)
-
-
-def parse_backend(value: Any, option: str = "--mwms-backend") -> str:
-    return parse_choice(value, option, BACKEND_NAMES)
-
-
-def parse_report(value: Any, option: str = "--mwms-report") -> str:
-    return parse_choice(value, option, REPORT_MODES)
-
-
-def parse_modules(value: Any, option: str = "--mwms-preload") -> tuple:
-    """``"pkg.a, pkg.b"`` (or a list) as module names, each checked for shape."""
-    names = value if isinstance(value, (list, tuple)) else str(value or "").replace("\n", ",").split(",")
-    out = []
-    for name in (str(n).strip() for n in names):
-        if not name:
-            continue
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise SettingError(f"{option}: {name!r} is not a module name")
-        out.append(name)
-    return tuple(out)
-
-
-def parse_ray_address(value: Any, option: str = "--mwms-ray-address") -> Optional[str]:
-    """Empty (a local cluster: None), ``auto`` or ``HOST:PORT``."""
-    text = str(value or "").strip()
-    if not text or text == "auto":
-        return text or None
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SettingError(f"{option}: {text!r} is not auto or HOST:PORT")
-    return text
-
-
-def parse_directory(value: Any, option: str = "--mwms-state-dir") -> Optional[str]:
-    """A directory, already made absolute by the source that read it; None when unset."""
-    text = str(value or "").strip()
-    return text or None
-
+from harness.validators import (DEFAULT_RESTART_POLICY, RESTART_POLICIES, parse_backend,
+                                parse_cluster, parse_devices, parse_directory, parse_grace,
+                                parse_modules, parse_network, parse_ray_address,
+                                parse_ray_nodes, parse_report, parse_restart_policy,
+                                parse_restarts, parse_seconds, parse_start_method,
+                                parse_workers)
 
 # Where an option can be set, and how an error names the place.
 PLACES = ("command line", "ini", "marker", "cli")
@@ -244,6 +84,13 @@ OPTIONS = (
            "More workers than cores works (the workers mostly wait on each other), but "
            "start-up and steps slow down.",
            parse=parse_workers, marker=True),
+    Option("cluster", "chief:1,worker:N,evaluator:1", "", "workers only",
+           "the cluster's shape by task type: a `chief` (MWMS numbers it first), `worker` "
+           "tasks and an `evaluator` (outside the collectives); each task gets the "
+           "`TF_CONFIG` Kubeflow's TFJob gives it. Set, it replaces `workers`",
+           "A chief is one more process in every collective; an evaluator one more process "
+           "that the hang detector watches too.",
+           parse=parse_cluster, marker=True),
     Option("timeout", "SECONDS", "30", "30",
            "a run is hung when no worker made progress (step boundary, phase change, "
            "finishing) for this long",
@@ -353,6 +200,7 @@ class RunSettings:
     for ``start-method``), where each is documented."""
 
     workers: int = 2
+    cluster: Optional[ClusterShape] = None
     timeout: float = 30.0
     grace: float = 5.0
     devices: str = "cpu"
@@ -368,8 +216,27 @@ class RunSettings:
     ray_address: Optional[str] = None
     ray_nodes: int = 2
 
+    @property
+    def shape(self) -> ClusterShape:
+        """The cluster's shape: ``cluster``, else ``workers`` worker tasks."""
+        return self.cluster if self.cluster is not None else ClusterShape(worker=self.workers)
+
     def with_overrides(self, **overrides: Any) -> "RunSettings":
-        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        """These settings with ``overrides`` (None: unchanged).  A shape sets
+        ``workers`` to its number of tasks; ``workers`` alone is a cluster of
+        workers only."""
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if "cluster" in overrides:
+            shape = tfconfig_shape(overrides["cluster"])
+            overrides.update(cluster=None if shape.workers_only else shape, workers=shape.total)
+        elif "workers" in overrides:
+            overrides["cluster"] = None
+        return dataclasses.replace(self, **overrides)
+
+
+def tfconfig_shape(value: Any) -> ClusterShape:
+    """``value`` (a shape, a mapping or ``chief:1,worker:2``) as a checked shape."""
+    return parse_cluster(value, "cluster") or ClusterShape()
 
 
 def check_backend(settings: RunSettings, option: str = "--mwms-backend") -> None:
@@ -381,6 +248,10 @@ def finish(settings: RunSettings, where: Callable[[str], str]) -> RunSettings:
     """The checks and choices that join options: the start method by device
     when unset, GPUs to share, the network mode and the backend possible
     here.  ``where(name)`` names where option ``name`` was set."""
+    if settings.cluster is not None:
+        settings = dataclasses.replace(
+            settings, workers=settings.cluster.total,
+            cluster=None if settings.cluster.workers_only else settings.cluster)
     if settings.start_method is None:
         settings = dataclasses.replace(
             settings, start_method="spawn" if uses_gpus(settings.devices) else "forkserver")

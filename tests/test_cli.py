@@ -12,7 +12,8 @@ import textwrap
 import pytest
 
 from harness import SettingError
-from harness.settings import OPTIONS, parse_choice, parse_restarts, parse_seconds, parse_workers
+from harness.settings import OPTIONS
+from harness.validators import parse_choice, parse_restarts, parse_seconds, parse_workers
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leftover_workers")]
 

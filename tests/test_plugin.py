@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from harness.settings import max_workers
+from harness.validators import max_workers
 
 pytestmark = pytest.mark.timeout(180)
 

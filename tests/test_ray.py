@@ -139,7 +139,7 @@ def test_ray_settings_are_checked(monkeypatch):
     assert parse_marker({"backend": "ray"}) == {"backend": "ray"}
     with pytest.raises(SettingError, match=r"mwms\(backend=\.\.\.\)"):
         parse_marker({"backend": "slurm"})
-    from harness.settings import parse_ray_address, parse_ray_nodes
+    from harness.validators import parse_ray_address, parse_ray_nodes
     assert parse_ray_address("") is None and parse_ray_address("auto") == "auto"
     assert parse_ray_address("10.0.0.1:6379") == "10.0.0.1:6379"
     for bad in ("6379", "host:", "host:99999"):

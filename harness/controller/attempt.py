@@ -71,8 +71,10 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
     req = job.request
     n = req.settings.workers
     payload = serialize.with_authkeys(req.payload)
+    # What a worker calls the cluster's size: the tasks in the collectives.
+    replicas = req.settings.shape.training
     return [protocol.WorkerSpec(
-        index=i, num_workers=n, payload=payload, tf_config=configs[i], env=job.envs[i],
+        index=i, num_workers=replicas, payload=payload, tf_config=configs[i], env=job.envs[i],
         log_path=os.path.join(files, f"worker-{i}.log"),
         stack_path=os.path.join(files, f"worker-{i}.stack"),
         faults=faults_module.for_worker(plan, i), sync_check=req.sync_check,
@@ -99,8 +101,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     launched = start = clock.last
     handles: List[WorkerHandle] = []
     tracked: List[TrackedWorker] = []
-    ended_by = EndedBy.HANG
-    timeout = req.settings.timeout
+    ended_by, timeout = EndedBy.HANG, req.settings.timeout
 
     def track(h: WorkerHandle, reader: progress.Reader) -> TrackedWorker:
         return TrackedWorker(h, WorkerObservation(
@@ -151,7 +152,8 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         num_workers=req.settings.workers, timeout=timeout,
         grace=req.settings.grace, ended_by=ended_by, duration=duration, workers=tuple(
             w.observation(stack=read_capped(specs[w.index].stack_path)) for w in tracked),
-        replicas=check_replicas(tracked, specs, req.tolerance), exit_on_return=req.exit_on_return)
+        replicas=check_replicas(tracked, specs, req.tolerance, req.settings.shape.training),
+        exit_on_return=req.exit_on_return, tasks=task_names(req.settings.shape))
     for reader in readers:
         reader.close()
     if restarter is None:
@@ -199,8 +201,17 @@ def attempt_result(obs: RunObservation, plan: Sequence[Fault], tracked: List[Tra
                      faults_never_acted=judged.never, attempt=attempt)
 
 
-def check_replicas(tracked: List[TrackedWorker], specs, tolerance: Optional[float]):
-    """The replica check's finding, when it is on and every worker returned."""
+def task_names(shape) -> tuple:
+    """What the observation records of the cluster's shape: its tasks, but
+    for a cluster of workers only."""
+    return () if shape.workers_only else shape.tasks
+
+
+def check_replicas(tracked: List[TrackedWorker], specs, tolerance: Optional[float],
+                   training: int):
+    """The replica check's finding, when it is on and every training task
+    (the first ``training`` workers: an evaluator holds no replica) returned."""
+    tracked = [w for w in tracked if w.index < training]
     if tolerance is None or not tracked or not all(
             w.seen.returned and w.seen.error is None for w in tracked):
         return None

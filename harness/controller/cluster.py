@@ -31,7 +31,8 @@ from harness.launch.base import Launcher
 from harness.launch import scratch
 from harness.launch.devices import worker_environments
 from harness.result import RunResult
-from harness.settings import DEFAULT_RESTART_ON, RunSettings
+from harness.settings import RunSettings
+from harness.validators import DEFAULT_RESTART_ON
 
 
 class Cluster:
@@ -172,7 +173,8 @@ class Cluster:
                     plan = faults_module.in_attempt(request.plan, attempt)
                     configs = network.new_attempt(faults_module.configs_under(
                         plan, tfconfig.cluster_configs(placement.ports,
-                                                       hosts=network.hosts(placement.hosts)),
+                                                       hosts=network.hosts(placement.hosts),
+                                                       shape=settings.shape),
                         placement.spare))
                     files = os.path.join(tmpdir, f"attempt-{attempt}")
                     os.mkdir(files, 0o700)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
 from harness.controller.phases import added
@@ -21,11 +21,43 @@ from harness.core import protocol
 from harness.diagnosis import Verdict, diagnose
 from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
-from harness.faults import Fault
+from harness.faults import Fault, StepFault
 from harness.result import RunResult, WorkerResult
 
 # (the fault as it prints, why it never acted)
 Unacted = Tuple[str, str]
+
+AUTOMATIC_STEPS_HINT = ("use ctx.steps(), the Keras callback (ctx.keras_callback()), or "
+                        "automatic steps (each call of a tf.function that launches collectives)")
+
+
+def not_acted(plan: Sequence[Fault], workers) -> Tuple[List[Tuple[Fault, str]],
+                                                      List[Tuple[Fault, str]]]:
+    """The faults of ``plan`` that never acted in the run whose worker
+    observations are ``workers``: ``(never, ended_first)``, each a list of
+    (fault, why).  A fault acted when its worker reported it (its printed
+    form is what the record keeps).  One whose worker finished on its own
+    (returned, or exited 0) without reaching it *never* acted: the run asked
+    for a fault and did not get it, which is a failure of the run.  One
+    whose worker ended otherwise (raised, died, was stopped or killed when
+    the run was decided) did not act because the run ended first: listed,
+    not a failure."""
+    never, ended_first = [], []
+    for f in plan:
+        if not isinstance(f, StepFault):
+            continue   # a TF_CONFIG fault acts before the worker starts
+        w = workers[f.worker]
+        if any(e.kind == "fault" and e.data == repr(f) for e in w.events):
+            continue
+        if (w.returned and w.error is None) or (w.exit_code == 0 and not w.killed_by_harness
+                                                and w.error is None):
+            why = (f"worker {f.worker} never reached step {f.step}: "
+                   + (f"it reported no steps; {AUTOMATIC_STEPS_HINT}" if not w.steps
+                      else f"its last step was {w.steps[-1]}"))
+            never.append((f, why))
+        else:
+            ended_first.append((f, "did not act (the run ended first)"))
+    return never, ended_first
 
 
 def fail_unacted(outcome: str, text: str, never: Sequence[Unacted]) -> Tuple[str, str]:
@@ -53,7 +85,7 @@ def judge(obs: RunObservation, plan: Sequence[Fault]) -> Judgement:
     """The verdict on an attempt with fault ``plan``; a fault that acted too
     late to matter (the run ended first) is noted after the text."""
     verdict = diagnose(obs)
-    never, ended_first = faults_module.not_acted(plan, obs.workers)
+    never, ended_first = not_acted(plan, obs.workers)
     never = tuple((repr(f), why) for f, why in never)
     outcome, text = fail_unacted(verdict.outcome, verdict.text, never)
     text += "".join(f"\nnot acted: {f!r}: {why}" for f, why in ended_first)

@@ -19,8 +19,9 @@ from harness.faults import Fault
 from harness.launch.backends import backend_of
 from harness.network import NetworkChoice, choose_network
 from harness.controller.restarts import check_restart_on
-from harness.settings import (DEFAULT_RESTART_ON, RunSettings, parse_grace, parse_restart_on,
-                              parse_restart_policy, parse_restarts, parse_seconds)
+from harness.settings import RunSettings
+from harness.validators import (DEFAULT_RESTART_ON, parse_grace, parse_restart_on,
+                                parse_restart_policy, parse_restarts, parse_seconds)
 
 LEDGER_LEVELS = ("calls", "collectives")
 # run(on_return=...): a worker whose fn returned stays until the run is
@@ -161,7 +162,7 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
                                        restarts=values.pop("restarts", None),
                                        restart_policy=values.pop("restart_policy", None))
     check_restart_on(settings.restart_policy, values["restart_on"])
-    plan = faults_module.validate(faults, settings.workers, settings.restarts)
+    plan = faults_module.validate(faults, settings.workers, settings.restarts, settings.shape)
     payload = serialize_call(fn, args, kwargs)
     backend = backend_of(settings)
     backend.check(settings, "backend")

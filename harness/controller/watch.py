@@ -178,6 +178,7 @@ class WatchLoop:
         self.workers = workers
         self.timeout = settings.timeout
         self.run_grace = settings.grace
+        self.training = settings.shape.training
         self.grace = min(settings.grace, settings.timeout)
         self.start = start
         self.last_progress = start
@@ -189,8 +190,12 @@ class WatchLoop:
         # returned, and never where a task's process may be started again.
         self.next_proof = math.inf
 
-    def _failure_at(self, now: float) -> None:
-        """A worker raised or died: its peers' grace starts now, if it has not yet."""
+    def _failure_at(self, worker: TrackedWorker, now: float) -> None:
+        """A worker raised or died: its peers' grace starts now, if it has
+        not yet.  An evaluator's failure starts none: the training tasks do
+        not wait for it, and go on to finish."""
+        if worker.index >= self.training:
+            return
         if self.first_failure is None:
             self.first_failure = now
 
@@ -222,7 +227,7 @@ class WatchLoop:
         if self._restarts(worker):
             self._restart(worker, now)
         else:
-            self._failure_at(now)
+            self._failure_at(worker, now)
 
     def _restarts(self, worker: TrackedWorker) -> bool:
         """Whether ``worker``, which ended badly, gets a fresh process."""
@@ -293,7 +298,7 @@ class WatchLoop:
         if self._restarts(worker):
             self._restart(worker, now)
         elif not worker.finished:
-            self._failure_at(now)
+            self._failure_at(worker, now)
         self.last_progress = now
 
     def _actions_due(self, now: float) -> None:
@@ -322,7 +327,8 @@ class WatchLoop:
         """Whether the ledgers now prove the run can never complete."""
         self.next_proof = now + PROOF_EVERY
         self._read_all_records()
-        return certain_deadlock([w.snapshot() for w in self.workers], now - self.start,
+        training = [w for w in self.workers if w.index < self.training]
+        return certain_deadlock([w.snapshot() for w in training], now - self.start,
                                 exit_on_return=self.exit_on_return) is not None
 
     def _sample_memory(self, now: float) -> float:

@@ -1,13 +1,86 @@
 """``TF_CONFIG`` generation: pure functions, no TensorFlow.
 
-Every worker of a cluster gets the same ``cluster`` section, listing all
-workers on loopback, and its own ``task`` index.  Worker 0 is the chief:
-with a cluster of workers only, MWMS treats ``worker`` index 0 as chief.
+A cluster's shape (:class:`ClusterShape`) is how many tasks of each type it
+has: ``worker`` tasks, at most one ``chief`` and at most one ``evaluator``.
+Every task gets the ``TF_CONFIG`` Kubeflow's TFJob gives it: the same
+``cluster`` section, listing the chief and the workers (the evaluator is
+not part of the training cluster, so no list names it), and its own
+``task``.  Without a chief, MWMS treats ``worker`` index 0 as the chief.
+
+The harness numbers the processes in MWMS's order: the chief first, then
+the workers, then the evaluator; the first ``training`` of them are the
+tasks in the collectives, numbered as MWMS numbers their replicas.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
+
+TASK_TYPES = ("chief", "worker", "evaluator")
+Task = Tuple[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterShape:
+    """How many tasks of each type a cluster has."""
+
+    chief: int = 0
+    worker: int = 2
+    evaluator: int = 0
+
+    @property
+    def training(self) -> int:
+        """The tasks in the collectives: the chief and the workers."""
+        return self.chief + self.worker
+
+    @property
+    def total(self) -> int:
+        return self.training + self.evaluator
+
+    @property
+    def workers_only(self) -> bool:
+        return not self.chief and not self.evaluator
+
+    @property
+    def tasks(self) -> Tuple[Task, ...]:
+        """``(type, index)`` of each process, in the harness's order."""
+        return (tuple(("chief", i) for i in range(self.chief))
+                + tuple(("worker", i) for i in range(self.worker))
+                + tuple(("evaluator", i) for i in range(self.evaluator)))
+
+    def index_of(self, task: Task) -> int:
+        """The process index of ``task``, or a ValueError naming the shape."""
+        try:
+            return self.tasks.index((task[0], task[1]))
+        except (ValueError, TypeError, IndexError):
+            raise ValueError(f"{task!r} is not a task of the cluster {self}") from None
+
+    def task(self, index: int) -> Task:
+        return self.tasks[index]
+
+    def label(self, index: int) -> str:
+        """``chief``, ``worker 1`` or ``evaluator``: the task as its
+        ``TF_CONFIG`` names it (the single chief or evaluator without a number)."""
+        kind, i = self.tasks[index]
+        return f"worker {i}" if kind == "worker" else kind
+
+    def labels(self) -> Tuple[str, ...]:
+        return tuple(self.label(i) for i in range(self.total))
+
+    def spec(self) -> str:
+        """``chief:1,worker:2,evaluator:1``, as the option is typed."""
+        return ",".join(f"{k}:{getattr(self, k)}" for k in TASK_TYPES if getattr(self, k))
+
+    def __str__(self) -> str:
+        return self.spec()
+
+
+def shape_of(value: "ClusterShape | Mapping[str, int]") -> ClusterShape:
+    """A :class:`ClusterShape` from a mapping of task type to count (unchecked)."""
+    if isinstance(value, ClusterShape):
+        return value
+    return ClusterShape(**{k: int(v) for k, v in dict(value).items()})
 
 HOST = "127.0.0.1"
 # The ways apply_bad_config can break one worker's TF_CONFIG.
@@ -34,9 +107,28 @@ def tf_config(ports: Sequence[int], index: int, host: str = HOST,
 
 
 def cluster_configs(ports: Sequence[int], host: str = HOST,
-                    hosts: Optional[Sequence[str]] = None) -> list[dict]:
-    """One ``TF_CONFIG`` dict per worker, in index order."""
-    return [tf_config(ports, i, host, hosts) for i in range(len(ports))]
+                    hosts: Optional[Sequence[str]] = None,
+                    shape: Optional[ClusterShape] = None) -> list[dict]:
+    """One ``TF_CONFIG`` dict per process, in the harness's order: a
+    cluster of ``len(ports)`` workers, or of ``shape`` (one port per task)."""
+    if shape is None or shape.workers_only:
+        return [tf_config(ports, i, host, hosts) for i in range(len(ports))]
+    if len(ports) != shape.total:
+        raise ValueError(f"{len(ports)} ports for the {shape.total} tasks of {shape}")
+    addresses = cluster_addresses(ports, host, hosts)
+    cluster = {}
+    if shape.chief:
+        cluster["chief"] = addresses[:shape.chief]
+    cluster["worker"] = addresses[shape.chief:shape.training]
+    return [{"cluster": {k: list(v) for k, v in cluster.items()},
+             "task": {"type": kind, "index": i}} for kind, i in shape.tasks]
+
+
+def training_list(config: dict) -> list:
+    """The chief's and the workers' addresses in MWMS's order (chief
+    first): where each training task is found."""
+    cluster = config["cluster"]
+    return list(cluster.get("chief", [])) + list(cluster.get("worker", []))
 
 
 def host_name(worker: int) -> str:
@@ -44,15 +136,28 @@ def host_name(worker: int) -> str:
     return f"mwms-worker-{worker}"
 
 
+def _set_training_list(cluster: dict, addresses: Sequence[str]) -> None:
+    """Write ``addresses`` back over the chief's and the workers' lists."""
+    chief = len(cluster.get("chief", []))
+    if chief:
+        cluster["chief"] = list(addresses[:chief])
+    cluster["worker"] = list(addresses[chief:])
+
+
 def name_worker(configs: Sequence[Optional[dict]], worker: int, name: str) -> list:
-    """``configs`` with worker ``worker`` listed as ``name:PORT`` in every
-    cluster list that has it (a Service name in place of an address)."""
+    """``configs`` with training task ``worker`` (MWMS's order, the chief
+    first) listed as ``name:PORT`` in every cluster that has it (a Service
+    name in place of an address)."""
     import copy
     out = [copy.deepcopy(c) for c in configs]
     for cfg in out:
-        workers = (cfg or {}).get("cluster", {}).get("worker")
-        if isinstance(workers, list) and worker < len(workers):
-            workers[worker] = f"{name}:{workers[worker].rpartition(':')[2]}"
+        cluster = (cfg or {}).get("cluster", {})
+        if not isinstance(cluster.get("worker"), list):
+            continue
+        addresses = training_list(cfg)
+        if worker < len(addresses):
+            addresses[worker] = f"{name}:{addresses[worker].rpartition(':')[2]}"
+            _set_training_list(cluster, addresses)
     return out
 
 
@@ -62,7 +167,8 @@ def dumps(config: dict | None) -> str | None:
 
 def apply_bad_config(configs: Sequence[dict], worker: int, kind: str,
                      spare_port: int, host: str = HOST) -> list:
-    """Return ``configs`` with worker ``worker``'s ``TF_CONFIG`` made wrong.
+    """Return ``configs`` with training task ``worker``'s ``TF_CONFIG`` made
+    wrong (``worker`` in MWMS's order, the chief first).
 
     ``kind``:
 
@@ -79,22 +185,30 @@ def apply_bad_config(configs: Sequence[dict], worker: int, kind: str,
     """
     import copy
     out = [copy.deepcopy(c) for c in configs]
-    n = len(out)
     cfg = out[worker]
-    workers = cfg["cluster"]["worker"]
+    cluster = cfg["cluster"]
+    addresses = training_list(cfg)
+    n = len(addresses)
     if kind == "missing":
         out[worker] = None
     elif kind == "wrong_size":
-        workers.append(f"{host}:{spare_port}")
+        cluster["worker"].append(f"{host}:{spare_port}")
     elif kind == "duplicate_index":
-        cfg["task"]["index"] = 0 if worker != 0 else 1
+        # Another task's index among those of its own type.
+        kind_of, index = cfg["task"]["type"], cfg["task"]["index"]
+        if len(cluster.get(kind_of, [])) < 2:
+            raise ValueError(f"duplicate_index needs another {kind_of!r} task to claim the "
+                             f"index of; the cluster has one")
+        cfg["task"]["index"] = 0 if index != 0 else 1
     elif kind == "swapped":
-        workers.reverse()
+        addresses.reverse()
         if n % 2 == 1 and worker == n // 2:
             # the middle of an odd list stays put when reversed; rotate instead
-            workers.append(workers.pop(0))
+            addresses.append(addresses.pop(0))
+        _set_training_list(cluster, addresses)
     elif kind == "wrong_port":
-        workers[worker] = f"{host}:{spare_port}"
+        addresses[worker] = f"{host}:{spare_port}"
+        _set_training_list(cluster, addresses)
     else:
         raise ValueError(f"unknown bad TF_CONFIG kind {kind!r}")
     return out

@@ -33,11 +33,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from harness.diagnosis.observations import OUTCOMES, Outcome, RunObservation
+from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation
 from harness.diagnosis.echoes import is_echo, short_type
 from harness.diagnosis.facts import facts_of
 from harness.diagnosis import order
-from harness.diagnosis.render import render
+from harness.diagnosis.render import CULPRIT_MARK, render, worker_line
+from harness.diagnosis.words import name, names, task_labels
 from harness.diagnosis.rules import RULES, Blame, Rule, first_blame
 from harness.diagnosis.stacks import summarize_stack
 
@@ -59,7 +60,48 @@ class Verdict:
 
 
 def diagnose(obs: RunObservation) -> Verdict:
-    """The outcome of a run, who is to blame, and a text a person reads first."""
+    """The outcome of a run, who is to blame, and a text a person reads first.
+
+    In a cluster with a chief, the tasks are named as their ``TF_CONFIG``
+    names them.  An evaluator is outside the collectives: the training
+    tasks are judged without it, so it is never the culprit of what
+    happens in them; when they completed and only the evaluator failed,
+    crashed or hung, the verdict is its own."""
+    with task_labels(obs.labels()):
+        if obs.evaluator is None:
+            return _verdict(obs)
+        return _with_evaluator(obs, obs.evaluator)
+
+
+def _with_evaluator(obs: RunObservation, ev: int) -> Verdict:
+    e = obs.workers[ev]
+    training = tuple(w for w in obs.workers if w.index != ev)
+    all_done = all(w.returned and w.error is None and not w.died for w in training)
+    part = dataclasses.replace(
+        obs, workers=training, num_workers=len(training),
+        tasks=tuple(t for i, t in enumerate(obs.tasks) if i != ev),
+        ended_by=EndedBy.ALL_FINISHED if all_done else obs.ended_by)
+    v = _verdict(part)
+    line = f"  {name(ev)} (outside the collectives): {worker_line(e, ())}"
+    head, _, rest = v.text.partition("\n")
+    if v.outcome != Outcome.COMPLETED:
+        return dataclasses.replace(v, text="\n".join(filter(None, [head, rest, line])))
+    trouble = (Outcome.CRASHED if e.died else Outcome.FAILED if e.error is not None
+               else Outcome.CRASHED_AT_EXIT if e.died_at_exit
+               else None if e.returned else Outcome.HANG)
+    if trouble is None:
+        head = f"COMPLETED: all {len(obs.workers)} tasks returned in {obs.duration:.1f}s"
+        return dataclasses.replace(v, text="\n".join(filter(None, [head, rest, line])))
+    what = {Outcome.CRASHED: "died", Outcome.FAILED: "raised",
+            Outcome.CRASHED_AT_EXIT: "died at exit", Outcome.HANG: "never returned"}[trouble]
+    head = (f"{trouble.upper()}: the evaluator {what}; the training tasks "
+            f"({names([w.index for w in training])}) completed")
+    error = short_type(e.error.type_name) if e.error is not None else None
+    return Verdict(trouble, (ev,), "\n".join(filter(None, [head, line + CULPRIT_MARK, rest])),
+                   e.last_step, error, False, "evaluator_only")
+
+
+def _verdict(obs: RunObservation) -> Verdict:
     f = facts_of(obs)
     rule, blame = first_blame(f)
     culprits = tuple(sorted(set(blame.culprits)))

@@ -1,6 +1,8 @@
 """The workers' ``TF_CONFIG`` values, read against each other.
 
-The majority ``cluster.worker`` list is the reference (ties go to the list of
+A training task's list is its ``cluster.chief`` list and then its
+``cluster.worker`` list (MWMS's order), and its place in it is its task
+(the chief first).  The majority list is the reference (ties go to the list of
 the expected length, then to one held by a worker whose task index matches
 its position).  A worker whose ``TF_CONFIG`` is missing, malformed, of
 another size, reordered or with another address or port has an issue, as
@@ -20,23 +22,28 @@ from harness.diagnosis.words import names
 
 
 def _cluster(cfg) -> Optional[Tuple[str, ...]]:
+    """The training tasks' addresses in MWMS's order: the chief's, then the workers'."""
     try:
         if isinstance(cfg, str):
             cfg = json.loads(cfg)
-        lst = cfg["cluster"]["worker"]
-        if isinstance(lst, (list, tuple)) and all(isinstance(a, str) for a in lst):
+        lst = list(cfg["cluster"].get("chief", [])) + list(cfg["cluster"]["worker"])
+        if all(isinstance(a, str) for a in lst):
             return tuple(lst)
-    except (TypeError, KeyError, ValueError, IndexError):
+    except (TypeError, KeyError, ValueError, IndexError, AttributeError):
         pass
     return None
 
 
 def _task(cfg) -> Tuple[Optional[str], Optional[int]]:
+    """The task's type, and its place in :func:`_cluster`'s list."""
     try:
         if isinstance(cfg, str):
             cfg = json.loads(cfg)
         task = cfg["task"]
-        return task.get("type"), int(task.get("index"))
+        kind, index = task.get("type"), int(task.get("index"))
+        if kind == "worker":
+            index += len(cfg["cluster"].get("chief", []))
+        return kind, index
     except (TypeError, KeyError, ValueError, AttributeError):
         return None, None
 
@@ -88,8 +95,9 @@ def config_issues(obs: RunObservation) -> Tuple[Dict[int, List[str]], bool]:
     claims = collections.defaultdict(list)
     for w in obs.workers:
         kind, idx = _task(w.tf_config)
-        if w.index in lists and kind != "worker":   # a malformed one is flagged already
-            issues[w.index].append(f"its TF_CONFIG task type is {kind!r}, not 'worker'")
+        if w.index in lists and kind not in ("chief", "worker"):   # a malformed one is flagged already
+            issues[w.index].append(f"its TF_CONFIG task type is {kind!r}, not a training "
+                                   f"task's ('chief' or 'worker')")
         if idx is not None:
             claims[idx].append(w.index)
     for idx, owners_ in claims.items():

@@ -49,6 +49,7 @@ from typing import Optional, Sequence
 
 from harness.diagnosis import ledger
 from harness.diagnosis.observations import WorkerObservation
+from harness.diagnosis.words import name
 
 # Seconds a peer's return must be old before its count is proof: far longer
 # than a collective takes to end on every worker once one has ended it.
@@ -68,8 +69,8 @@ class CertainDeadlock:
 
     def __str__(self) -> str:
         made = f"{self.calls} call{'s' if self.calls != 1 else ''}"
-        return (f"worker {self.returned} returned after {made} of `{self.function}`; "
-                f"worker {self.waiting} waits in call {self.call}")
+        return (f"{name(self.returned)} returned after {made} of `{self.function}`; "
+                f"{name(self.waiting)} waits in call {self.call}")
 
 
 def _countable(w: WorkerObservation) -> bool:

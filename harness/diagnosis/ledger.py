@@ -19,6 +19,7 @@ import collections
 from typing import Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from harness.diagnosis.observations import Call, CollectiveOp, WorkerObservation
+from harness.diagnosis.words import name
 
 
 def _ops(w: WorkerObservation) -> Dict[int, Tuple[CollectiveOp, ...]]:
@@ -168,7 +169,7 @@ def where_sequences_part(ws: Sequence[WorkerObservation]) -> Optional[str]:
         ops = {(v[0].kind, v[0].shape, v[0].dtype) for v in here.values()}
         if len(ops) > 1:
             parts = "; ".join(
-                f"worker {i}: {v[0]} in `{v[1]}`" + (f" (step {v[2]})" if v[2] is not None else "")
+                f"{name(i)}: {v[0]} in `{v[1]}`" + (f" (step {v[2]})" if v[2] is not None else "")
                 for i, v in sorted(here.items()))
             return f"the workers' collectives part at #{n + 1}: {parts}"
     return None

@@ -38,7 +38,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from harness.core import protocol
 from harness.diagnosis.observations import RunObservation, WorkerObservation
-from harness.diagnosis.words import names
+from harness.diagnosis.words import name, names
 
 MIB = 1 << 20
 # The warm-up left out of the fit: this part of the steps, at least this many.
@@ -177,7 +177,7 @@ def memory_growth(obs: RunObservation,
 
 def growth_text(g: MemoryGrowth) -> str:
     """``worker 1 grows +1.0 MiB per step over 200 steps (RSS 410 -> 610 MiB)``."""
-    return (f"worker {g.worker} grows {g.mib_per_step:+.2f} MiB per step over {g.steps} steps "
+    return (f"{name(g.worker)} grows {g.mib_per_step:+.2f} MiB per step over {g.steps} steps "
             f"(RSS {g.first_mib:.0f} -> {g.last_mib:.0f} MiB)")
 
 
@@ -192,7 +192,7 @@ def memory_lines(obs: RunObservation) -> List[str]:
     uneven = [g for g in grown if not g.steady and g.grows()]
     unfitted = [g for g in grown if g.mib_per_step is None]
     parts = [growth_text(g) for g in growing]
-    parts += [f"worker {g.worker}: {g.mib_per_step:+.2f} MiB per step, not steadily"
+    parts += [f"{name(g.worker)}: {g.mib_per_step:+.2f} MiB per step, not steadily"
               for g in uneven]
     if unfitted:
         parts.append(f"{names([g.worker for g in unfitted])}: no rate ({unfitted[0].why_none})")

@@ -326,6 +326,26 @@ class RunObservation:
     replicas: Optional[ReplicaCheck] = None
     reference: Optional[ReferenceCheck] = None
     exit_on_return: bool = False
+    # (type, index) of each process, in order, in a cluster with a chief or
+    # an evaluator (the chief first, the evaluator last); () for workers only.
+    tasks: Tuple[Tuple[str, int], ...] = ()
+
+    def task(self, index: int) -> Tuple[str, int]:
+        return tuple(self.tasks[index]) if self.tasks else ("worker", index)
+
+    @property
+    def evaluator(self) -> Optional[int]:
+        """The evaluator's index, when the cluster has one."""
+        found = [i for i, (kind, _) in enumerate(self.tasks) if kind == "evaluator"]
+        return found[0] if found else None
+
+    def label(self, index: int) -> str:
+        kind, i = self.task(index)
+        return f"worker {i}" if kind == "worker" else kind
+
+    def labels(self) -> Optional[Tuple[str, ...]]:
+        """Each process's name, when the cluster has a chief or an evaluator."""
+        return tuple(self.label(i) for i in range(len(self.tasks))) if self.tasks else None
 
     @property
     def last_progress_time(self) -> float:
@@ -376,4 +396,5 @@ class RunObservation:
         if reference is not None:
             reference = ReferenceCheck(**reference)
         return cls(**{**d, "workers": tuple(workers), "replicas": replicas,
-                      "reference": reference})
+                      "reference": reference,
+                      "tasks": tuple(tuple(t) for t in d.get("tasks", ()))})

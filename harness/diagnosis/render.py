@@ -161,7 +161,8 @@ def headline(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     who = f"culprit{'s' if len(culprits) > 1 else ''}: {names(culprits)}"
     reason = "ambiguous, see below" if blame.ambiguous else blame.reason
     if outcome == Outcome.COMPLETED:
-        return f"COMPLETED: all {len(obs.workers)} workers returned in {obs.duration:.1f}s"
+        kind = "tasks" if obs.tasks else "workers"
+        return f"COMPLETED: all {len(obs.workers)} {kind} returned in {obs.duration:.1f}s"
     if blame.headline:
         return f"{outcome.upper()}: {blame.headline}"
     if outcome == Outcome.HANG:

@@ -1,12 +1,38 @@
 """Small phrases the rules and the rendering share: worker lists, step ranges."""
 from __future__ import annotations
 
-from typing import List, Sequence
+import contextlib
+import contextvars
+from typing import Iterator, List, Optional, Sequence
+
+# Each process's name in a cluster with a chief or an evaluator ("chief",
+# "worker 0", "evaluator"), set for the time a verdict is worked out; None
+# in a cluster of workers only, whose tasks are "worker i".
+_LABELS: contextvars.ContextVar[Optional[Sequence[str]]] = contextvars.ContextVar(
+    "task_labels", default=None)
+
+
+@contextlib.contextmanager
+def task_labels(labels: Optional[Sequence[str]]) -> Iterator[None]:
+    """Name the processes by ``labels`` (None: ``worker i``) inside the block."""
+    token = _LABELS.set(tuple(labels) if labels else None)
+    try:
+        yield
+    finally:
+        _LABELS.reset(token)
+
+
+def name(index: int) -> str:
+    """``worker 1``, or ``chief`` / ``evaluator`` in a cluster that has one."""
+    labels = _LABELS.get()
+    return labels[index] if labels and 0 <= index < len(labels) else f"worker {index}"
 
 
 def names(indexes: Sequence[int]) -> str:
-    """``worker 1`` or ``workers 0,2``."""
+    """``worker 1`` or ``workers 0,2``; ``chief, worker 1`` in a cluster with a chief."""
     indexes = sorted(indexes)
+    if _LABELS.get():
+        return ", ".join(name(i) for i in indexes)
     return ("worker " if len(indexes) == 1 else "workers ") + ",".join(map(str, indexes))
 
 

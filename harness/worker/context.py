@@ -41,9 +41,11 @@ def context() -> "WorkerContext":
 class WorkerContext:
     """One worker's view of its cluster.
 
-    ``index`` is this worker's task index, ``num_workers`` the cluster size,
-    ``is_chief`` true for worker 0 (a cluster of workers only has no separate
-    chief task), ``attempt`` which attempt of a run with restarts this is
+    ``index`` is this task's place among the tasks in the collectives
+    (MWMS's order: the chief first, when there is one), ``num_workers``
+    their number, ``task_type`` and ``task_index`` the task as its
+    ``TF_CONFIG`` names it (``("worker", 1)``), ``is_chief`` true for index
+    0 (the chief, or worker 0 in a cluster of workers only), ``attempt`` which attempt of a run with restarts this is
     (0, then 1 after the first restart, and so on), ``reference`` True in
     the single-worker reference run of ``run(reference=True)`` (where
     ``cluster_workers`` is still the N it stands in for), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
@@ -106,6 +108,24 @@ class WorkerContext:
     @property
     def is_chief(self) -> bool:
         return self.index == 0
+
+    @property
+    def task_type(self) -> str:
+        """``chief``, ``worker`` or ``evaluator``: this task's type in its
+        ``TF_CONFIG`` (``worker`` when a fault removed it)."""
+        return self._task()[0]
+
+    @property
+    def task_index(self) -> int:
+        """This task's index among the tasks of its type, as in its ``TF_CONFIG``."""
+        return self._task()[1]
+
+    def _task(self) -> Tuple[str, int]:
+        task = (self.tf_config or {}).get("task") or {}
+        try:
+            return str(task["type"]), int(task["index"])
+        except (KeyError, TypeError, ValueError):
+            return "worker", self.index
 
     def global_batch_size(self, per_worker_batch: int) -> int:
         """``per_worker_batch`` times the workers of the run under test: the

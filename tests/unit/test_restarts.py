@@ -9,7 +9,8 @@ from harness.controller import combine_attempts
 from harness.diagnosis import diagnose
 from harness.errors import FaultError, SettingError
 from harness.result import RunResult
-from harness.settings import (MAX_RESTARTS, parse_marker, parse_restart_on, parse_restarts)
+from harness.settings import parse_marker
+from harness.validators import MAX_RESTARTS, parse_restart_on, parse_restarts
 from observations import died, returned, run
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,8 +9,8 @@ from harness.core import tfconfig
 from harness.faults import FaultError
 from harness.launch.devices import (device_assignment, gpu_assignment, shared_assignment,
                                     visible_gpus, worker_environments)
-from harness.settings import (SettingError, max_workers, parse_choice,
-                              parse_marker, parse_seconds, parse_workers)
+from harness.settings import SettingError, parse_marker
+from harness.validators import max_workers, parse_choice, parse_seconds, parse_workers
 
 
 @pytest.mark.parametrize("value,expected", [("2", 2), (4, 4), (" 3 ", 3), ("1", 1)])

@@ -13,8 +13,8 @@ from harness.controller.restarts import (POLICIES, TaskRestarter, check_restart_
 from harness.diagnosis.observations import Outcome
 from harness.errors import SettingError
 from harness.result import RunResult, WorkerResult
-from harness.settings import (OPTION, RunSettings, parse_marker, parse_restart_policy,
-                              read_settings)
+from harness.settings import OPTION, RunSettings, parse_marker, read_settings
+from harness.validators import parse_restart_policy
 from observations import died, raised, returned, run
 
 pytestmark = pytest.mark.timeout(30)
