@@ -68,20 +68,18 @@ class Cluster:
             step_fn: Optional[str] = None, restarts: Optional[int] = None,
             restart_on=DEFAULT_RESTART_ON, restart_policy: Optional[str] = None,
             check_replicas=False, reference=False, on_return: str = "stay",
-            progress: Optional[Callable[[Progress], None]] = None) -> RunResult:
+            progress: Optional[Callable[[Progress], None]] = None,
+            cluster=None) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         Every argument is checked before any process starts; a bad one is a
         :class:`~harness.errors.SettingError` naming it.
 
         - ``args``, ``kwargs``: pickled once, with dill, for every worker.
-          A ``multiprocessing`` (or ``multiprocess``) manager's proxies work
-          in the workers, as in a child the library starts (a dict, list,
-          ``Event``, ``Barrier``, ``Queue`` of ``Manager()``), and so do
-          locks, semaphores, conditions and events made by a ``spawn`` or
-          ``forkserver`` context; what only a forked or inherited child
-          could use is refused before any process starts, naming the
-          manager's counterpart (:mod:`harness.core.serialize`).
+          A manager's proxies work in the workers, and so do locks and
+          events of a ``spawn`` or ``forkserver`` context; what only a
+          forked child could use is refused before any process starts,
+          naming the manager's counterpart (:mod:`harness.core.serialize`).
         - ``timeout``: the hang timeout (seconds without progress) for this run.
         - ``grace``: how long peers get once one worker has raised or died.
         - ``faults``: a plan of :mod:`harness.faults` values.
@@ -128,6 +126,8 @@ class Cluster:
         - ``progress``: a callable given a :class:`Progress` every half second
           (``harness run``'s status line); it runs in the watch loop, so it
           must be quick.
+        - ``cluster``: this run's shape (``{"chief": 1, "worker": 2}``, see
+          the ``cluster`` option), in place of the cluster's.
 
         Each run's workers share a network namespace of their own when the
         ``network`` setting allows it: see :mod:`harness.network`.
@@ -138,7 +138,7 @@ class Cluster:
             sync_check=sync_check, env=env, restart_on=restart_on, timeout=timeout,
             grace=grace, restarts=restarts, restart_policy=restart_policy, ledger=ledger,
             step_fn=step_fn, check_replicas=check_replicas, reference=reference,
-            on_return=on_return, progress=progress)
+            on_return=on_return, progress=progress, cluster=cluster)
         self.runs.append(self.submit(request, checked))
         return self.runs[-1]
 
@@ -203,7 +203,8 @@ class Cluster:
                    timeout: Optional[float] = None, grace: Optional[float] = None,
                    ledger=True, restarts: Optional[int] = None,
                    restart_on=DEFAULT_RESTART_ON, restart_policy: Optional[str] = None,
-                   check_replicas=False, reference=False, on_return: str = "exit") -> RunResult:
+                   check_replicas=False, reference=False, on_return: str = "exit",
+                   cluster=None) -> RunResult:
         """Run a script on every worker as ``python path argv...`` would, or
         ``python -m module argv...`` with ``module=``; see
         :mod:`harness.controller.scripts`.
@@ -221,7 +222,7 @@ class Cluster:
         return self.run(main, env=env, faults=faults, timeout=timeout, grace=grace,
                         ledger=ledger, restarts=restarts, restart_on=restart_on,
                         restart_policy=restart_policy, check_replicas=check_replicas,
-                        reference=reference, on_return=on_return)
+                        reference=reference, on_return=on_return, cluster=cluster)
 
     def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
                            port: int) -> RunResult:

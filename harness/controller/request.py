@@ -20,7 +20,7 @@ from harness.launch.backends import backend_of
 from harness.network import NetworkChoice, choose_network
 from harness.controller.restarts import check_restart_on
 from harness.settings import RunSettings
-from harness.validators import (DEFAULT_RESTART_ON, parse_grace, parse_restart_on,
+from harness.validators import (DEFAULT_RESTART_ON, parse_cluster, parse_grace, parse_restart_on,
                                 parse_restart_policy, parse_restarts, parse_seconds)
 
 LEDGER_LEVELS = ("calls", "collectives")
@@ -134,6 +134,7 @@ def _optional(parse: Callable[[Any, str], Any], where: str) -> Callable[[Any], A
 
 # One validator per argument of run() that is checked on its own.
 VALIDATORS = {
+    "cluster": _optional(parse_cluster, "run(cluster=...)"),
     "timeout": _optional(parse_seconds, "run(timeout=...)"),
     "grace": _optional(parse_grace, "run(grace=...)"),
     "restarts": _optional(parse_restarts, "run(restarts=...)"),
@@ -157,7 +158,8 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
     arguments of :data:`VALIDATORS`."""
     values = {name: VALIDATORS[name](value) for name, value in
               {**checked, "restart_on": restart_on}.items()}
-    settings = settings.with_overrides(timeout=values.pop("timeout", None),
+    settings = settings.with_overrides(cluster=values.pop("cluster", None),
+                                       timeout=values.pop("timeout", None),
                                        grace=values.pop("grace", None),
                                        restarts=values.pop("restarts", None),
                                        restart_policy=values.pop("restart_policy", None))

@@ -197,3 +197,12 @@ def test_results_name_tasks_as_tf_config_does():
     plain = run(returned(0, 2), returned(1, 2))
     two = RunResult("completed", (WorkerResult(0), WorkerResult(1)), (), "", 1.0, plain)
     assert list(two.tasks) == [("worker", 0), ("worker", 1)] and two.culprit_tasks == ()
+
+
+def test_run_takes_a_shape_of_its_own_checked_before_any_process_starts():
+    from harness.controller.request import make_request
+    request = make_request(RunSettings(), "forkserver", print, cluster={"chief": 1, "worker": 1},
+                           faults=[faults.SkipStep(task=("chief", 0), step=1)])
+    assert request.settings.shape == ClusterShape(chief=1, worker=1) and request.plan[0].worker == 0
+    with pytest.raises(SettingError, match=r"^run\(cluster=...\): 2 evaluators"):
+        make_request(RunSettings(), "forkserver", print, cluster="worker:1,evaluator:2")
