@@ -27,6 +27,11 @@ completed); else ``completed``.  ``fault`` events are never used for blame;
 the text lists them as "injected".  ``Verdict.step`` is the step where the
 others wait for the culprit when they wait for it, else the culprit's last
 step.
+
+A cluster with an evaluator is judged in two parts: the training tasks
+alone, by the rules; then, when they completed, the evaluator, whose
+failure, crash or hang is then the verdict (``Verdict.rule`` is
+``"evaluator_only"``, the one name outside ``RULES``).
 """
 from __future__ import annotations
 
@@ -56,7 +61,7 @@ class Verdict:
     step: Optional[int] = None    # where things went wrong (blocked / diverged / died)
     error: Optional[str] = None   # type name of the root error, when there is one
     ambiguous: bool = False       # True when the culprit cannot be decided
-    rule: str = ""                # the name of the rule that decided (see RULES)
+    rule: str = ""                # the rule that decided (see RULES), or "evaluator_only"
 
 
 def diagnose(obs: RunObservation) -> Verdict:
