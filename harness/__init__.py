@@ -7,14 +7,25 @@ What a user touches (the documentation's "How it works" draws the rest):
 (``RunResult``, ``WorkerResult``), the errors below, and
 :mod:`harness.workloads` (known-good MWMS jobs to try the harness on).
 
-Importing this package does not import TensorFlow.
+Importing this package imports nothing else: each name loads its module
+when first used, so that the pytest plugin costs a session that does not
+use the harness nothing, and a worker that only needs ``context()`` stays
+light.  It never imports TensorFlow.
 """
-from harness import faults
-from harness.errors import (FaultError, HarnessError, InjectedFault, NotInWorkerError,
-                            SecondStrategyError, SerializationError, SettingError, StateDirError,
-                            StepDesyncError)
-from harness.core.protocol import WorkerError
-from harness.worker.context import WorkerContext, context
+import importlib
+
+# Each public name and the module that defines it.
+_HOME = {
+    "context": "harness.worker.context", "WorkerContext": "harness.worker.context",
+    "WorkerError": "harness.core.protocol",
+    "RunResult": "harness.result", "WorkerResult": "harness.result",
+    "Cluster": "harness.controller",
+    "ReplicaCheck": "harness.diagnosis.observations",
+    "DivergentVariable": "harness.diagnosis.observations",
+    **{name: "harness.errors" for name in (
+        "HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
+        "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError")},
+}
 
 __all__ = ["context", "WorkerContext", "WorkerError", "faults", "RunResult", "WorkerResult",
            "Cluster", "HarnessError", "SettingError", "FaultError", "SerializationError",
@@ -23,15 +34,14 @@ __all__ = ["context", "WorkerContext", "WorkerError", "faults", "RunResult", "Wo
 
 
 def __getattr__(name):
-    # RunResult and the cluster pull in the diagnosis and launcher; import
-    # them lazily so a worker that only needs context() stays light.
-    if name in ("RunResult", "WorkerResult"):
-        from harness import result
-        return getattr(result, name)
-    if name in ("ReplicaCheck", "DivergentVariable"):
-        from harness.diagnosis import observations
-        return getattr(observations, name)
-    if name == "Cluster":
-        from harness.controller import Cluster
-        return Cluster
-    raise AttributeError(name)
+    if name == "faults":
+        return importlib.import_module("harness.faults")
+    if name not in _HOME:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -10,20 +10,24 @@ documentation's table are made from there.  The marker
 ``@pytest.mark.mwms(...)`` overrides the options marked for it for one test.
 Every bad value is a usage error naming where it was set, raised before any
 test runs.
+
+Loading the plugin costs a session that does not use the harness nothing:
+this module imports the standard library, pytest and the options table
+only, and starts no process; the rest (the machine's checks, the
+launchers, the diagnosis, the reports) loads when a collected test uses
+the fixture or the marker, or a run's report needs it.
 """
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Tuple
 
 import pytest
 
-from harness import network
 from harness.errors import SettingError, StateDirError
-from harness.launch.backends import backend_of, close_sessions
-from harness.launch.state_dir import check_state_dir
-from harness.report import pytest_report
 from harness.settings import MARKER_KEYS, OPTIONS, Option, RunSettings, apply_marker, read_settings
+from harness.validators import DEFAULT_BACKEND
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 RUNS_KEY = pytest.StashKey[list]()     # every run's summary this session, for the summary
@@ -40,10 +44,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addini(option.ini, option.help, default=option.default)
 
 
-def settings_from_config(config: pytest.Config) -> RunSettings:
+def settings_from_config(config: pytest.Config, machine: bool = True) -> RunSettings:
     """The session's settings: each option from the command line, else the
     ini file, else its default.  A directory is absolute from the command
-    line and relative to the ini file's folder from the ini file."""
+    line and relative to the ini file's folder from the ini file.
+    ``machine``: also check this machine can run them (see
+    :func:`harness.settings.finish`)."""
     def lookup(option: Option) -> Tuple[Any, str]:
         given = config.getoption(option.ini)
         if given is not None:
@@ -54,7 +60,7 @@ def settings_from_config(config: pytest.Config) -> RunSettings:
             value = os.path.join(str(config.rootpath), value)
         return value, "ini"
 
-    return read_settings(lookup)
+    return read_settings(lookup, machine)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"mwms({', '.join(MARKER_KEYS)}): override these pytest-mwms options "
         f"for this test's mwms_cluster")
     try:
-        config.stash[SETTINGS_KEY] = settings_from_config(config)
+        config.stash[SETTINGS_KEY] = settings_from_config(config, machine=options_given(config))
     except SettingError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[RUNS_KEY] = []
@@ -71,11 +77,31 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config):
-    """One line: where this session's clusters run, and why when not isolated."""
+    """One line: where this session's clusters run, as far as it is known
+    without starting a process (the summary says the rest)."""
     settings = config.stash.get(SETTINGS_KEY, None)
     if settings is None:
         return None
-    return f"pytest-mwms: {backend_of(settings).where(settings) or network.header(settings.network)}"
+    if settings.backend != DEFAULT_BACKEND:
+        from harness.launch.backends import backend_of
+        return f"pytest-mwms: {backend_of(settings).where(settings)}"
+    if settings.network == "auto" and not network_known():
+        return ("pytest-mwms: network auto (a network namespace per cluster where this "
+                "machine allows it; the summary says which)")
+    from harness import network
+    return f"pytest-mwms: {network.header(settings.network)}"
+
+
+def options_given(config: pytest.Config) -> bool:
+    """Whether the session sets an ``--mwms-*`` option or ini key: it means
+    to use the harness, so this machine is checked at once."""
+    return any(config.getoption(o.ini) is not None
+               or (o.default or "") != (config.getini(o.ini) or "") for o in OPTIONS)
+
+
+def network_known() -> bool:
+    """Whether this process (or its parent) has already probed the network."""
+    return "namespace" in os.environ.get("MWMS_NETWORK_PROBES", "")
 
 
 def _item_settings(item: pytest.Item) -> RunSettings:
@@ -94,11 +120,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         uses_cluster = uses_cluster or "mwms_cluster" in getattr(item, "fixturenames", ())
     settings = config.stash.get(SETTINGS_KEY, None)
     if uses_cluster and settings is not None and not config.option.collectonly:
-        # A port directory this user cannot use would fail every test the
-        # same way: say so once, as a usage error, before any test runs.
+        from harness.launch.backends import backend_of
+        from harness.launch.state_dir import check_state_dir
+        # What this machine cannot run, and a port directory this user
+        # cannot use, would fail every test the same way: say so once, as a
+        # usage error, before any test runs.
         try:
+            settings = settings_from_config(config)
+            config.stash[SETTINGS_KEY] = settings
             check_state_dir(settings.state_dir)
-        except StateDirError as e:
+        except (SettingError, StateDirError) as e:
             raise pytest.UsageError(str(e)) from None
         # Overlap the slow start of shared machinery (the forkserver's
         # TensorFlow import) with collection and the first tests' setup.
@@ -107,7 +138,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """End what a backend started for this session (a Ray cluster)."""
-    close_sessions()
+    backends = sys.modules.get("harness.launch.backends")
+    if backends is not None:   # never loaded: nothing was started
+        backends.close_sessions()
 
 
 @pytest.fixture
@@ -147,6 +180,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     session summary (which xdist carries to the controller)."""
     runs = _runs(item) if call.when == "call" else []
     if runs:
+        from harness.report import pytest_report
         item.user_properties.extend(pytest_report.junit_properties(runs))
     report = yield
     if runs:
@@ -174,7 +208,7 @@ class SessionRuns:
         if runs:
             self.config.stash[RUNS_KEY].extend(runs)
         seconds = self.config.stash[TEST_SECONDS_KEY]
-        path = pytest_report.file_of(report.nodeid)
+        path = report.nodeid.split("::", 1)[0]
         seconds[path] = seconds.get(path, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
 
 
@@ -182,11 +216,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if hasattr(config, "workerinput"):   # an xdist worker: the controller summarizes
         return
     settings = config.stash.get(SETTINGS_KEY, None)
+    runs = config.stash.get(RUNS_KEY, [])
+    if not runs:
+        return
+    from harness.report import pytest_report
     # pytest's --durations also asks where each file's time went.
     wants_phases = config.getoption("durations", None) is not None
     lines = pytest_report.summary_lines(
-        config.stash.get(RUNS_KEY, []), settings.report_dir if settings else None,
+        runs, settings.report_dir if settings else None,
         test_seconds=config.stash.get(TEST_SECONDS_KEY, {}) if wants_phases else None)
+    if settings is not None and settings.network == "auto" \
+            and settings.backend == DEFAULT_BACKEND:
+        from harness import network
+        lines.append(f"clusters ran with {network.header(settings.network)}")
     if lines:
         terminalreporter.write_sep("=", "pytest-mwms")
         for line in lines:

@@ -17,12 +17,9 @@ from typing import Any, Callable, Optional, Tuple
 
 from harness.core.tfconfig import ClusterShape
 from harness.errors import SettingError
-from harness.launch.backends import BACKEND_NAMES, DEFAULT_BACKEND, backend_of
-from harness.launch.devices import DEVICES, device_assignment, uses_gpus
-from harness.launch.local import START_METHODS
-from harness.network import NETWORK_MODES, check_mode
-from harness.report.pytest_report import REPORT_MODES
-from harness.validators import (DEFAULT_RESTART_POLICY, RESTART_POLICIES, parse_backend,
+from harness.validators import (BACKEND_NAMES, DEFAULT_BACKEND, DEFAULT_RESTART_POLICY, DEVICES,
+                                NETWORK_MODES, REPORT_MODES, RESTART_POLICIES, START_METHODS,
+                                parse_backend,
                                 parse_cluster, parse_devices, parse_directory, parse_grace,
                                 parse_modules, parse_network, parse_ray_address,
                                 parse_ray_nodes, parse_report, parse_restart_policy,
@@ -138,7 +135,7 @@ OPTIONS = (
            parse=parse_restart_policy, marker=True),
     Option("network", "|".join(NETWORK_MODES), "auto", "auto",
            "`isolated` runs each cluster in a network namespace of its own, unreachable "
-           "from the host; `auto` does where the machine allows it (the session header "
+           "from the host; `auto` does where the machine allows it (the session summary "
            "says which); `host` runs on the host's loopback",
            "On the host, every worker is an unauthenticated TensorFlow server on all "
            "interfaces while a run lasts; isolation costs a few milliseconds a run.",
@@ -241,34 +238,44 @@ def tfconfig_shape(value: Any) -> ClusterShape:
 
 def check_backend(settings: RunSettings, option: str = "--mwms-backend") -> None:
     """A backend this machine can use with these settings, or a SettingError."""
+    from harness.launch.backends import backend_of
     backend_of(settings).check(settings, option)
 
 
-def finish(settings: RunSettings, where: Callable[[str], str]) -> RunSettings:
-    """The checks and choices that join options: the start method by device
-    when unset, GPUs to share, the network mode and the backend possible
-    here.  ``where(name)`` names where option ``name`` was set."""
+def finish(settings: RunSettings, where: Callable[[str], str],
+           machine: bool = True) -> RunSettings:
+    """The choices that join options (the shape's number of tasks, the start
+    method by device when unset) and, with ``machine``, the checks of this
+    machine: GPUs to share, the network mode and the backend possible here.
+    ``where(name)`` names where option ``name`` was set."""
     if settings.cluster is not None:
         settings = dataclasses.replace(
             settings, workers=settings.cluster.total,
             cluster=None if settings.cluster.workers_only else settings.cluster)
     if settings.start_method is None:
         settings = dataclasses.replace(
-            settings, start_method="spawn" if uses_gpus(settings.devices) else "forkserver")
-    if uses_gpus(settings.devices):
-        device_assignment(settings.workers, settings.devices)
-    check_mode(settings.network, where("network"))
-    check_backend(settings, where("backend"))
+            settings, start_method="forkserver" if settings.devices == "cpu" else "spawn")
+    if machine:
+        # Loaded here, not at import: the pytest plugin reads the options
+        # in every session, and checks the machine only where a test uses it.
+        from harness.launch.devices import device_assignment, uses_gpus
+        from harness.network import check_mode
+        if uses_gpus(settings.devices):
+            device_assignment(settings.workers, settings.devices)
+        check_mode(settings.network, where("network"))
+        check_backend(settings, where("backend"))
     return settings
 
 
-def read_settings(lookup: Callable[[Option], Tuple[Any, str]]) -> RunSettings:
+def read_settings(lookup: Callable[[Option], Tuple[Any, str]],
+                  machine: bool = True) -> RunSettings:
     """Every option from one source: ``lookup(option)`` gives the value as
     typed (the option's default when unset) and the place it came from
-    (one of :data:`PLACES`)."""
+    (one of :data:`PLACES`); ``machine``: see :func:`finish`."""
     found = {o.name: lookup(o) for o in OPTIONS}
     values = {o.field: o.parse(found[o.name][0], o.where(found[o.name][1])) for o in OPTIONS}
-    return finish(RunSettings(**values), lambda name: OPTION[name].where(found[name][1]))
+    return finish(RunSettings(**values), lambda name: OPTION[name].where(found[name][1]),
+                  machine)
 
 
 def parse_marker(kwargs: dict, args: tuple = ()) -> dict:

@@ -13,13 +13,18 @@ import os
 from typing import Any, Optional
 
 from harness.core.tfconfig import TASK_TYPES, ClusterShape
-from harness.diagnosis.observations import Outcome
 from harness.errors import SettingError
-from harness.launch.backends import BACKEND_NAMES
-from harness.launch.devices import DEVICES
-from harness.launch.local import START_METHODS
-from harness.network import NETWORK_MODES
-from harness.report.pytest_report import REPORT_MODES
+
+# The options' choices, declared with the table (the pytest plugin loads
+# this module and nothing heavier): the modules they configure take them
+# from here, and tests/unit/test_settings.py checks that each module's own
+# table has exactly these rows.
+DEVICES = ("cpu", "gpu", "gpu-shared")
+START_METHODS = ("forkserver", "spawn")
+NETWORK_MODES = ("auto", "isolated", "host")
+BACKEND_NAMES = ("local", "ray")
+DEFAULT_BACKEND = "local"
+REPORT_MODES = ("failed", "all")
 
 # A TensorFlow worker holds about 0.3-0.5 GiB once it has built a strategy;
 # forked workers share TensorFlow's pages, but their heaps and gRPC threads
@@ -153,7 +158,8 @@ def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
 
 # What a restart can follow: the names ``run(restart_on=...)`` takes, and
 # the outcome each stands for.
-RESTART_ON = {"crash": Outcome.CRASHED, "fail": Outcome.FAILED, "hang": Outcome.HANG}
+# run(restart_on=...)'s words and the outcomes they name (Outcome's values).
+RESTART_ON = {"crash": "crashed", "fail": "failed", "hang": "hang"}
 DEFAULT_RESTART_ON = "crash,fail"
 
 
@@ -169,7 +175,8 @@ def parse_restart_on(value: Any, option: str = "run(restart_on=...)") -> frozens
         out.add(RESTART_ON[word])
     if not out:
         raise SettingError(f"{option}: name at least one of {', '.join(RESTART_ON)}")
-    return frozenset(out)
+    from harness.diagnosis.observations import Outcome
+    return frozenset(Outcome(v) for v in out)
 
 
 # What a restart starts again: the whole cluster, or only the task that

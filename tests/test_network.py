@@ -116,8 +116,16 @@ def test_network_settings_are_checked():
     assert isolation("auto") == ISOLATION
 
 
-def test_the_session_header_says_where_clusters_run(pytester):
+def test_the_session_header_says_where_clusters_run(pytester, monkeypatch):
     pytester.makepyfile("def test_x(): pass")
+    # Unprobed, the header says what it can without starting a process.
+    monkeypatch.delenv("MWMS_NETWORK_PROBES", raising=False)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert "pytest-mwms: network auto (a network namespace per cluster where this machine " \
+           "allows it; the summary says which)" in result.stdout.str()
+    # Probed already (a parent process did), it says which.
+    isolation("auto")
+    monkeypatch.setenv("MWMS_NETWORK_PROBES", os.environ["MWMS_NETWORK_PROBES"])
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     header = "isolated (a network namespace per cluster)" if ISOLATION[0] else "host loopback"
     assert f"pytest-mwms: network {header}" in result.stdout.str()

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Dict
 
+from harness import validators
 from harness.launch import local
 from harness.launch.ray import launcher as ray
 from harness.launch.base import Backend, Launcher
 
 BACKENDS: Dict[str, Backend] = {row.name: row for row in (local.BACKEND, ray.BACKEND)}
-BACKEND_NAMES = tuple(BACKENDS)
-DEFAULT_BACKEND = "local"
+BACKEND_NAMES = validators.BACKEND_NAMES
+DEFAULT_BACKEND = validators.DEFAULT_BACKEND
 
 
 def backend_of(settings) -> Backend:

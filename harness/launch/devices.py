@@ -23,6 +23,7 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
+from harness import validators
 from harness.errors import SettingError
 
 HIDDEN = "-1"
@@ -61,7 +62,7 @@ ASSIGNMENTS: Dict[str, Callable[[int, List[str]], List[str]]] = {
     "gpu": gpu_assignment,
     "gpu-shared": shared_assignment,
 }
-DEVICES = tuple(ASSIGNMENTS)
+DEVICES = validators.DEVICES
 
 
 def uses_gpus(devices: str) -> bool:

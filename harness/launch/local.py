@@ -26,13 +26,14 @@ from typing import List, Optional, Sequence
 import multiprocess
 import psutil
 
+from harness import validators
 from harness.core import protocol
 from harness.core.protocol import WorkerSpec
 from harness.errors import PreloadWarning, SettingError
 from harness.launch import memory, scratch
 from harness.launch.base import Backend, Launcher
 
-START_METHODS = ("forkserver", "spawn")
+START_METHODS = validators.START_METHODS
 # How many workers start at once (a thread each): more only queue at the
 # forkserver, which forks one at a time.
 MAX_STARTING = 16

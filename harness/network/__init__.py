@@ -19,13 +19,14 @@ import contextlib
 import dataclasses
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from harness import validators
 from harness.core import tfconfig
 from harness.errors import SettingError
 from harness.faults import Fault, in_attempt, needs_host_names, needs_network
 from harness.network.namespace import (Namespace, Switch, available, names_available, needs_proxy,
                                        switch_available)
 
-NETWORK_MODES = ("auto", "isolated", "host")
+NETWORK_MODES = validators.NETWORK_MODES
 
 
 def isolation(mode: str) -> Tuple[bool, str]:

@@ -20,11 +20,12 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from harness import validators
 from harness.diagnosis.observations import OUTCOMES, Outcome
 
 SLOWEST_SHOWN = 5
 # --mwms-report: which runs get a timeline in --mwms-report-dir.
-REPORT_MODES = ("failed", "all")
+REPORT_MODES = validators.REPORT_MODES
 
 
 def junit_properties(runs: Sequence) -> List[Tuple[str, str]]:

@@ -147,7 +147,9 @@ def test_modules_and_functions_are_short(name):
 def test_only_the_launch_package_names_a_backend():
     from harness.launch.backends import BACKENDS
     for name in MODULES:
-        if name.startswith("harness.launch"):
+        # harness.validators declares the option's choices (tests/unit/test_settings.py
+        # checks them against the table), so that the plugin need not load it.
+        if name.startswith("harness.launch") or name == "harness.validators":
             continue
         for node in ast.walk(_tree(name)):
             if isinstance(node, ast.Constant) and node.value in BACKENDS:

@@ -185,3 +185,28 @@ def test_the_marker_takes_exactly_the_options_marked_for_it():
     assert apply_marker(RunSettings(), {"workers": "3", "grace": 0}).workers == 3
     with pytest.raises(SettingError, match=r"@pytest.mark.mwms\(timeout=\.\.\.\): 0 is out"):
         apply_marker(RunSettings(), {"timeout": 0})
+
+
+def test_each_option_s_choices_are_the_rows_of_the_table_they_configure():
+    """The choices are declared with the options (the plugin loads nothing
+    heavier); each module they configure has exactly these rows."""
+    from harness import validators
+    from harness.launch.backends import BACKENDS
+    from harness.launch.devices import ASSIGNMENTS
+    assert tuple(ASSIGNMENTS) == validators.DEVICES
+    assert tuple(BACKENDS) == validators.BACKEND_NAMES
+    assert validators.DEFAULT_BACKEND in BACKENDS
+    from harness.diagnosis.observations import Outcome
+    assert {Outcome(v) for v in validators.RESTART_ON.values()} <= set(Outcome)
+
+
+def test_loading_the_plugin_loads_only_the_options_table():
+    import subprocess
+    import sys
+    code = ("import sys, harness.plugin; print(sorted(m for m in sys.modules "
+            "if m.startswith(('harness', 'multiprocess', 'psutil', 'dill', 'numpy', "
+            "'tensorflow'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert eval(out) == ["harness", "harness.core", "harness.core.tfconfig", "harness.errors",
+                         "harness.plugin", "harness.settings", "harness.validators"]
