@@ -48,6 +48,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(_group(item)))
 
 
+@pytest.fixture(autouse=True)
+def _no_worker_left_behind(no_leftover_workers):
+    """Every scenario: no TensorFlow process of it outlives it (conftest.py at the root)."""
+
+
 @pytest.fixture(scope="session")
 def _scenario_run_cache():
     return {}

@@ -176,3 +176,16 @@ def test_write_rewrites_only_the_region(tmp_path, monkeypatch):
     assert catalogue.write_docs(str(page)) is True
     assert page.read_text() == f"before\n{catalogue.START}\nnew\n{catalogue.END}\nafter\n"
     assert catalogue.write_docs(str(page)) is False
+
+
+def test_every_scenario_checks_that_no_worker_outlives_it():
+    """scenarios/conftest.py has an autouse fixture that takes the root
+    conftest's no_leftover_workers: every scenario test is checked."""
+    import ast
+    import pathlib
+    tree = ast.parse((pathlib.Path(catalogue.__file__).parent / "conftest.py").read_text())
+    autouse = [node for node in tree.body if isinstance(node, ast.FunctionDef)
+               and any(isinstance(d, ast.Call) and any(
+                   k.arg == "autouse" and getattr(k.value, "value", False) for k in d.keywords)
+                   for d in node.decorator_list)]
+    assert any("no_leftover_workers" in [a.arg for a in f.args.args] for f in autouse)
