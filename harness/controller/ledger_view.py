@@ -51,7 +51,7 @@ class LedgerView:
             t = r.time - self.start
             self.latest = r.time if self.latest is None else max(self.latest, r.time)
             if r.kind == progress.STEP:
-                self.step_events.append(Event(t, protocol.STEP, r.number))
+                self.step_events.append(Event(t, protocol.STEP, r.number, r.detail or None))
             elif r.kind == progress.CALL_BEGAN:
                 self.calls[(r.function, r.number)] = {
                     "function": r.function, "number": r.number, "began": t,

@@ -2,10 +2,13 @@
 robust rate of growth per step, and whether it grows steadily.  Pure
 functions of the observations (no TensorFlow).
 
-The parent samples each worker's resident set while it runs
-(:mod:`harness.controller.memory`); a sample taken while the worker was in
-step ``s`` (after its boundary ``s``, before ``s + 1``) is paired with
-``s``, the last sample in each step standing for it.  The first steps are
+Each worker notes its resident set at each step boundary (``STEP``
+events' ``data``, a ``pread`` of ``/proc/self/statm``: a point per step
+however fast the steps are).  Where it noted none (older records, a
+backend without), the parent's samples stand in
+(:mod:`harness.controller.memory`, about 10 a second): a sample taken while
+the worker was in step ``s`` (after its boundary ``s``, before ``s + 1``)
+is paired with ``s``, the last sample in each step standing for it.  The first steps are
 TensorFlow's warm-up (tracing, the allocator's first pools, the
 collectives' first buffers): the first :data:`WARMUP_FRACTION` of the
 steps, and at least :data:`WARMUP_STEPS`, are left out of the fit.  The
@@ -152,13 +155,24 @@ def is_steady(fitted: Sequence[Point], rate: float, mib_per_step: float) -> bool
     return all(h is not None and h >= STEADY_SHARE * rate for h in halves)
 
 
+def boundary_points(w: WorkerObservation) -> Tuple[Point, ...]:
+    """``(step, bytes)`` from the resident set the worker noted at each of
+    its step boundaries (the step counted by its place among them, as in
+    :func:`step_points`); empty where it noted none."""
+    steps = [e for e in w.events if e.kind == protocol.STEP and isinstance(e.step, int)]
+    noted = tuple((i, e.data) for i, e in enumerate(steps)
+                  if isinstance(e.data, int) and not isinstance(e.data, bool) and e.data > 0)
+    return noted if steps and len(noted) >= len(steps) // 2 else ()
+
+
 def growth(w: WorkerObservation, mib_per_step: float = FLAT_MIB_PER_STEP) -> MemoryGrowth:
-    """Worker ``w``'s :class:`MemoryGrowth`."""
+    """Worker ``w``'s :class:`MemoryGrowth`: from the resident set it noted
+    at each step boundary, else from the parent's samples."""
     step_times = [e.time for e in w.events
                   if e.kind == protocol.STEP and isinstance(e.step, int)]
-    points = step_points(w.memory, step_times)
+    points = boundary_points(w) or step_points(w.memory, step_times)
     fitted = after_warmup(points)
-    why = ("no samples (its backend reads no memory)" if not w.memory
+    why = ("no samples (its backend reads no memory)" if not points and not w.memory
            else "no steps reported" if not step_times
            else f"too few steps past the warm-up ({len(fitted)})"
            if len(fitted) < MIN_POINTS or fitted[-1][0] - fitted[0][0] < MIN_STEPS else "")

@@ -11,7 +11,7 @@ import itertools
 import operator
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
-from harness.core import progress, protocol
+from harness.core import linux, progress, protocol
 from harness.errors import NotInWorkerError
 from harness.faults import Fault, at_step
 from harness.worker.actions import act_out, replaces_step
@@ -182,10 +182,13 @@ class WorkerContext:
         self.in_boundary = True
         try:
             self.current_step = step
+            # The resident set at each boundary: a memory rate for a job
+            # of any speed (the parent's samples are 10 a second).
+            resident = linux.resident_bytes()
             if self.progress_map is not None:
-                self.progress_map.write(progress.STEP, number=step)
+                self.progress_map.write(progress.STEP, number=step, detail=resident)
             else:
-                self.send(protocol.STEP, step=step)
+                self.send(protocol.STEP, step=step, data=resident)
             if self.sync_check and self.strategy is not None:
                 from harness.worker.sync import check_step_sync
                 check_step_sync(self, step)

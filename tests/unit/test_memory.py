@@ -232,3 +232,27 @@ def test_the_proc_readers_read_this_process_and_none_for_a_gone_one():
     gone.wait()
     assert proc_memory.resident_bytes(gone.pid) is None
     assert proc_memory.proportional_bytes(gone.pid) is None
+
+
+def noted(index, mib_at_step, steps=200, step_seconds=0.0125):
+    """A worker of fast steps (80 a second) that noted its resident set at
+    each boundary, with no parent sample at all."""
+    events = tuple(Event(1.0 + s * step_seconds, protocol.STEP, s, int(mib_at_step(s) * MIB))
+                   for s in range(steps))
+    return WorkerObservation(index=index, events=events, returned=True, memory=())
+
+
+def test_the_resident_set_noted_at_each_boundary_gives_a_rate_however_fast_the_steps():
+    leak = memory.growth(noted(1, lambda s: 400.0 + s))
+    assert leak.mib_per_step == pytest.approx(1.0) and leak.steady and not leak.samples
+    assert len(leak.points) == 200
+    still = memory.growth(noted(0, warmup_then_flat))
+    assert still.mib_per_step == pytest.approx(0.0) and not still.steady
+
+
+def test_the_parent_s_samples_stand_in_where_the_worker_noted_nothing():
+    sampled = worker(0, lambda s: 400.0 + s)   # events without data
+    assert memory.boundary_points(sampled) == ()
+    assert memory.growth(sampled).mib_per_step == pytest.approx(1.0)
+    none = WorkerObservation(index=0, events=noted(0, flat).events[:0], returned=True)
+    assert memory.growth(none).why_none.startswith("no samples")
