@@ -50,6 +50,18 @@ _VALUE_FLAGS = {"-n", "--fault", "--expect", *(o.flag.replace("--mwms-", "--") f
 
 
 
+def output_lines(result) -> List[str]:
+    """What each worker printed (stdout and stderr, TensorFlow's own logging
+    included), each line after its worker's tag, ``[w0]``, as torchrun's
+    ``--tee`` does: on every outcome, since the logs go with the run."""
+    out = []
+    for w in result.workers:
+        kind, index = result.observation.task(w.index)
+        tag = f"[w{index}]" if kind == "worker" else f"[{kind}]"
+        out += [f"{tag} {line}" for line in w.log.rstrip("\n").splitlines()]
+    return out
+
+
 def _size(settings: RunSettings) -> str:
     """``2 workers``, or ``4 tasks (chief:1,worker:2,evaluator:1)``."""
     if settings.cluster is None:
@@ -257,13 +269,17 @@ def run_command(argv: Sequence[str]) -> int:
         print(f"harness: error: {e}", file=sys.stderr)
         return 2
     status.close()
-    print(result.diagnosis if result.outcome == Outcome.COMPLETED else result.report())
+    for line in output_lines(result):
+        print(line)
+    print(result.diagnosis)
     if settings.report_dir and wants_timeline(result, settings.report):
         for path in result.timeline(timeline_stem(settings.report_dir, what, 1)):
             print(f"harness: timeline: {path}")
     ok = result.outcome == expect
     print(f"harness: {what} on {_size(settings)}: {result.outcome} in "
-          f"{result.duration:.1f} s; expected {expect}: {'ok' if ok else 'NOT OK'}", flush=True)
+          f"{result.duration:.1f} s from the call, start-up included (the run itself: "
+          f"{result.observation.duration:.1f} s); expected {expect}: "
+          f"{'ok' if ok else 'NOT OK'}", flush=True)
     return 0 if ok else 1
 
 

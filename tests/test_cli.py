@@ -58,8 +58,11 @@ def test_completing_script_exits_0_and_prints_the_diagnosis(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "COMPLETED: all 2 workers returned" in proc.stdout
     assert "ran 5 steps (0-4)" in proc.stdout    # the script got its argument
+    # What the script printed, each line tagged with its worker.
+    assert "[w0] trained 5 steps" in proc.stdout and "[w1] trained 5 steps" in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("harness: steps.py on 2 workers: completed in ")
+    assert "s from the call, start-up included (the run itself: " in last
     assert last.endswith("expected completed: ok")
     assert "Traceback" not in proc.stderr
 
@@ -82,7 +85,8 @@ def test_skipped_step_names_the_worker_that_left_and_expect_failed_exits_0(tmp_p
                      r"`train_step`; worker 0 then failed in call [56] with UnavailableError; "
                      r"culprit: worker 1 \(it left while they still needed it in a collective",
                      proc.stdout), proc.stdout
-    assert "--- worker 0 (exit code 1)" in proc.stdout   # the failed worker's log tail
+    # Every worker's output, the failed one's traceback too, on failure.
+    assert "[w1] trained 6 steps" in proc.stdout and "[w0] Traceback" in proc.stdout
     assert "failed in" in proc.stdout and "expected failed: ok" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == [
         "steps.py-run1.svg", "steps.py-run1.trace.json"]
