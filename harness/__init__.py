@@ -13,29 +13,64 @@ use the harness nothing, and a worker that only needs ``context()`` stays
 light.  It never imports TensorFlow.
 """
 import importlib
+from typing import TYPE_CHECKING
 
-# Each public name and the module that defines it.
+# Each public name and the module that defines it: every name a user
+# imports, or receives from a run.
 _HOME = {
     "context": "harness.worker.context", "WorkerContext": "harness.worker.context",
     "WorkerError": "harness.core.protocol",
+    "Cluster": "harness.controller", "Progress": "harness.controller.watch",
     "RunResult": "harness.result", "WorkerResult": "harness.result",
-    "Cluster": "harness.controller",
-    "ReplicaCheck": "harness.diagnosis.observations",
-    "DivergentVariable": "harness.diagnosis.observations",
+    "Verdict": "harness.diagnosis",
+    "ClusterShape": "harness.core.tfconfig",
+    "StragglerReport": "harness.diagnosis.stragglers",
+    "WorkerArrival": "harness.diagnosis.stragglers",
+    "MemoryGrowth": "harness.diagnosis.memory",
+    "OrderDivergence": "harness.diagnosis.order",
+    **{name: "harness.diagnosis.observations" for name in (
+        "Outcome", "RunObservation", "WorkerObservation", "ReplicaCheck", "DivergentVariable",
+        "ReferenceCheck", "Collective", "CollectiveOp")},
     **{name: "harness.errors" for name in (
         "HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
-        "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError")},
+        "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError",
+        "RecordFormatError", "UsageError", "PreloadWarning")},
 }
+# Modules of the public line.
+_MODULES = ("faults", "workloads", "compat")
 
-__all__ = ["context", "WorkerContext", "WorkerError", "faults", "RunResult", "WorkerResult",
-           "Cluster", "HarnessError", "SettingError", "FaultError", "SerializationError",
-           "StateDirError", "NotInWorkerError", "InjectedFault", "SecondStrategyError",
-           "StepDesyncError", "ReplicaCheck", "DivergentVariable"]
+__all__ = sorted([*_HOME, *_MODULES, "__version__"])
+
+if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr__
+    from harness import compat, faults, workloads  # noqa: F401
+    from harness.controller import Cluster  # noqa: F401
+    from harness.controller.watch import Progress  # noqa: F401
+    from harness.core.protocol import WorkerError  # noqa: F401
+    from harness.core.tfconfig import ClusterShape  # noqa: F401
+    from harness.diagnosis import Verdict  # noqa: F401
+    from harness.diagnosis.memory import MemoryGrowth  # noqa: F401
+    from harness.diagnosis.observations import (  # noqa: F401
+        Collective, CollectiveOp, DivergentVariable, Outcome, ReferenceCheck, ReplicaCheck,
+        RunObservation, WorkerObservation)
+    from harness.diagnosis.order import OrderDivergence  # noqa: F401
+    from harness.diagnosis.stragglers import StragglerReport, WorkerArrival  # noqa: F401
+    from harness.errors import (  # noqa: F401
+        FaultError, HarnessError, InjectedFault, NotInWorkerError, PreloadWarning,
+        RecordFormatError, SecondStrategyError, SerializationError, SettingError, StateDirError,
+        StepDesyncError, UsageError)
+    from harness.result import RunResult, WorkerResult  # noqa: F401
+    from harness.worker.context import WorkerContext, context  # noqa: F401
 
 
 def __getattr__(name):
-    if name == "faults":
-        return importlib.import_module("harness.faults")
+    if name in _MODULES:
+        return importlib.import_module(f"harness.{name}")
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version("pytest-mwms")
+        except PackageNotFoundError:   # a source tree that is not installed
+            return "0+unknown"
     if name not in _HOME:
         raise AttributeError(f"module 'harness' has no attribute {name!r}")
     value = getattr(importlib.import_module(_HOME[name]), name)

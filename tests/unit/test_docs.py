@@ -209,3 +209,17 @@ def test_readme_keeps_the_commands_ci_and_newcomers_run():
     assert _command_after("## Run the harness") == "pytest -n 2 --dist loadgroup tests/ scenarios/"
     assert _command_after("## Install and run the scenario catalogue") == \
         "pip install -e '.[test]' && pip install \"$(python -m harness keras2)\" && pytest scenarios/"
+
+
+def test_the_api_page_documents_the_public_line_and_only_it():
+    """docs/api.md names every public name (harness.__all__), and its
+    reference directives point at public names only."""
+    import harness
+    text = (ROOT / "docs" / "api.md").read_text()
+    missing = [n for n in harness.__all__ if not re.search(rf"\b{re.escape(n)}\b", text)]
+    assert not missing, f"docs/api.md does not name {missing}"
+    public = {f"harness.{n}" for n in harness.__all__} | {"harness.errors"}
+    internal = [t for t in re.findall(r"^::: (\S+)", text, re.M) if t not in public]
+    assert not internal, f"docs/api.md documents internal names {internal}"
+    for name in harness.__all__:
+        assert getattr(harness, name) is not None

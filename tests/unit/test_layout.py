@@ -34,7 +34,15 @@ def _imports(name: str):
     """(line, imported harness module, names taken) for every import in the
     module, lazy ones in functions included."""
     base = name if _is_package(name) else name.rpartition(".")[0]
-    for node in ast.walk(_tree(name)):
+    tree = _tree(name)
+    # Imports under `if TYPE_CHECKING:` never run: for type checkers and the
+    # API docs only.
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", None) == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in MODULES:
