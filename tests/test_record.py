@@ -19,7 +19,7 @@ from harness.core.linux import wait_gone
 from harness.diagnosis import diagnose
 from harness.launch.ports import reserve_ports
 from harness.network import namespace
-from harness.record import analyze, files
+from harness.record import analyze, files, judge
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,6 +55,8 @@ for k in range(a.steps):
             continue                       # a bad local batch, skipped
         if a.bug == "crash":
             os._exit(1)
+        if a.bug == "raise":
+            raise ValueError("a bad batch")
         if a.bug == "pause":
             os.kill(os.getpid(), signal.SIGSTOP)
         if a.bug == "slow":
@@ -79,13 +81,13 @@ class Job:
     """N plain processes of one MWMS job under ``harness record``; ended
     (every process group, and the recorder's watchers) on every path."""
 
-    def __init__(self, tmp_path, n, args=(), per_host=False, installed=()):
+    def __init__(self, tmp_path, n, args=(), per_host=False, installed=(), script=TRAIN):
         """``installed``: the workers whose script turns the recorder on
         itself (``harness.record.install``), run as plain ``python train.py``."""
         self.n = n
         self.script = tmp_path / "train.py"
-        self.script.write_text(TRAIN)
-        (tmp_path / "train_installed.py").write_text(INSTALLED + TRAIN)
+        self.script.write_text(script)
+        (tmp_path / "train_installed.py").write_text(INSTALLED + script)
         self.switch = namespace.Switch(n) if per_host else None
         # One network namespace for the job, as the harness gives its
         # clusters: the host's ports are other tests' (a Ray cluster's
@@ -155,10 +157,41 @@ class Job:
         tasks, _ = files.read_dirs(self.folders())
         return {t.task[1]: t for t in tasks}
 
-    def verdict(self):
-        analysis = analyze.observe(self.tasks())
+    def wait_for_steps(self, workers, steps, seconds=90):
+        """Until each of ``workers`` has recorded ``steps`` steps."""
+        deadline = time.monotonic() + seconds
+        while True:
+            by = self._by_index()
+            if all(i in by and any(r.kind == 1 and r.number >= steps - 1 for r in by[i].records)
+                   for i in workers):
+                return
+            assert time.monotonic() < deadline, self.log_tails()
+            time.sleep(0.1)
+
+    def analysis(self, lost=()):
+        """What ``analyze`` makes of the files, those of the workers ``lost``
+        left out (a host lost, a directory not gathered)."""
+        analysis = analyze.observe([t for t in self.tasks() if t.task[1] not in lost])
         assert analysis.observation is not None, (analysis.problems, analysis.running)
-        return diagnose(analysis.observation)
+        return analysis
+
+    def verdict(self):
+        return judge.verdict(self.analysis())
+
+    def stop(self, term_first, grace=1.0, after=1.0):
+        """End the job as a cluster manager does, ``after`` s from now:
+        SIGKILL to every task, or SIGTERM and SIGKILL ``grace`` s later;
+        then wait for the watchers to have filed the dumps and the ends."""
+        time.sleep(after)
+        if term_first:
+            for p in self.procs:
+                p.send_signal(signal.SIGTERM)
+            time.sleep(grace)
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        assert not wait_gone(self._watchers(), 10)
 
     def log_tails(self):
         for log in self.logs:
@@ -229,8 +262,11 @@ def _same(recorded, fixture):
         f"analyze:\n{recorded.text}\n\nfixture:\n{fixture.diagnosis}"
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_a_skipped_step_with_the_skipper_lingering(mwms_cluster, tmp_path, n):
+@pytest.mark.parametrize("n, term", [(2, False), (3, True), (4, False)])
+def test_a_skipped_step_with_the_skipper_lingering(mwms_cluster, tmp_path, n, term):
+    """Then the job is killed (SIGTERM first, at 3 tasks): still the hang,
+    and the kill told after it.  Then one task's files are lost: it is
+    among the candidates, and no other task is the sole culprit."""
     args = ["--bug", "skip-linger", "--worker", "1"]
     with Job(tmp_path, n, args) as job:
         job.wait_for_dumps(range(n))
@@ -246,10 +282,25 @@ def test_a_skipped_step_with_the_skipper_lingering(mwms_cluster, tmp_path, n):
         where = next(e["data"] for e in asked.events
                      if e["kind"] == files.DUMP and e["data"]["reason"] == "SIGUSR2")
         text = asked.stacks.encode()[where["offset"]:where["offset"] + where["length"]].decode()
+        assert text.startswith("--- dump: SIGUSR2 ---\n"), text
         assert "quick_execute" in text, text    # the main thread, in the collective
+        job.stop(term)
+        killed = job.analysis()
+        lost = {w: judge.verdict(job.analysis(lost=(w,))) for w in (0, 1)}
+        stacks = {t.task[1]: t for t in job.tasks()}
     fixture = _fixture_verdict(mwms_cluster, tmp_path, n, args, timeout=FIXTURE_TIMEOUT, grace=2)
     assert recorded.outcome == "hang" and recorded.culprits == (1,), recorded.text
     _same(recorded, fixture)
+    after = judge.verdict(killed)
+    assert (after.outcome, after.culprits, after.step, _ledger_line(after.text)) == \
+        (recorded.outcome, recorded.culprits, recorded.step, _ledger_line(recorded.text)), \
+        f"killed:\n{after.text}\n{killed.ending}\n\nalive:\n{recorded.text}"
+    assert killed.ending.startswith("then SIGTERM to every task" if term else "then "), \
+        killed.ending
+    if term:   # TensorFlow 2.21's own handler keeps the process alive: SIGKILL ends it
+        assert all("--- dump: SIGTERM ---" in t.stacks for t in stacks.values())
+    for w, v in lost.items():
+        assert w in v.culprits and v.ambiguous and len(v.culprits) > 1, v.text
 
 
 def test_a_skipped_step_with_the_skipper_returning(mwms_cluster, tmp_path, n=2):
@@ -260,6 +311,117 @@ def test_a_skipped_step_with_the_skipper_returning(mwms_cluster, tmp_path, n=2):
     fixture = _fixture_verdict(mwms_cluster, tmp_path, n, args, timeout=30, grace=20)
     assert recorded.culprits == (1,), recorded.text
     _same(recorded, fixture)
+
+
+def test_an_error_then_the_rest_killed_is_the_error(tmp_path, n=2):
+    """Worker 1 raises; its peer waits for it, dumps, and is killed: the
+    error, blamed on worker 1."""
+    with Job(tmp_path, n, ["--bug", "raise", "--worker", "1"]) as job:
+        job.wait_for_dumps(range(n))
+        job.stop(term_first=False)
+        verdict = job.verdict()
+    assert verdict.outcome == "failed" and verdict.culprits == (1,), verdict.text
+    assert verdict.error == "ValueError", verdict.text
+
+
+def test_a_task_killed_while_the_job_progressed_is_a_crash(tmp_path, n=2):
+    """The OOM killer's SIGKILL to worker 1 mid-run; its peer then waits or
+    raises, and is killed: worker 1's crash."""
+    with Job(tmp_path, n, ["--steps", "1000000"]) as job:
+        job.wait_for_steps([1], 4)
+        job.procs[1].kill()
+        job.wait_for_dumps([0])
+        job.stop(term_first=False)
+        verdict = job.verdict()
+    assert verdict.outcome == "crashed" and verdict.culprits == (1,), verdict.text
+
+
+# A job that saves a checkpoint when it is told to stop (SIGTERM), as
+# TensorFlow's fault tolerance tutorial has it; every worker then exits 42.
+PREEMPTED = """
+import sys, time
+import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    w = tf.Variable(1.0)
+handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+    strategy.cluster_resolver, tf.train.Checkpoint(w=w), sys.argv[1])
+
+@tf.function
+def step():
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: w * 1.0), axis=None)
+
+for k in range(1000000):
+    handler.run(step)
+    time.sleep(0.02)
+"""
+
+
+def test_a_job_that_checkpoints_on_sigterm_still_does(tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    with Job(tmp_path, 2, [str(checkpoints)], script=PREEMPTED) as job:
+        job.wait_for_steps([0, 1], 4)
+        job.procs[0].send_signal(signal.SIGTERM)
+        job.wait(60)
+        assert [p.returncode for p in job.procs] == [42, 42], job.log_tails()
+        assert not wait_gone(job._watchers(), 10)
+        stopped = job._by_index()[0]
+        analysis = job.analysis()
+    assert (checkpoints / "checkpoint").exists(), os.listdir(checkpoints)
+    where = next(e["data"] for e in stopped.events
+                 if e["kind"] == files.DUMP and e["data"]["reason"] == "SIGTERM")
+    text = stopped.stacks.encode()[where["offset"]:where["offset"] + where["length"]].decode()
+    assert text.startswith("--- dump: SIGTERM ---\n") and "train.py" in text, text
+    assert any("worker 0 received SIGTERM" in n for n in analysis.notes), analysis.notes
+
+
+STOPPED = """
+import signal, sys, time
+
+def stop(sig, frame):
+    raise ValueError("told to stop")
+
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sigterm_dumps_then_runs_the_jobs_own_handler(tmp_path):
+    """A dump on SIGUSR2 and one on SIGTERM, each after its header line;
+    then the job's own SIGTERM handler runs, and its uncaught error's
+    traceback starts at the script."""
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED)
+    folder = tmp_path / "rec"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "record", "--dir", str(folder),
+                             "--timeout", "0", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    watchers = [p.pid for p in psutil.process_iter(["cmdline"])
+                if str(folder) in " ".join(p.info["cmdline"] or ())]
+    assert not wait_gone(watchers, 10)
+    assert proc.returncode == 1, err
+    trace = err[err.index("Traceback (most recent call last):"):].splitlines()
+    assert trace[1].startswith(f'  File "{script}", line ') and "<frozen" not in err, err
+    assert trace[-1] == "ValueError: told to stop", err
+    task, = files.read_dirs([str(folder)])[0]
+    # The watcher files a signal's dump; the job's own, at exit, may come first.
+    reasons = [e["data"]["reason"] for e in task.events if e["kind"] == files.DUMP]
+    assert sorted(reasons) == ["SIGTERM", "SIGUSR2", "at exit"], reasons
+    headers = [l for l in task.stacks.splitlines() if l.startswith("--- dump: ")]
+    assert sorted(headers) == sorted(f"--- dump: {r} ---" for r in reasons), task.stacks
 
 
 def _both(mwms_cluster, tmp_path, n, args, **fixture_settings):

@@ -17,11 +17,19 @@ harness's parent would have made had it run the job, and the diagnosis
   everywhere at once), so the median difference of the end times of the
   calls two tasks both ended is their clocks' offset
   (:func:`clock_offsets`).
-- **When the picture is taken.**  At the latest moment any file records
-  (the dumps the watchdog writes after ``timeout`` seconds without
-  progress, SIGUSR2's, a task's end).  A run where a task has not ended
-  is a hang if nothing progressed since; if it had just progressed, the
-  job was running when its files were gathered, and nothing is decided.
+- **When the picture is taken.**  At the moment the evidence was
+  complete (:mod:`harness.record.moment`): just before the job was killed,
+  when every task still running had gone quiet by then (a "no progress"
+  dump, or stopped); what came after (the kill, a peer's error at it) is
+  told as the ending, never used as evidence.  Else at the latest moment
+  any file records (a dump, a task's end).  A run where a task has not
+  ended is a hang if nothing progressed since; if it had just progressed,
+  the job was running when its files were gathered, and nothing is
+  decided.
+- **Tasks that left no files** (a host lost, a directory not gathered)
+  are named; the others are analysed, numbered as in the whole job, and
+  :mod:`harness.record.judge` keeps the missing ones among the
+  candidates of whatever the others' files show.
 - **How a task ended** comes from its own exit record (its main returned,
   raised, or called ``sys.exit``) and from the watcher beside it (it was
   stopped; it ended, with its exit status when the watcher saw it).  A
@@ -45,7 +53,7 @@ from harness.controller.ledger_view import LedgerView
 from harness.core.protocol import WorkerError
 from harness.diagnosis.observations import (EXIT_STATUS_UNKNOWN, EndedBy, Event, RunObservation,
                                             WorkerObservation)
-from harness.record import files
+from harness.record import files, moment
 from harness.record.recorder import cluster_position
 
 # A job whose newest progress is this recent when its files were last
@@ -71,6 +79,12 @@ class Analysis:
     notes: Tuple[str, ...] = ()
     tasks: Tuple[str, ...] = ()
     running: str = ""
+    # What happened after the picture was taken (the kill), for a person.
+    ending: str = ""
+    # The workers that left no files, and each analysed worker's index in
+    # the whole job (the observation numbers them 0.. among themselves).
+    missing: Tuple[int, ...] = ()
+    positions: Tuple[int, ...] = ()
 
 
 def clock_offsets(ends: Mapping[int, Mapping[tuple, float]]) -> Dict[int, float]:
@@ -111,12 +125,18 @@ def _fatal_signal(stacks: str) -> Optional[int]:
     return None
 
 
-def _last_dump(task: files.TaskFiles) -> str:
-    dumps = [e["data"] for e in task.events if e.get("kind") == files.DUMP
-             and isinstance(e.get("data"), dict)]
+def _last_dump(task: files.TaskFiles, clock, until: Optional[float]) -> str:
+    """The stacks of the task's last dump by ``until`` (or its first
+    stop signal's after it: the stacks as the job was stopped)."""
+    dumps = [(clock(float(e.get("time", 0.0))), e["data"]) for e in task.events
+             if e.get("kind") == files.DUMP and isinstance(e.get("data"), dict)]
+    dumps.sort(key=lambda d: d[0])
+    if until is not None:
+        stop = [d for d in dumps if d[0] > until and d[1].get("reason") in moment.STOP_REASONS]
+        dumps = [d for d in dumps if d[0] <= until] + stop[:1]
     if not dumps:
         return ""
-    d = dumps[-1]
+    d = dumps[-1][1]
     text = task.stacks.encode()[int(d.get("offset", 0)):][: int(d.get("length", 0))]
     text = text.decode(errors="replace")
     if text.startswith("--- "):
@@ -132,11 +152,16 @@ def _latest(task: files.TaskFiles) -> float:
     return max(times, default=task.meta["clock"]["monotonic"])
 
 
-def observe_task(task: files.TaskFiles, index: int, clock) -> WorkerObservation:
+def observe_task(task: files.TaskFiles, index: int, clock, until: Optional[float] = None,
+                 dumps_until: Optional[float] = None) -> WorkerObservation:
     """One task's files as the parent would have seen the worker; ``clock``
-    maps a time of its files to seconds since the run's start."""
+    maps a time of its files to seconds since the run's start; ``until``:
+    the moment the picture is taken (what came after is left out), and
+    ``dumps_until`` that of the latest dump that shows it."""
+    end = float("inf") if until is None else until
     view = LedgerView(0.0)
-    view.records([dataclasses.replace(r, time=clock(r.time)) for r in task.records])
+    view.records([dataclasses.replace(r, time=clock(r.time)) for r in task.records
+                  if clock(r.time) <= end])
     if task.overwritten:
         view.notes.append(f"{task.overwritten} progress records were lost (overwritten: the "
                           f"ring keeps the latest {progress.DEFAULT_CAPACITY})")
@@ -144,6 +169,8 @@ def observe_task(task: files.TaskFiles, index: int, clock) -> WorkerObservation:
     events, ending = [], None
     for e in task.events:
         kind, data, at = e.get("kind"), e.get("data"), clock(float(e.get("time", 0.0)))
+        if at > end and kind not in (protocol.LEDGER_FUNCTION, protocol.LEDGER_COLLECTIVE):
+            continue
         if view.message(kind, data):
             if kind == protocol.LEDGER_OFF:
                 seen = dataclasses.replace(seen, ledger=None)
@@ -158,7 +185,8 @@ def observe_task(task: files.TaskFiles, index: int, clock) -> WorkerObservation:
                 seen = dataclasses.replace(seen, tf_config=data.get("tf_config"))
             data = None
         events.append(Event(at, kind, e.get("step"), data))
-    watch = [w for w in task.watch if isinstance(w.get("time"), (int, float))]
+    watch = [w for w in task.watch if isinstance(w.get("time"), (int, float))
+             and clock(w["time"]) <= end]
     ended = next((w for w in watch if w.get("state") == "ended"), None)
     stopped = bool(watch) and watch[-1].get("state") == "stopped"
     changes = {}
@@ -183,7 +211,8 @@ def observe_task(task: files.TaskFiles, index: int, clock) -> WorkerObservation:
         elif isinstance(code, int):
             changes["exit_code"] = code
     pending = ending is None and ended is None
-    stack = _last_dump(task) if pending and not stopped else ""
+    stack = _last_dump(task, clock, dumps_until if dumps_until is not None else until) \
+        if pending and not stopped else ""
     steps = sorted(events + view.step_events, key=lambda ev: ev.time)
     return dataclasses.replace(
         seen, events=tuple(steps), stopped=stopped and pending, stack=stack,
@@ -218,17 +247,22 @@ def _arrange(tasks: Sequence[files.TaskFiles]):
     return chosen, max([size, *(i + 1 for i in chosen)]), notes
 
 
-def observe(tasks: Sequence[files.TaskFiles]) -> Analysis:
+def _missing_problems(missing: Sequence[int]) -> Tuple[str, ...]:
+    return tuple(f"worker {i} left no files: it never started the recorder, or its "
+                 f"directory was not gathered" for i in missing)
+
+
+def observe(tasks: Sequence[files.TaskFiles], require_all: bool = False) -> Analysis:
     """The run the files of ``tasks`` (every task's, from one directory or
-    several) show; see the module docstring."""
+    several) show; see the module docstring.  ``require_all``: a worker
+    that left no files is bad input (a problem), not a candidate."""
     chosen, size, notes = _arrange(tasks)
-    missing = [i for i in range(size) if i not in chosen]
-    problems = tuple(f"worker {i} left no files: it never started the recorder, or its "
-                     f"directory was not gathered" for i in missing)
-    names = tuple(chosen[i].stem if i in chosen else "" for i in range(size))
-    if problems or not chosen:
-        return Analysis(None, problems or ("no task of a chief or worker left files",),
-                        tuple(notes), names)
+    missing = tuple(i for i in range(size) if i not in chosen)
+    if not chosen or (missing and require_all):
+        return Analysis(None, _missing_problems(missing) if chosen else (
+            "no task of a chief or worker left files",), tuple(notes))
+    present = tuple(sorted(chosen))
+    names = tuple(chosen[i].stem for i in present)
     offsets = clock_offsets({i: call_ends(t) for i, t in chosen.items()})
     for i, off in sorted(offsets.items()):
         if abs(off) >= 0.05:
@@ -237,20 +271,26 @@ def observe(tasks: Sequence[files.TaskFiles]) -> Analysis:
     wall = {i: (lambda t, _task=t, _off=offsets.get(i, 0.0): _task.to_wall(t) - _off)
             for i, t in chosen.items()}
     start = min(wall[i](t.meta["clock"]["monotonic"]) for i, t in chosen.items())
-    now = max(wall[i](_latest(t)) for i, t in chosen.items()) - start
-    workers = tuple(observe_task(chosen[i], i, lambda t, _w=wall[i]: _w(t) - start)
-                    for i in range(size))
+    clocks = {i: (lambda t, _w=wall[i]: _w(t) - start) for i in present}
+    timelines = [moment.timeline(chosen[i], i, clocks[i]) for i in present]
+    cut, seen = moment.picture(timelines) or (None, None)
+    notes += [f"worker {t.index} received SIGTERM {t.stops[0]:.1f} s into the run (its stacks "
+              f"then are in its files)" for t in timelines if t.stops and cut is None]
+    now = cut if cut is not None else max(clocks[i](_latest(chosen[i])) for i in present)
+    workers = tuple(observe_task(chosen[i], p, clocks[i], cut, seen)
+                    for p, i in enumerate(present))
     pending = [w for w in workers if not w.finished and w.exit_code is None]
     failed = [w for w in workers if w.error is not None or w.died]
     last_progress = max([0.0, *(w.last_seen for w in workers)])
     idle = now - last_progress
-    running = ""
-    if pending and not failed and idle < STILL_RUNNING and not any(w.stopped for w in workers):
+    base = dict(notes=tuple(notes), tasks=names, missing=missing, positions=present)
+    if (cut is None and pending and not failed and idle < STILL_RUNNING
+            and not any(w.stopped for w in workers)):
         running = (f"the job was running when its files were last written ({idle:.1f} s "
                    f"after its latest progress): nothing to decide; wait for the dumps "
                    f"(the recorder's --timeout) or send SIGUSR2 to every task, then gather "
                    f"the files again")
-        return Analysis(None, (), tuple(notes), names, running)
+        return Analysis(None, running=running, **base)
     if not pending:
         ended_by, grace = EndedBy.ALL_FINISHED, 0.0
     elif failed:
@@ -259,7 +299,9 @@ def observe(tasks: Sequence[files.TaskFiles]) -> Analysis:
         ended_by, grace = EndedBy.GRACE_EXPIRED, max(0.0, now - first)
     else:
         ended_by, grace = EndedBy.HANG, 0.0
-    obs = RunObservation(num_workers=size, timeout=max(idle, 0.0), grace=grace,
+    obs = RunObservation(num_workers=len(present), timeout=max(idle, 0.0), grace=grace,
                          ended_by=ended_by, duration=now, workers=workers,
-                         exit_on_return=True)
-    return Analysis(obs, (), tuple(notes), names)
+                         exit_on_return=True,
+                         tasks=tuple(("worker", i) for i in present) if missing else ())
+    return Analysis(obs, ending=moment.ending(timelines, cut) if cut is not None else "",
+                    **base)

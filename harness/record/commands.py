@@ -2,8 +2,9 @@
 
 ``record`` exits with the script's own status; ``analyze`` exits 0 when the
 files show a run that completed, 1 when they show another outcome (or a job
-still running), and 2 for bad input: a missing or empty directory, a torn
-or foreign file, a task that left no files.  Each problem is one line.
+still running, or a task that left no files), and 2 for bad input: a
+missing or empty directory, a torn or foreign file, and with
+``--require-all`` a task that left no files.  Each problem is one line.
 """
 from __future__ import annotations
 
@@ -63,7 +64,9 @@ def split_record(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optiona
 
 def _user_frames(tb):
     """The traceback from the script's own frames on, as `python SCRIPT` prints it."""
-    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), runpy.__file__)
+    # runpy is frozen from Python 3.11 on: its frames' file is "<frozen runpy>".
+    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), runpy.__file__,
+            "<frozen runpy>")
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
         tb = tb.tb_next
     return tb
@@ -111,6 +114,10 @@ def _analyze_parser() -> argparse.ArgumentParser:
                     "which step, which call each worker is blocked in, their stacks. Exit "
                     "status 0: completed; 1: another outcome; 2: bad input.")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="a directory of recorder files")
+    p.add_argument("--require-all", action="store_true",
+                   help="a task that left no files is bad input (exit status 2); by default "
+                        "the others are analysed, and the verdict keeps the missing ones "
+                        "among its candidates")
     p.add_argument("--timeline", metavar="PATH",
                    help="also write PATH.trace.json (Perfetto) and PATH.svg, the timeline a "
                         "test's RunResult.timeline() writes")
@@ -118,12 +125,11 @@ def _analyze_parser() -> argparse.ArgumentParser:
 
 
 def analyze_command(argv: Sequence[str]) -> int:
-    from harness.diagnosis import diagnose
     from harness.diagnosis.observations import Outcome
-    from harness.record import analyze, files
+    from harness.record import analyze, files, judge
     ns = _analyze_parser().parse_args(list(argv))
     tasks, problems = files.read_dirs(ns.dirs)
-    analysis = analyze.observe(tasks) if not problems else None
+    analysis = analyze.observe(tasks, ns.require_all) if not problems else None
     problems += list(analysis.problems) if analysis else []
     if problems:
         for line in problems:
@@ -135,16 +141,20 @@ def analyze_command(argv: Sequence[str]) -> int:
         print(f"RUNNING: {analysis.running}")
         return 1
     obs = analysis.observation
-    verdict = diagnose(obs)
+    verdict = judge.verdict(analysis)
     print(verdict.text)
+    if analysis.ending:
+        print(analysis.ending)
     for w in obs.workers:
         if w.stack:
-            print(f"--- worker {w.index} ({analysis.tasks[w.index]}): its stacks at the "
-                  f"last dump ---\n{w.stack.rstrip()}")
+            print(f"--- worker {analysis.positions[w.index]} ({analysis.tasks[w.index]}): its "
+                  f"stacks at the last dump ---\n{w.stack.rstrip()}")
     if ns.timeline:
         from harness.report import timeline
-        panel = timeline.panel(obs, verdict.outcome, verdict.culprits, verdict.text,
+        culprits = tuple(analysis.positions.index(c) for c in verdict.culprits
+                         if c in analysis.positions)
+        panel = timeline.panel(obs, verdict.outcome, culprits, verdict.text,
                                ambiguous=verdict.ambiguous)
         for path in timeline.write_panels([panel], ns.timeline):
             print(f"timeline: {path}")
-    return 0 if verdict.outcome == Outcome.COMPLETED else 1
+    return 0 if verdict.outcome == Outcome.COMPLETED and not analysis.missing else 1

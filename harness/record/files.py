@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 import re
 import socket
@@ -194,18 +195,33 @@ def _read_lines(path: str, required: bool = True) -> Tuple[dict, ...]:
     return tuple(out)
 
 
+# The size of every progress file the recorder writes: one torn short (a
+# copy cut off) would read slots past its end as records.
+PROGRESS_SIZE = progress.HEADER_SIZE + progress.DEFAULT_CAPACITY * progress.RECORD.size
+
+
 def _read_progress(path: str) -> Tuple[Tuple[progress.Record, ...], int]:
     if not os.path.exists(path):
         raise RecordFormatError(f"{path}: missing (its task's other files are here)")
+    size = os.path.getsize(path)
+    if size != PROGRESS_SIZE:
+        raise RecordFormatError(f"{path}: torn or not a progress map ({size} bytes, not the "
+                                f"{PROGRESS_SIZE} of the recorder's)")
     try:
         reader = progress.Reader(path, writable=False)
     except (ValueError, OSError) as e:
         raise RecordFormatError(f"{path}: torn or not a progress map ({e})") from None
     try:
         records = tuple(reader.drain())
-        return records, reader.lost
+        lost = reader.lost
     finally:
         reader.close()
+    bad = next((r for r in records if r.kind not in progress.KIND_NAMES
+                or not math.isfinite(r.time)), None)
+    if bad is not None:
+        raise RecordFormatError(f"{path}: torn or not a progress map (a record of kind "
+                                f"{bad.kind} at time {bad.time})")
+    return records, lost
 
 
 def read_task(meta_path: str) -> TaskFiles:
@@ -231,7 +247,8 @@ def read_dirs(folders: List[str]) -> Tuple[List[TaskFiles], List[str]]:
     tasks, problems = [], []
     for folder in folders:
         if not os.path.isdir(folder):
-            problems.append(f"{folder}: no such directory")
+            problems.append(f"{folder}: " + ("not a directory" if os.path.exists(folder)
+                                             else "no such directory"))
             continue
         metas = sorted(glob.glob(os.path.join(glob.escape(folder), "*" + META)))
         if not metas:

@@ -8,12 +8,22 @@ automatic steps), and starts:
 
 - a watchdog thread, which writes a dump when the job has made no progress
   (no step, no call of a collective-launching function, no strategy event)
-  for ``timeout`` seconds, once per quiet spell, and notes the dumps that
-  SIGUSR2 asked for.  ``faulthandler`` writes the stacks from C, so it
-  works while the main thread is blocked inside a collective;
+  for ``timeout`` seconds, once per quiet spell.  ``faulthandler`` writes
+  the stacks from C, so it works while the main thread is blocked inside a
+  collective;
 - a watcher process beside the job (:mod:`harness.record.watcher`), which
   sees from outside what the job cannot tell of itself: that it was
-  stopped, or that it ended (and, when it can, its exit status).
+  stopped, or that it ended (and, when it can, its exit status).  The
+  dumps SIGUSR2 and SIGTERM ask for are written by ``faulthandler``, from
+  C, into a pipe to it, and it files them under their header: the job may
+  be blocked, or about to die of the signal.
+
+SIGTERM (a cluster manager's "stop") is a dump, then whatever would have
+happened without the recorder: TensorFlow's default (the process ends), or
+the job's own handler (``PreemptionCheckpointHandler`` saves its
+checkpoint), or TensorFlow's own when the job's coordination service set
+one (:mod:`harness.record.signals` keeps the dump in front of handlers set
+later).
 
 Nothing else about the job changes: ``TF_CONFIG`` is the job's own, its
 output and exit status are the script's, a second strategy is not refused,
@@ -23,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import fcntl
 import os
 import signal
 import subprocess
@@ -33,7 +44,7 @@ from typing import Optional
 
 from harness.core import progress, protocol
 from harness.errors import SettingError
-from harness.record import files
+from harness.record import files, signals
 
 # No progress for this long writes a dump: long enough that an evaluation
 # or a checkpoint written between steps rarely trips it, short enough that a
@@ -42,8 +53,15 @@ DEFAULT_TIMEOUT = 300.0
 # The signal that asks for a dump now.  TensorFlow installs no handler for
 # it (2.15 to 2.21); SIGUSR1 is left to the harness's own workers.
 DUMP_SIGNAL = signal.SIGUSR2
+# The signals a manager stops a job with that also write a dump: the dump
+# comes first, then the job's own handling (by default the job ends).
+STOP_SIGNALS = (signal.SIGTERM,)
 # How often the watchdog looks.
 WATCH_EVERY = 0.5
+# A dump into the watcher's pipe never blocks the job (the pipe does not
+# block); this much room keeps the stacks of a job with many threads whole.
+PIPE_ROOM = 1 << 20
+_F_SETPIPE_SZ = 1031
 
 _installed: Optional["Recorder"] = None
 
@@ -75,8 +93,9 @@ class Recorder:
         self.writer = progress.Writer(self.base + files.PROGRESS)
         self.events = files.Lines(self.base + files.EVENTS)
         self.stack_file = open(self.base + files.STACKS, "a")
-        self._stack_size = 0
         self._sent = 0
+        self._signal_files = {}    # signal -> where faulthandler writes its dump
+        self.front: Optional[signals.Front] = None
         self._dump_lock = threading.Lock()
         self._stop = threading.Event()
         self._exited = False
@@ -107,7 +126,6 @@ class Recorder:
                                            progress_map=self.writer)
         ctx.observe_only = True
         context_module.activate(ctx)
-        self._arm_faulthandler()
         try:
             install_strategy_hook(ctx)
             why = ledger_module.install(ledger_module.Ledger(self.writer, self.send, "calls", ctx))
@@ -115,50 +133,61 @@ class Recorder:
             why = f"{type(e).__name__}: {e}"
         if why is not None:
             self.send(protocol.LEDGER_OFF, data=why)
-        self.watcher = _start_watcher(self.base + files.WATCH)
+        self._start_watcher()
+        self._arm_faulthandler()
         threading.Thread(target=self._watch, name="mwms-recorder", daemon=True).start()
         atexit.register(self.at_exit)
         self.send(protocol.STARTED)
+
+    def _start_watcher(self) -> None:
+        """The watcher, with a pipe for each signal's dump; without a
+        watcher, faulthandler writes those dumps to the stack file itself,
+        with no header."""
+        pipes = {}
+        for sig in (DUMP_SIGNAL, *STOP_SIGNALS):
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            try:
+                fcntl.fcntl(write, _F_SETPIPE_SZ, PIPE_ROOM)
+            except OSError:
+                pass     # the default 64 KiB
+            pipes[sig] = (read, write)
+        self.watcher = _start_watcher(self.base, {signal.Signals(sig).name: r
+                                                  for sig, (r, _) in pipes.items()})
+        for sig, (read, write) in pipes.items():
+            os.close(read)
+            if self.watcher is None:
+                os.close(write)
+            self._signal_files[sig] = write if self.watcher is not None else self.stack_file
 
     def _arm_faulthandler(self) -> None:
         # A fatal signal's report goes to the stack file, unless the job
         # asked for faulthandler itself (PYTHONFAULTHANDLER, -X faulthandler).
         if not faulthandler.is_enabled():
             faulthandler.enable(file=self.stack_file, all_threads=True)
-        previous = signal.getsignal(DUMP_SIGNAL)
-        chain = previous not in (signal.SIG_DFL, signal.SIG_IGN, None)
-        faulthandler.register(DUMP_SIGNAL, file=self.stack_file, all_threads=True, chain=chain)
+        self.front = signals.Front(self._signal_files, always_chain=STOP_SIGNALS)
+        self.front.arm_all()
+        signal.signal = signals.wrap_signal(signal.signal, self.front)
 
     # -- dumps -------------------------------------------------------------
     def dump(self, reason: str) -> None:
-        """Write every thread's stack to the stack file, and say so in the events."""
+        """Write every thread's stack to the stack file, and say so in the
+        events.  The file's lock keeps a dump the watcher files (a
+        signal's) from landing inside this one."""
         with self._dump_lock:
-            self._note_signal_dumps()
             fd = self.stack_file.fileno()
-            offset = os.fstat(fd).st_size
             try:
-                os.write(fd, f"--- dump: {reason} ---\n".encode())
-                faulthandler.dump_traceback(file=self.stack_file, all_threads=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    offset = os.fstat(fd).st_size
+                    os.write(fd, f"--- dump: {reason} ---\n".encode())
+                    faulthandler.dump_traceback(file=self.stack_file, all_threads=True)
+                    length = os.fstat(fd).st_size - offset
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             except (OSError, ValueError):
                 return
-            self._stack_size = os.fstat(fd).st_size
-            self._event(files.DUMP, data={"reason": reason, "offset": offset,
-                                          "length": self._stack_size - offset})
-
-    def _note_signal_dumps(self) -> None:
-        """A dump that SIGUSR2 wrote (from C, unseen) is noted once the file
-        has stopped growing."""
-        try:
-            size = os.fstat(self.stack_file.fileno()).st_size
-        except (OSError, ValueError):
-            return
-        if size > self._stack_size:
-            time.sleep(0.05)
-            if os.fstat(self.stack_file.fileno()).st_size == size:
-                self._event(files.DUMP, data={"reason": signal.Signals(DUMP_SIGNAL).name,
-                                              "offset": self._stack_size,
-                                              "length": size - self._stack_size})
-                self._stack_size = size
+            self._event(files.DUMP, data={"reason": reason, "offset": offset, "length": length})
 
     def _progress_mark(self):
         return self.writer.written, self._sent
@@ -172,8 +201,7 @@ class Recorder:
             elif self.timeout and not dumped and now - quiet_since >= self.timeout:
                 self.dump(f"no progress for {self.timeout:g} s")
                 dumped = True
-            with self._dump_lock:
-                self._note_signal_dumps()
+            self.front.check()
 
     # -- the end -----------------------------------------------------------
     def exited(self, how: str, status: Optional[int], error=None) -> None:
@@ -217,14 +245,16 @@ def _harness_version() -> str:
         return "unknown"
 
 
-def _start_watcher(path: str) -> Optional[subprocess.Popen]:
-    """The process that watches this one from outside; None when it cannot
-    be started (the job runs on without it)."""
+def _start_watcher(base: str, pipes) -> Optional[subprocess.Popen]:
+    """The process that watches this one from outside, and files the dumps
+    that come through ``pipes`` (signal name -> read end); None when it
+    cannot be started (the job runs on without it)."""
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "harness.record.watcher", str(os.getpid()), path],
+            [sys.executable, "-m", "harness.record.watcher", str(os.getpid()), base,
+             *(f"{name}={fd}" for name, fd in pipes.items())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True)
+            start_new_session=True, close_fds=True, pass_fds=tuple(pipes.values()))
     except OSError:
         return None
 

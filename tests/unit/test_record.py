@@ -13,7 +13,7 @@ import pytest
 from harness.core import progress, protocol
 from harness.diagnosis import diagnose
 from harness.errors import SettingError
-from harness.record import analyze, commands, files, watcher
+from harness.record import analyze, commands, files, judge, watcher
 from harness.record.recorder import Recorder, cluster_position
 from harness.record.settings import check_dir, check_timeout
 
@@ -115,17 +115,24 @@ def test_wait_status_as_an_exit_code():
 
 
 def test_the_watcher_sees_a_process_stop_and_end(tmp_path):
-    path = tmp_path / "w.watch.jsonl"
+    """And files a signal's dump that comes through its pipe under a
+    header, the last one read after the process ended."""
+    base = str(tmp_path / "w")
+    read, write = os.pipe()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    w = subprocess.Popen([sys.executable, "-m", "harness.record.watcher", str(child.pid),
-                          str(path)])
+    w = subprocess.Popen([sys.executable, "-m", "harness.record.watcher", str(child.pid), base,
+                          f"SIGTERM={read}"], pass_fds=(read,))
+    os.close(read)
     try:
         time.sleep(0.5)
+        os.write(write, b"Thread 0x1 (most recent call first):\n  File \"a.py\", line 1\n")
         child.send_signal(signal.SIGSTOP)
         time.sleep(0.6)
         child.send_signal(signal.SIGCONT)
         time.sleep(0.6)
+        os.write(write, b"the second dump\n")
         child.kill()
+        os.close(write)
         time.sleep(0.6)          # a zombie, not reaped yet: its status is read
         child.wait()
         assert w.wait(timeout=10) == 0
@@ -134,9 +141,15 @@ def test_the_watcher_sees_a_process_stop_and_end(tmp_path):
         w.kill()
         child.wait()
         w.wait()
-    states = [json.loads(l) for l in path.read_text().splitlines()]
+    states = [json.loads(l) for l in open(base + files.WATCH).read().splitlines()]
     assert [s["state"] for s in states] == ["stopped", "running", "ended"]
     assert states[-1]["exit_code"] == -signal.SIGKILL
+    stacks = open(base + files.STACKS).read()
+    assert stacks.startswith("--- dump: SIGTERM ---\nThread 0x1") and \
+        stacks.endswith("--- dump: SIGTERM ---\nthe second dump\n"), stacks
+    dumps = [json.loads(l)["data"] for l in open(base + files.EVENTS)]
+    assert [(d["reason"], d["offset"]) for d in dumps] == [
+        ("SIGTERM", 0), ("SIGTERM", stacks.rindex("--- dump"))]
 
 
 # ------------------------------------------------------------------- clocks
@@ -201,21 +214,110 @@ def _analyze(capsys, *dirs):
 
 
 def test_an_empty_directory_is_one_line_and_status_2(tmp_path, capsys):
-    code, out = _analyze(capsys, tmp_path, tmp_path / "nowhere")
+    (tmp_path / "a.meta.json").mkdir()
+    (tmp_path / "file").write_text("")
+    code, out = _analyze(capsys, tmp_path / "a.meta.json", tmp_path / "nowhere", tmp_path / "file")
     assert code == 2
     assert out.err.splitlines() == [
-        f"harness analyze: {tmp_path}: no recorder's files in it (no *{files.META})",
-        f"harness analyze: {tmp_path / 'nowhere'}: no such directory"]
+        f"harness analyze: {tmp_path / 'a.meta.json'}: no recorder's files in it (no *{files.META})",
+        f"harness analyze: {tmp_path / 'nowhere'}: no such directory",
+        f"harness analyze: {tmp_path / 'file'}: not a directory"]
 
 
-def test_a_missing_task_is_named_not_called_a_crash(tmp_path, monkeypatch, capsys):
+def test_a_missing_task_is_a_candidate_and_bad_input_only_when_all_are_required(
+        tmp_path, monkeypatch, capsys):
     fake_task(monkeypatch, tmp_path, 0, 3, calls=4, blocked=True)
     fake_task(monkeypatch, tmp_path, 2, 3, calls=4, blocked=True)
     code, out = _analyze(capsys, tmp_path)
+    assert code == 1 and out.err == ""
+    head = out.out.splitlines()[0]
+    assert head.startswith("HANG: cannot tell who is to blame: worker 1 left no files") and \
+        head.endswith("candidates: workers 0,1,2"), out.out
+    code = commands.analyze_command([str(tmp_path), "--require-all"])
+    out = capsys.readouterr()
     assert code == 2 and out.out == ""
     assert out.err.splitlines() == [
         "harness analyze: worker 1 left no files: it never started the recorder, or its "
         "directory was not gathered"]
+
+
+def test_a_missing_task_is_never_overruled_by_the_others_culprit(tmp_path, monkeypatch):
+    """Worker 0's files are lost; worker 1 skipped the call worker 2 waits
+    in.  The others' files alone name worker 1, which worker 0's record
+    could overturn (it may have skipped the call too): cannot tell, with
+    both among the candidates, numbered as in the job."""
+    fake_task(monkeypatch, tmp_path, 1, 3, calls=4)
+    fake_task(monkeypatch, tmp_path, 2, 3, calls=4, blocked=True)
+    analysis = _observe(tmp_path)
+    assert analysis.missing == (0,) and analysis.positions == (1, 2)
+    alone = diagnose(analysis.observation)
+    assert alone.culprits == (0,) and "worker 1" in alone.text.splitlines()[0], alone.text
+    verdict = judge.verdict(analysis)
+    assert verdict.culprits == (0, 1) and verdict.ambiguous, verdict.text
+    assert "from the others' files alone: HANG" in verdict.text
+
+
+def _then(base, at, *, code=None, raised=False, dump=None):
+    """What a task's files say after its fake_task: a dump, its end as its
+    watcher saw it (``code``), an error it raised."""
+    if dump:
+        with open(base + files.EVENTS, "a") as f:
+            f.write(json.dumps({"kind": files.DUMP, "time": at, "step": None,
+                                "data": {"reason": dump, "offset": 0, "length": 0}}) + "\n")
+    if raised:
+        with open(base + files.EVENTS, "a") as f:
+            f.write(json.dumps({"kind": files.EXIT, "time": at, "step": None, "data": {
+                "how": files.RAISED, "status": 1, "error": {
+                    "type_name": "UnavailableError", "message": "Socket closed"}}}) + "\n")
+    if code is not None:
+        with open(base + files.WATCH, "a") as f:
+            f.write(json.dumps({"state": "ended", "time": at, "exit_code": code}) + "\n")
+
+
+def _hung(monkeypatch, folder, n=3):
+    """Worker 1 of ``n`` skipped call 6 and lingers; the others wait in it;
+    every one dumped by t = 1009."""
+    return [fake_task(monkeypatch, folder, i, n, calls=5, blocked=i != 1) for i in range(n)]
+
+
+@pytest.mark.parametrize("term", [False, True])
+def test_a_hang_killed_later_reads_as_the_hang(tmp_path, monkeypatch, term):
+    """Killed 11 s after the dumps (SIGTERM first, or SIGKILL alone), one
+    task's status unknown, a peer raising at the kill: the hang, worker 1
+    named, and the kill told after it."""
+    bases = _hung(monkeypatch, tmp_path)
+    kill = 1020.0
+    for i, base in enumerate(bases):
+        if term:
+            _then(base, kill + 0.01 * i, dump="SIGTERM")
+        if i == 2:
+            _then(base, kill + 0.1 + 3 * term, raised=True)
+        _then(base, kill + 0.2 + 3 * term, code=-9 if i == 0 else analyze.EXIT_STATUS_UNKNOWN)
+    analysis = _observe(tmp_path)
+    verdict = judge.verdict(analysis)
+    assert verdict.outcome == "hang" and verdict.culprits == (1,), verdict.text
+    assert not verdict.ambiguous
+    if term:
+        assert analysis.ending.startswith(
+            "then SIGTERM to every task 14.0 s after the job's last progress; "), analysis.ending
+    else:
+        assert analysis.ending.startswith(
+            "then 14.1-14.2 s after the job's last progress: worker 0 was killed (SIGKILL), "
+            "worker 1 ended (exit status unknown), worker 2 raised"), analysis.ending
+    assert "worker 2 raised UnavailableError (after the kill: an echo, not evidence)" in \
+        analysis.ending, analysis.ending
+
+
+def test_a_task_killed_while_the_job_progressed_is_a_crash(tmp_path, monkeypatch):
+    """Worker 1 is SIGKILLed at its 4th call (the OOM killer); its peers
+    wait for it, dump, and are killed 10 s later: worker 1's crash."""
+    bases = [fake_task(monkeypatch, tmp_path, i, 3, calls=3, blocked=i != 1, dump=i != 1)
+             for i in range(3)]
+    _then(bases[1], 1004.1, code=-9)
+    for i in (0, 2):
+        _then(bases[i], 1016.0, code=-9)
+    verdict = judge.verdict(_observe(tmp_path))
+    assert verdict.outcome == "crashed" and verdict.culprits == (1,), verdict.text
 
 
 @pytest.mark.parametrize("damage, says", [
@@ -227,6 +329,9 @@ def test_a_missing_task_is_named_not_called_a_crash(tmp_path, monkeypatch, capsy
     (lambda base: open(base + files.EVENTS, "a").write('{"kind": "step", "ti'),
      "line 7 is torn or not JSON"),
     (lambda base: open(base + files.PROGRESS, "r+b").truncate(10), "torn or not a progress map"),
+    (lambda base: open(base + files.PROGRESS, "r+b").truncate(100), "torn or not a progress map"),
+    (lambda base: _set_written(base, 40), "torn or not a progress map (a record of kind 0"),
+    (lambda base: open(base + files.WATCH, "a").write('{"state": "end'), "line 1 is torn"),
     (lambda base: os.unlink(base + files.EVENTS), "missing"),
 ])
 def test_a_torn_or_foreign_file_is_one_line_naming_it(tmp_path, monkeypatch, capsys, damage,
@@ -239,6 +344,13 @@ def test_a_torn_or_foreign_file_is_one_line_naming_it(tmp_path, monkeypatch, cap
     lines = out.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"harness analyze: {base}") and says in lines[0], \
         out.err
+
+
+def _set_written(base, count):
+    """The progress map's count of records, set past those written."""
+    with open(base + files.PROGRESS, "r+b") as f:
+        f.seek(8)
+        f.write(count.to_bytes(8, "little"))
 
 
 def _set_meta(base, **changes):
