@@ -244,7 +244,7 @@ def run_command(argv: Sequence[str]) -> int:
         except faults_module.FaultError as e:
             raise UsageError(f"--fault: {e}") from None
         from harness.launch.state_dir import check_state_dir
-        check_state_dir(settings.state_dir)
+        check_state_dir(settings.state_dir, "--state-dir")
         from harness.controller.cluster import Cluster
         from harness.controller.scripts import script_main
         cluster = Cluster(settings)

@@ -104,3 +104,15 @@ class UsageError(HarnessError):
 
 class PreloadWarning(UserWarning):
     """A module named in ``mwms_preload`` could not be preloaded safely."""
+
+
+# What the test asked of the harness was wrong (a setting, a fault, fn that
+# cannot be pickled, the port directory): raised before any process starts.
+SETUP_ERRORS = (SettingError, FaultError, SerializationError, StateDirError)
+
+
+def hide_in_setup_errors(excinfo) -> bool:
+    """pytest's ``__tracebackhide__`` for the modules that check a run's
+    setup (set in their globals): under a setup error, the test's line and
+    the one-line error say it all, and the harness's frames are left out."""
+    return excinfo is not None and excinfo.errisinstance(SETUP_ERRORS)

@@ -26,8 +26,12 @@ import functools
 import signal
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from harness.errors import FaultError, InjectedFault  # noqa: F401  (InjectedFault: RaiseError raises it)
 from harness.core import tfconfig
+# InjectedFault: RaiseError raises it.
+from harness.errors import FaultError, InjectedFault, hide_in_setup_errors  # noqa: F401
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 CRASH_HOW = ("exit", "kill", "abort")
 BAD_CONFIG_KINDS = tfconfig.BAD_CONFIG_KINDS
@@ -171,8 +175,8 @@ class RaiseError(StepFault):
 
 @_fault_class
 class Pause(StepFault):
-    """At ``step`` the worker is stopped with SIGSTOP; the parent sends
-    SIGCONT after ``seconds``, or never when ``seconds`` is None."""
+    """At ``step`` the worker is stopped (SIGSTOP); the parent sends SIGCONT
+    after ``seconds``, or never (None)."""
     seconds: Optional[float] = None
 
     def check(self, num_workers: int, restarts: int = 0) -> None:
@@ -192,14 +196,11 @@ class Preempt(StepFault):
     setting when None), the parent SIGKILLs it with all it started.
 
     What the worker does with the notice is its own code's business:
-    TensorFlow's ``PreemptionCheckpointHandler`` saves a checkpoint on every
-    worker and exits them all.  Without one, a worker that made a strategy
-    does not die of it: MWMS's own preemption notifier catches SIGTERM, so
-    the notice is ignored and the worker is killed when the grace runs out
-    (TensorFlow 2.21, measured).
-    The signal is raised by the worker itself at the step's boundary, so it
-    lands at the same point on every replay; a handler cannot tell it from
-    one sent by another process."""
+    ``PreemptionCheckpointHandler`` saves a checkpoint on every worker and
+    exits them all; without one, MWMS's own preemption notifier catches
+    SIGTERM and the worker is killed when the grace runs out (TensorFlow
+    2.21, measured).  The worker raises the signal itself at the step's
+    boundary: the same point on every replay, and no handler can tell."""
     grace: Optional[float] = None
 
     def check(self, num_workers: int, restarts: int = 0) -> None:
@@ -336,12 +337,10 @@ class UnresolvedHost(Fault):
 class StartDelay(Fault):
     """The worker's process starts ``seconds`` later than the others', or
     never when ``seconds`` is None: a pod that is scheduled late, or stays
-    Pending.  Nothing of it runs before (no ``TF_CONFIG``, no TensorFlow
-    server, no port bound, no user code) and it reports nothing; a worker
-    that never starts waits until the run ends.  How long its peers wait
-    for it is TensorFlow's coordination service's registration timeout
+    Pending.  Nothing of it runs before, and it reports nothing.  Its peers
+    wait for it as long as TensorFlow's registration timeout says
     (``cluster_register_timeout_in_ms``, an hour unless the job sets it;
-    see "A worker that starts late" above)."""
+    docs/faults.md, "A worker that starts late")."""
     seconds: Optional[float]
 
     def check(self, num_workers: int, restarts: int = 0) -> None:
@@ -414,8 +413,7 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0,
 
 
 def needs_network(plan: Iterable[Fault]) -> bool:
-    """Whether a fault of ``plan`` acts on the network (workers then need
-    network namespaces of their own)."""
+    """Whether a fault of ``plan`` acts on the network (a namespace per worker)."""
     return any(f.network_commands() for f in plan)
 
 
@@ -448,3 +446,4 @@ def configs_under(plan: Sequence[Fault], configs: List[Optional[dict]],
     for f in plan:
         configs = f.edit_configs(configs, spare_port)
     return configs
+

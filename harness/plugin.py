@@ -128,7 +128,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         try:
             settings = settings_from_config(config)
             config.stash[SETTINGS_KEY] = settings
-            check_state_dir(settings.state_dir)
+            check_state_dir(settings.state_dir,
+                            "--mwms-state-dir" if config.getoption("mwms_state_dir")
+                            else "ini mwms_state_dir")
         except (SettingError, StateDirError) as e:
             raise pytest.UsageError(str(e)) from None
         # Overlap the slow start of shared machinery (the forkserver's

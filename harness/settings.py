@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any, Callable, Optional, Tuple
 
 from harness.core.tfconfig import ClusterShape
-from harness.errors import SettingError
+from harness.errors import SettingError, hide_in_setup_errors
 from harness.validators import (BACKEND_NAMES, DEFAULT_BACKEND, DEFAULT_RESTART_POLICY, DEVICES,
                                 NETWORK_MODES, REPORT_MODES, RESTART_POLICIES, START_METHODS,
                                 parse_backend,
@@ -25,6 +25,9 @@ from harness.validators import (BACKEND_NAMES, DEFAULT_BACKEND, DEFAULT_RESTART_
                                 parse_ray_nodes, parse_report, parse_restart_policy,
                                 parse_restarts, parse_seconds, parse_start_method,
                                 parse_workers)
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 # Where an option can be set, and how an error names the place.
 PLACES = ("command line", "ini", "marker", "cli")
@@ -261,7 +264,7 @@ def finish(settings: RunSettings, where: Callable[[str], str],
         from harness.launch.devices import device_assignment, uses_gpus
         from harness.network import check_mode
         if uses_gpus(settings.devices):
-            device_assignment(settings.workers, settings.devices)
+            device_assignment(settings.workers, settings.devices, option=where("devices"))
         check_mode(settings.network, where("network"))
         check_backend(settings, where("backend"))
     return settings

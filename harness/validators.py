@@ -13,7 +13,10 @@ import os
 from typing import Any, Optional
 
 from harness.core.tfconfig import TASK_TYPES, ClusterShape
-from harness.errors import SettingError
+from harness.errors import SettingError, hide_in_setup_errors
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 # The options' choices, declared with the table (the pytest plugin loads
 # this module and nothing heavier): the modules they configure take them

@@ -240,3 +240,21 @@ def test_every_option_reaches_pytest_help(pytester):
     out = result.stdout.str()
     for option in OPTIONS:
         assert option.flag in out and option.ini in out
+
+
+def test_a_setup_error_shows_the_test_s_line_and_the_error_not_the_harness_s_source(pytester):
+    pytester.makepyfile("""
+        from harness.faults import Crash
+
+        def test_fault_on_a_missing_worker(mwms_cluster):
+            mwms_cluster.run(print, faults=[Crash(5, 1)])
+
+        def test_missing_script(mwms_cluster):
+            mwms_cluster.run_script("/nonexistent/train.py")
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "0")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "E       harness.errors.FaultError: Crash(worker=5, step=1, how='exit'): worker 5" in out
+    assert "E       harness.errors.SettingError: run_script: '/nonexistent/train.py'" in out
+    assert "harness/controller" not in out and "harness/faults.py" not in out

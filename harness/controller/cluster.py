@@ -26,6 +26,7 @@ from harness.controller.scripts import script_main
 from harness.controller.watch import Progress
 from harness.core import tfconfig
 from harness.diagnosis.observations import Outcome
+from harness.errors import hide_in_setup_errors
 from harness.launch.backends import DEFAULT_BACKEND, launcher_for
 from harness.launch.base import Launcher
 from harness.launch import scratch
@@ -33,6 +34,9 @@ from harness.launch.devices import worker_environments
 from harness.result import RunResult
 from harness.settings import RunSettings
 from harness.validators import DEFAULT_RESTART_ON
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 
 class Cluster:
@@ -252,3 +256,4 @@ class Cluster:
         return dataclasses.replace(result, outcome=judged.outcome, culprits=judged.verdict.culprits,
                                    diagnosis=judged.text, observation=obs, verdict=judged.verdict,
                                    faults_never_acted=judged.never)
+

@@ -14,7 +14,7 @@ from harness import faults as faults_module
 from harness.controller.replicas import parse_check_replicas, parse_reference
 from harness.controller.scripts import check_import_time_env
 from harness.core import serialize
-from harness.errors import SerializationError, SettingError
+from harness.errors import SerializationError, SettingError, hide_in_setup_errors
 from harness.faults import Fault
 from harness.launch.backends import backend_of
 from harness.network import NetworkChoice, choose_network
@@ -22,6 +22,9 @@ from harness.controller.restarts import check_restart_on
 from harness.settings import RunSettings
 from harness.validators import (DEFAULT_RESTART_ON, parse_cluster, parse_grace, parse_restart_on,
                                 parse_restart_policy, parse_restarts, parse_seconds)
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 LEDGER_LEVELS = ("calls", "collectives")
 # run(on_return=...): a worker whose fn returned stays until the run is
@@ -175,3 +178,4 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
         tolerance=values.get("check_replicas"), reference_tolerance=values.get("reference"),
         exit_on_return=values.get("on_return", False), progress=values.get("progress"),
         network=choose_network(settings.network, backend.no_network_namespace, plan))
+

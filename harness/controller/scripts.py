@@ -23,8 +23,11 @@ import importlib.util
 import os
 from typing import Mapping, Optional, Sequence, Tuple
 
-from harness.errors import SettingError
+from harness.errors import SettingError, hide_in_setup_errors
 from harness.worker.script import ScriptMain
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 # Environment variables that TensorFlow (or Keras 3, which TensorFlow imports
 # with it) reads once, when it is imported, and never again.  A worker forked
@@ -159,6 +162,7 @@ def script_main(path=None, argv: Sequence[str] = (), *, module: Optional[str] = 
                 env: Optional[Mapping] = None,
                 start_method: Optional[str] = None) -> ScriptMain:
     """Check a script run up front and return the :class:`ScriptMain` to run.
+
 
     Raises :class:`~harness.errors.SettingError` for: neither or both of
     ``path`` and ``module``; a path that is missing or not a file; a module

@@ -24,14 +24,17 @@ import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 from harness import validators
-from harness.errors import SettingError
+from harness.errors import SettingError, hide_in_setup_errors
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 HIDDEN = "-1"
 
 
 def _none_visible(mode: str) -> SettingError:
-    return SettingError(f"--mwms-devices={mode}: no GPU is visible "
-                        "(CUDA_VISIBLE_DEVICES is empty and nvidia-smi lists none)")
+    return SettingError("no GPU is visible (CUDA_VISIBLE_DEVICES is empty and nvidia-smi "
+                        "lists none)")
 
 
 def gpu_assignment(num_workers: int, visible: list[str]) -> list[str]:
@@ -43,9 +46,8 @@ def gpu_assignment(num_workers: int, visible: list[str]) -> list[str]:
         raise _none_visible("gpu")
     per = len(visible) // num_workers
     if per == 0:
-        raise SettingError(f"--mwms-devices=gpu: {num_workers} workers but only "
-                           f"{len(visible)} GPU(s) visible; use at most {len(visible)} "
-                           f"workers, or --mwms-devices=gpu-shared to share them")
+        raise SettingError(f"{num_workers} workers but only {len(visible)} GPU(s) visible; "
+                           f"use at most {len(visible)} workers, or gpu-shared to share them")
     return [",".join(visible[i * per:(i + 1) * per]) for i in range(num_workers)]
 
 
@@ -106,11 +108,15 @@ def tensorflow_gpus(visible: List[str], timeout: float = 180) -> Tuple[Optional[
 
 
 def device_assignment(num_workers: int, devices: str = "cpu",
-                      env: Optional[dict] = None) -> List[str]:
+                      env: Optional[dict] = None, option: str = "--mwms-devices") -> List[str]:
     """Each worker's ``CUDA_VISIBLE_DEVICES`` under ``devices``; a
-    SettingError when the GPUs visible in ``env`` cannot serve it."""
+    SettingError naming ``option`` (as the user set it) when the GPUs
+    visible in ``env`` cannot serve it."""
     visible = visible_gpus(env) if uses_gpus(devices) else []
-    return ASSIGNMENTS[devices](num_workers, visible)
+    try:
+        return ASSIGNMENTS[devices](num_workers, visible)
+    except SettingError as e:
+        raise SettingError(f"{option}={devices}: {e}") from None
 
 
 def worker_environments(num_workers: int, devices: str = "cpu",
@@ -122,3 +128,4 @@ def worker_environments(num_workers: int, devices: str = "cpu",
     base.pop("TF_CONFIG", None)
     return [{**base, "CUDA_VISIBLE_DEVICES": share}
             for share in device_assignment(num_workers, devices, base)]
+

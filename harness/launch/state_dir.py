@@ -59,7 +59,10 @@ import tempfile
 import time
 from typing import Optional, Tuple
 
-from harness.errors import StateDirError
+from harness.errors import StateDirError, hide_in_setup_errors
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 ENV_VAR = "MWMS_STATE_DIR"
 INI_OPTION = "mwms_state_dir"
@@ -74,13 +77,14 @@ def default_state_dir(tempdir: Optional[str] = None) -> str:
     return os.path.join(tempdir or tempfile.gettempdir(), DIR_NAME)
 
 
-def resolve_state_dir(state_dir: Optional[str],
-                      tempdir: Optional[str] = None) -> Tuple[str, str]:
+def resolve_state_dir(state_dir: Optional[str], tempdir: Optional[str] = None,
+                      where: Optional[str] = None) -> Tuple[str, str]:
     """(path, where the path came from); ``tempdir``: the machine's temp
-    directory, for the default, where this process's own differs."""
+    directory, for the default, where this process's own differs;
+    ``where``: how the user set ``state_dir`` (``--state-dir``)."""
     if state_dir:
         return os.path.abspath(os.fspath(state_dir)), (
-            f"the ini option {INI_OPTION} (or reserve_ports(state_dir=...))")
+            where or f"the ini option {INI_OPTION} (or reserve_ports(state_dir=...))")
     env = os.environ.get(ENV_VAR)
     if env:
         return os.path.abspath(env), f"the environment variable {ENV_VAR}"
@@ -227,10 +231,11 @@ def open_state_dir(path: str, source: str) -> int:
     raise state_dir_error(path, source, "it keeps disappearing while being opened")
 
 
-def check_state_dir(state_dir: Optional[str] = None) -> str:
+def check_state_dir(state_dir: Optional[str] = None, where: Optional[str] = None) -> str:
     """The state directory :func:`reserve_ports` would use, created if
     missing and checked: its path, or :class:`~harness.errors.StateDirError`
-    (for the plugin to report once, at the start of a session)."""
-    path, source = resolve_state_dir(state_dir)
+    naming ``where`` the user set it (for the plugin to report once, at the
+    start of a session)."""
+    path, source = resolve_state_dir(state_dir, where=where)
     os.close(open_state_dir(path, source))
     return path

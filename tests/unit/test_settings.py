@@ -69,15 +69,26 @@ def test_gpu_assignment_splits_evenly():
 
 
 def test_gpu_assignment_points_a_short_machine_at_sharing():
-    with pytest.raises(SettingError, match="--mwms-devices=gpu-shared to share"):
+    with pytest.raises(SettingError, match="or gpu-shared to share"):
         gpu_assignment(2, ["0"])
+
+
+@pytest.mark.parametrize("place,named", [("command line", "--mwms-devices"),
+                                         ("ini", "ini mwms_devices"), ("cli", "--devices")])
+def test_a_gpu_error_names_the_option_as_the_user_set_it(place, named, monkeypatch):
+    from harness.settings import read_settings
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(SettingError, match=f"^{named}=gpu: no GPU is visible"):
+        read_settings(lambda o: ("gpu" if o.name == "devices" else o.default, place))
 
 
 def test_shared_assignment_gives_every_worker_every_gpu():
     assert shared_assignment(3, ["0"]) == ["0", "0", "0"]
     assert shared_assignment(2, ["1", "3"]) == ["1,3", "1,3"]
-    with pytest.raises(SettingError, match="--mwms-devices=gpu-shared: no GPU is visible"):
+    with pytest.raises(SettingError, match="no GPU is visible"):
         shared_assignment(2, [])
+    with pytest.raises(SettingError, match="^--mwms-devices=gpu-shared: no GPU is visible"):
+        device_assignment(2, "gpu-shared", {"CUDA_VISIBLE_DEVICES": ""})
 
 
 def test_device_assignment_reads_the_gpus_only_where_it_hands_them_out():
