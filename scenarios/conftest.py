@@ -10,6 +10,8 @@
 * After each scenario test's body has passed, none of its completed runs
   may name a straggler unless its ``@scenario(straggler=True)`` says it has
   one: a balanced run names none (``harness.diagnosis.stragglers``).
+* After each scenario test's body has passed, each of its runs' outcome,
+  culprits and text must be its verdict's (one verdict).
 * After each test, no TensorFlow worker may be left running.
 * Under pytest-xdist's ``--dist loadgroup`` (the default here: pyproject's
   ``addopts``), each scenario file is one group, so a scenario and its
@@ -167,6 +169,17 @@ def _check_deadlocks_only_in_hangs(item, meta) -> None:
                 f"{' or '.join(meta.outcomes)}\n{result.report()}")
 
 
+def _check_one_verdict(item) -> None:
+    """Every run's outcome, culprits and text are its verdict's."""
+    for result in _runs(item):
+        v = result.verdict
+        if (result.outcome, tuple(result.culprits), result.diagnosis) != (
+                v.outcome, v.culprits, v.text):
+            raise AssertionError(
+                f"{item.name}: the result says {result.outcome!r} {result.culprits}, its "
+                f"verdict {v.outcome!r} {v.culprits}\n{result.report()}")
+
+
 def _check_no_straggler(item, meta) -> None:
     """No completed run of a scenario without a straggler names one."""
     if meta.straggler:
@@ -194,6 +207,7 @@ def pytest_runtest_call(item):
             _check_declared(item, meta)
             _check_no_straggler(item, meta)
             _check_deadlocks_only_in_hangs(item, meta)
+            _check_one_verdict(item)
         elif culprit_check_of(fn) is None and item.name.startswith("test_"):
             raise AssertionError(f"{item.name}: every test in scenarios/ is a @scenario or a "
                                  f"@culprit_check (see scenarios/meta.py)")

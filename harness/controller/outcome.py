@@ -18,7 +18,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from harness import faults as faults_module
 from harness.controller.phases import added
 from harness.core import protocol
-from harness.diagnosis import Verdict, diagnose
+from harness.diagnosis import Verdict, diagnose, staged
 from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.faults import Fault, StepFault
@@ -89,6 +89,10 @@ def judge(obs: RunObservation, plan: Sequence[Fault]) -> Judgement:
     never = tuple((repr(f), why) for f, why in never)
     outcome, text = fail_unacted(verdict.outcome, verdict.text, never)
     text += "".join(f"\nnot acted: {f!r}: {why}" for f, why in ended_first)
+    if never:
+        verdict = staged(verdict, "fault_never_acted", outcome=outcome, text=text)
+    else:
+        verdict = dataclasses.replace(verdict, text=text)
     return Judgement(verdict, outcome, text, never)
 
 
@@ -148,8 +152,14 @@ def combine_attempts(attempts: Sequence[RunResult], plan: Sequence[Fault],
         for a in reversed(attempts[:-1]):
             parts += [f"--- attempt {a.attempt} ---", a.diagnosis]
         text = "\n".join(parts)
+    verdict = last.verdict
+    if verdict is not None and unreached:
+        verdict = staged(verdict, "fault_never_acted", outcome=outcome, text=text)
+    if verdict is not None and (len(attempts) > 1 or not_restarted):
+        verdict = staged(verdict, "attempts", outcome=outcome, text=text)
     return dataclasses.replace(last, outcome=outcome, diagnosis=text, duration=total,
                                faults_never_acted=never, attempts=tuple(attempts),
+                               verdict=verdict,
                                phases=added([a.phases for a in attempts] + [setup or {}]))
 
 
@@ -222,20 +232,26 @@ def with_task_restarts(result: RunResult, history: Mapping[int, Sequence[WorkerR
                                 f"{f.attempt} never ran")
                       for f in plan if f.attempt > len(history.get(f.worker, ())))
     outcome, text = fail_unacted(result.outcome, result.diagnosis, unreached)
+    verdict, culprits = result.verdict, result.culprits
+    if verdict is not None and unreached:
+        verdict = staged(verdict, "fault_never_acted", outcome=outcome, text=text)
     if not order and not not_restarted:
         return dataclasses.replace(result, workers=workers, outcome=outcome, diagnosis=text,
+                                   verdict=verdict,
                                    faults_never_acted=result.faults_never_acted + unreached)
-    verdict, culprits = result.verdict, result.culprits
-    if order and outcome != Outcome.COMPLETED and own_cause(result) is None:
-        first = history[order[0]][0]
-        culprits = (order[0],)
-        if verdict is not None:
-            verdict = dataclasses.replace(verdict, culprits=culprits, ambiguous=False,
-                                          step=first.last_step, rule="task_restart")
     restarts = sum(len(ws) for ws in history.values())
     head = (f"{outcome.upper()} after {restarts} task restart{'s' if restarts != 1 else ''}: "
             f"{story}; then:\n" if order else "")
     notes = "".join(f"\nworker {i} not restarted: {why}" for i, why in sorted(not_restarted.items()))
+    text = f"{head}{text}{notes}"
+    if order and outcome != Outcome.COMPLETED and own_cause(result) is None:
+        first = history[order[0]][0]
+        culprits = (order[0],)
+        if verdict is not None:
+            verdict = staged(verdict, "task_restart", outcome=outcome, culprits=culprits,
+                             ambiguous=False, step=first.last_step, text=text)
+    elif verdict is not None:
+        verdict = dataclasses.replace(verdict, outcome=outcome, text=text)
     return dataclasses.replace(result, workers=workers, outcome=outcome, culprits=culprits,
-                               verdict=verdict, diagnosis=f"{head}{text}{notes}",
+                               verdict=verdict, diagnosis=text,
                                faults_never_acted=result.faults_never_acted + unreached)

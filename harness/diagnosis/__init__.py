@@ -41,14 +41,13 @@ from typing import Optional, Tuple
 from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation
 from harness.diagnosis.echoes import is_echo, short_type
 from harness.diagnosis.facts import facts_of
-from harness.diagnosis import order
 from harness.diagnosis.render import CULPRIT_MARK, render, worker_line
 from harness.diagnosis.words import name, names, task_labels
-from harness.diagnosis.rules import RULES, Blame, Rule, first_blame
+from harness.diagnosis.rules import RULE, RULES, Blame, Rule, first_blame
 from harness.diagnosis.stacks import summarize_stack
 
-__all__ = ["diagnose", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "is_echo",
-           "summarize_stack"]
+__all__ = ["diagnose", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "STAGES", "staged",
+           "is_echo", "summarize_stack"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +61,31 @@ class Verdict:
     error: Optional[str] = None   # type name of the root error, when there is one
     ambiguous: bool = False       # True when the culprit cannot be decided
     rule: str = ""                # the rule that decided (see RULES), or "evaluator_only"
+    stages: Tuple[str, ...] = ()  # the stages after the rules that changed it (see STAGES)
+
+
+# What the harness itself knows of a run, applied to the rules' verdict by
+# the controller (harness.controller.outcome), each with the error type it
+# gives (None: it keeps the verdict's).  A result's outcome is always its
+# verdict's: a stage changes both at once, through staged().
+STAGES = {
+    "fault_never_acted": None,   # a fault asked for never acted: the run fails
+    "attempts": None,            # a run with restarts: the last attempt's verdict, told with the others
+    "task_restart": None,        # restart_policy="task": blamed on the task restarted first
+}
+
+
+def staged(verdict: Verdict, stage: str, **changes) -> Verdict:
+    """``verdict`` as stage ``stage`` (of :data:`STAGES`) leaves it: its
+    ``changes`` (outcome, culprits, text, step, ambiguous), the stage's
+    error type where it gives one, and the stage recorded."""
+    if stage not in STAGES:
+        raise ValueError(f"{stage!r} is not a stage of STAGES")
+    if STAGES[stage] is not None:
+        changes["error"] = STAGES[stage]
+    if "culprits" in changes:
+        changes["culprits"] = tuple(sorted(set(changes["culprits"])))
+    return dataclasses.replace(verdict, stages=verdict.stages + (stage,), **changes)
 
 
 def diagnose(obs: RunObservation) -> Verdict:
@@ -117,11 +141,7 @@ def _verdict(obs: RunObservation) -> Verdict:
     if errs and (f.outcome == Outcome.FAILED or (f.outcome == Outcome.CRASHED and errs[0].index in culprits
                                            and not is_echo(errs[0].error))):
         error = short_type(errs[0].error.type_name)
-    elif rule == "collective_order":
-        error = order.COLLECTIVE_ORDER_DIVERGENCE
-    elif rule == "replicas":
-        error = "ReplicaDivergence"
-    elif rule == "reference":
-        error = "ReferenceMismatch"
+    else:
+        error = RULE[rule].error
     return Verdict(f.outcome, culprits, render(f, blame, culprits), blame.step, error,
                    blame.ambiguous, rule)

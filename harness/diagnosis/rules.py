@@ -76,6 +76,7 @@ from harness.diagnosis.rules_any import (aborted_together, config, coordinated_e
 from harness.diagnosis.facts import CRASHED_AT_EXIT
 from harness.diagnosis.rules_any import died_at_exit
 from harness.diagnosis.rules_any import collective_order
+from harness.diagnosis.order import COLLECTIVE_ORDER_DIVERGENCE
 from harness.diagnosis.rules_stuck import left_early
 from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_mismatch, sync_check
 from harness.diagnosis.rules_names import unresolved_address
@@ -89,6 +90,9 @@ class Rule:
     name: str
     when: FrozenSet[str]          # the situations (see harness.diagnosis.facts) it applies to
     blame: Callable[[Facts], Optional[Blame]]
+    # The error type of a run it decides, where no worker raised one (else
+    # the run's first cause is).
+    error: Optional[str] = None
 
 
 _ALL = frozenset(SITUATIONS)
@@ -98,9 +102,10 @@ _STUCK = frozenset({HANG_, FAILED_ECHOES, FAILED_MISMATCH})
 
 RULES: Tuple[Rule, ...] = (
     Rule("nothing_to_blame", _ALL, nothing_to_blame),
-    Rule("collective_order", frozenset({DIVERGED}), collective_order),
-    Rule("replicas", frozenset({DIVERGED}), replicas),
-    Rule("reference", frozenset({DIVERGED}), reference),
+    Rule("collective_order", frozenset({DIVERGED}), collective_order,
+         error=COLLECTIVE_ORDER_DIVERGENCE),
+    Rule("replicas", frozenset({DIVERGED}), replicas, error="ReplicaDivergence"),
+    Rule("reference", frozenset({DIVERGED}), reference, error="ReferenceMismatch"),
     Rule("late_start", _TROUBLE | frozenset({CRASHED}), late_start),
     Rule("stopped_before_deaths", frozenset({CRASHED}), stopped_before_deaths),
     Rule("coordinated_exit", frozenset({CRASHED}), coordinated_exit),
@@ -124,6 +129,9 @@ RULES: Tuple[Rule, ...] = (
     Rule("outside_tensorflow", _STUCK, outside_tensorflow),
     Rule("no_evidence", _STUCK, no_evidence),
 )
+
+
+RULE = {rule.name: rule for rule in RULES}
 
 
 def first_blame(f: Facts, rules: Sequence[Rule] = RULES) -> Tuple[str, Blame]:
