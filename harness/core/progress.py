@@ -77,10 +77,6 @@ class Record:
     detail: int
     time: float
 
-    @property
-    def kind_name(self) -> str:
-        return KIND_NAMES.get(self.kind, str(self.kind))
-
 
 def create(path: str, capacity: int = DEFAULT_CAPACITY) -> None:
     """Make the file a worker will write its records to: 0600, zero-filled,

@@ -312,10 +312,6 @@ def _needed_in(w: WorkerObservation, left: List[WorkerObservation]) -> Optional[
     return None
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
 def left_early(f: Facts) -> Optional[Blame]:
     """A worker that returned, and whose process ended (``on_return="exit"``,
     as every script's does), while the others still needed it in a

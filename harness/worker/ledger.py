@@ -36,7 +36,6 @@ from typing import Dict, List, Optional, Tuple
 from harness.core import progress, protocol
 from harness.errors import InjectedFault
 
-LEVELS = ("calls", "collectives")
 # (module attribute, kind, how to read the shape and dtype from its arguments)
 _HOOKED = (
     ("all_reduce_v2", "all-reduce", "tensor"),

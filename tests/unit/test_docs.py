@@ -223,3 +223,9 @@ def test_the_api_page_documents_the_public_line_and_only_it():
     assert not internal, f"docs/api.md documents internal names {internal}"
     for name in harness.__all__:
         assert getattr(harness, name) is not None
+
+
+def test_the_index_links_every_page():
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    text = (ROOT / "docs" / "index.md").read_text()
+    assert [p for p in pages if f"]({p}" not in text] == []
