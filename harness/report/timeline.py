@@ -22,11 +22,12 @@ observed (the record and the verdict; nothing else):
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import math
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 from xml.sax.saxutils import escape
 
 from harness.core import protocol
@@ -240,10 +241,55 @@ def _ticks(duration: float) -> List[float]:
     return [round(i * step, 6) for i in range(int(duration / step + 1e-9) + 1)]
 
 
+# The least room a step gets on the axis: where steps are short beside the
+# run's start-up and its end, the axis stretches them (the ticks then say
+# where the seconds fall).
+MIN_STEP_PX = 36.0
+
+
+def time_axis(p: Panel) -> Tuple[Callable[[float], float], List[float]]:
+    """``x(t)`` for the panel and the times to tick: a piecewise linear axis
+    whose knots are the step boundaries of the worker that ran the most
+    steps, each of its steps at least :data:`MIN_STEP_PX` wide where that
+    fits, the rest in proportion (the other workers' boundaries, a few
+    milliseconds off, fall between)."""
+    room, duration = WIDTH - LEFT - RIGHT, max(p.duration, 1e-3)
+    longest = max(p.lanes, key=lambda ln: len(ln.steps), default=None)
+    bounds = sorted({round(min(max(s.start, 0.0), duration), 4)
+                     for s in (longest.steps if longest else ())})
+    knots = sorted({0.0, duration, *bounds})
+    seconds = [b - a for a, b in zip(knots, knots[1:])]
+    inside = [bounds and bounds[0] <= a and b <= bounds[-1] for a, b in zip(knots, knots[1:])]
+    least = min(MIN_STEP_PX, room / max(1, 2 * sum(inside)))
+    scale = room / duration
+    for _ in range(20):   # shrink the rest until the steps' least room fits
+        widths = [max(d * scale, least) if i else d * scale for d, i in zip(seconds, inside)]
+        if sum(widths) <= room + 1e-6:
+            break
+        free = sum(d for d, w, i in zip(seconds, widths, inside) if not (i and w == least))
+        fixed = sum(w for w, i in zip(widths, inside) if i and w == least)
+        scale = max((room - fixed) / max(free, 1e-9), 1e-9)
+    edges = [LEFT]
+    for w in widths:
+        edges.append(edges[-1] + w * room / max(sum(widths), 1e-9))
+
+    def x(t: float) -> float:
+        t = max(0.0, min(t, duration))
+        i = max(0, min(len(seconds) - 1, bisect.bisect_right(knots, t) - 1))
+        share = (t - knots[i]) / seconds[i] if seconds[i] > 0 else 0.0
+        return edges[i] + share * (edges[i + 1] - edges[i])
+
+    ticks, last = [], -math.inf
+    for t in sorted(set(_ticks(p.duration)) | set(knots)):
+        if x(t) - last >= 48:
+            ticks.append(t)
+            last = x(t)
+    return x, ticks
+
+
 def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
     """Draw one panel from ``top``; return the y below it."""
-    scale = (WIDTH - LEFT - RIGHT) / max(p.duration, 1e-3)
-    x = lambda t: LEFT + max(0.0, min(t, p.duration)) * scale   # noqa: E731
+    x, ticks = time_axis(p)
     colour = {Outcome.COMPLETED: "#2e7d32", Outcome.HANG: "#b26a00"}.get(p.outcome, "#c62828")
     out.append(f'<text x="8" y="{top + 16}" class="title" fill="{colour}">'
                f'attempt {p.attempt}: {escape(p.outcome.upper())}</text>')
@@ -298,9 +344,9 @@ def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
                f'text-anchor="end">{escape(p.outcome.upper())} declared</text>')
     out.append(f'<line x1="{LEFT}" y1="{bottom + 2}" x2="{WIDTH - RIGHT}" y2="{bottom + 2}" '
                f'class="axis"/>')
-    for t in _ticks(p.duration):
+    for t in ticks:
         out.append(f'<text x="{x(t):.1f}" y="{bottom + 15}" class="small" '
-                   f'text-anchor="middle">{t:g}s</text>')
+                   f'text-anchor="middle">{t:.2f}s</text>')
     return bottom + AXIS
 
 

@@ -229,3 +229,16 @@ def test_the_index_links_every_page():
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
     text = (ROOT / "docs" / "index.md").read_text()
     assert [p for p in pages if f"]({p}" not in text] == []
+
+
+def test_the_timeline_picture_is_what_today_s_harness_draws_of_its_run():
+    """docs/timeline.svg is drawn from its run's record with today's
+    diagnosis and drawing (``python -m harness.bench.picture`` draws it
+    again; ``... picture record`` runs the scenario anew)."""
+    import json
+    from harness.bench.picture import render
+    picture, trace = render(str(ROOT / "docs" / "timeline"))
+    assert (ROOT / "docs" / "timeline.svg").read_text() == picture, \
+        "docs/timeline.svg is stale: run  python -m harness.bench.picture"
+    assert json.loads((ROOT / "docs" / "timeline.trace.json").read_text()) == \
+        json.loads(json.dumps(trace))
