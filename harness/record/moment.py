@@ -79,9 +79,9 @@ def _ending_words(code: Optional[int]) -> str:
         return "ended (exit status unknown)"
     if code < 0:
         try:
-            return f"was killed ({signal.Signals(-code).name})"
+            return f"killed ({signal.Signals(-code).name})"
         except ValueError:
-            return f"was killed (signal {-code})"
+            return f"killed (signal {-code})"
     return f"exited (status {code})"
 
 
@@ -146,9 +146,14 @@ def _group(items: List[Tuple[int, str]]) -> List[Tuple[List[int], str]]:
     return out
 
 
-def _who(indexes: Sequence[int], everyone: Sequence[int]) -> str:
-    return "every task" if sorted(indexes) == sorted(everyone) and len(everyone) > 1 \
-        else names(indexes)
+def _who(indexes: Sequence[int], everyone: Sequence[int], how: str) -> str:
+    """``every task was killed (SIGKILL)``, ``workers 0,2 were killed
+    (SIGKILL)``, ``worker 1 ended (...)``: ``every task`` when
+    ``indexes`` are all of ``everyone`` (every task of the job)."""
+    every = sorted(indexes) == sorted(everyone) and len(everyone) > 1
+    verb = ("were " if len(indexes) > 1 and not every else "was ") \
+        if how.startswith("killed") else ""
+    return f"{'every task' if every else names(indexes)} {verb}{how}"
 
 
 def ending(timelines: Sequence[TaskTimeline], at: float) -> str:
@@ -159,7 +164,7 @@ def ending(timelines: Sequence[TaskTimeline], at: float) -> str:
     after = [t for t in timelines if t.end is None or t.end > at]
     if not after:
         return ""
-    everyone = [t.index for t in after]
+    everyone = [t.index for t in timelines]
     last = max([t.progressed_before(at) for t in timelines] + [0.0])
     parts = []
     stopped = [(t.index, min(s for s in t.stops if s > at)) for t in after
@@ -167,7 +172,7 @@ def ending(timelines: Sequence[TaskTimeline], at: float) -> str:
     since, since_words = last, "the job's last progress"
     if stopped:
         first = min(s for _, s in stopped)
-        parts.append(f"SIGTERM to {_who([i for i, _ in stopped], everyone)} "
+        parts.append(f"SIGTERM to {_who([i for i, _ in stopped], everyone, '')[:-1]} "
                      f"{first - last:.1f} s after the job's last progress")
         since, since_words = first, "it"
     ends = [(t.index, t.how + (" (after the kill: an echo, not evidence)"
@@ -179,11 +184,11 @@ def ending(timelines: Sequence[TaskTimeline], at: float) -> str:
                                       else "")
         groups = _group(ends)
         if len(groups) == 1:
-            parts.append(f"{_who(groups[0][0], everyone)} {groups[0][1]} {span} s after "
+            parts.append(f"{_who(groups[0][0], everyone, groups[0][1])} {span} s after "
                          f"{since_words}")
         else:
             parts.append(f"{span} s after {since_words}: " + ", ".join(
-                f"{_who(indexes, everyone)} {how}" for indexes, how in groups))
+                _who(indexes, everyone, how) for indexes, how in groups))
     open_ = [t.index for t in after if t.end is None]
     if open_:
         parts.append(f"{names(open_)} left no record of its end (its watcher ended with it)")

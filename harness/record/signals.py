@@ -52,7 +52,9 @@ class Front:
     def __init__(self, files: Dict[int, object], always_chain=()):
         self.files = dict(files)
         self.always_chain = {int(s) for s in always_chain}
-        self._lock = threading.Lock()
+        # Held while a handler is set too: a re-arm between the job's
+        # setting its handler and its re-arm would put back the one before.
+        self.lock = threading.RLock()
         self._libc = _libc()
         self._ours: Dict[int, Optional[bytes]] = {}
 
@@ -78,7 +80,7 @@ class Front:
 
     def arm(self, sig: int) -> None:
         """Register ``sig``'s dump in front of the handler it has now."""
-        with self._lock:
+        with self.lock:
             current = self._action(sig)
             if current is not None and self._ours.get(sig) == self._handler(sig):
                 return      # in front already
@@ -108,8 +110,10 @@ def wrap_signal(original, front: Front):
     ours = {int(s) for s in front.files}
 
     def signal_(signalnum, handler):
-        previous = original(signalnum, handler)
-        if int(signalnum) in ours:
+        if int(signalnum) not in ours:
+            return original(signalnum, handler)
+        with front.lock:
+            previous = original(signalnum, handler)
             front.arm(signal.Signals(int(signalnum)))
         return previous
 

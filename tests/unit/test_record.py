@@ -357,3 +357,35 @@ def _set_meta(base, **changes):
     meta = json.loads(open(base + files.META).read())
     meta.update(changes)
     open(base + files.META, "w").write(json.dumps(meta))
+
+
+# ------------------------------------------------------------- signal dumps
+
+FRONT = r"""
+import ctypes, os, signal, sys, time
+from harness.record import signals
+dump = open(sys.argv[1], "w")
+front = signals.Front({signal.SIGTERM: dump}, always_chain=(signal.SIGTERM,))
+front.arm_all()
+signal.signal = signals.wrap_signal(signal.signal, front)
+signal.signal(signal.SIGTERM, lambda *a: print("the job's handler ran", flush=True))
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.1)
+libc = ctypes.CDLL(None)
+libc.signal(signal.SIGTERM, ctypes.c_void_p(1))   # SIG_IGN, set in C as TensorFlow sets its own
+front.check()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.1)
+print("alive", flush=True)
+"""
+
+
+def test_the_dump_stays_in_front_of_handlers_set_later(tmp_path):
+    """A handler the job sets through signal.signal runs after the dump;
+    one set in C is found and put behind the dump again."""
+    out = subprocess.run([sys.executable, "-c", FRONT, str(tmp_path / "dump")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "the job's handler ran\nalive\n", out.stdout + out.stderr
+    dumps = (tmp_path / "dump").read_text().count("most recent call first")
+    assert dumps == 2, (tmp_path / "dump").read_text()
