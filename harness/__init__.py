@@ -37,12 +37,12 @@ _HOME = {
         "RecordFormatError", "UsageError", "PreloadWarning")},
 }
 # Modules of the public line.
-_MODULES = ("faults", "workloads", "compat")
+_MODULES = ("faults", "strategies", "workloads", "compat")
 
 __all__ = sorted([*_HOME, *_MODULES, "__version__"])
 
 if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr__
-    from harness import compat, faults, workloads  # noqa: F401
+    from harness import compat, faults, strategies, workloads  # noqa: F401
     from harness.controller import Cluster  # noqa: F401
     from harness.controller.watch import Progress  # noqa: F401
     from harness.core.protocol import WorkerError  # noqa: F401

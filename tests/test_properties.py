@@ -3,10 +3,11 @@ match the oracle, every run returns in time and leaves nothing behind."""
 import time
 
 import pytest
-from hypothesis import example, given, note
+from hypothesis import HealthCheck, example, given, note, settings
 
 from harness.launch.ports import bindable
 from harness import faults as F
+from harness import strategies
 from plans import Plan, fault_plans, replay
 from harness.core.linux import wait_gone
 from helpers import tensorflow_pids, variable_loop
@@ -47,3 +48,14 @@ def test_generated_plan_matches_the_oracle(plan):
     assert not wait_gone(tensorflow_pids(), seconds=2)
     busy = [p for p in _ports(result) if not bindable(p, reuse_address=True)]
     assert not busy, f"ports still bound after the run: {busy}"
+
+
+@pytest.mark.timeout(240)
+@settings(max_examples=4, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=strategies.plans(workers=2, steps=4, kinds=["Delay"], min_faults=1))
+def test_the_documented_given_example_runs_on_one_cluster_object(mwms_cluster, plan):
+    """docs/faults.md's example, with a kind every run survives: the fixture's
+    cluster serves every example, and each run is fresh processes."""
+    mwms_cluster.run(variable_loop, args=(4,), faults=plan, timeout=20).assert_completed()
+    assert len(mwms_cluster.runs) >= 1
