@@ -132,20 +132,25 @@ def describe_call(w: WorkerObservation, call: Call, with_ops: bool = True) -> st
     return text + (f" ({describe_ops(_ops(w)[call.function])})" if with_ops else "")
 
 
-def never_launched(ws: Sequence[WorkerObservation], w: WorkerObservation) -> List[int]:
-    """The workers that never began the call ``w`` is blocked in."""
+def calls_by_name(w: WorkerObservation) -> Dict[str, int]:
+    """How many calls that launch collectives the worker made, per function name."""
+    names = _names(w)
+    return dict(collections.Counter(names.get(c.function) for c in collective_calls(w)))
+
+
+def never_launched(ws: Sequence[WorkerObservation], w: WorkerObservation,
+                   counts: Optional[Dict[int, Dict[str, int]]] = None) -> List[int]:
+    """The workers that never began the call ``w`` is blocked in.
+    ``counts``: :func:`calls_by_name` of each worker with a ledger, by
+    index, where the caller asks for every worker (worked out once)."""
     call = pending_call(w)
     if call is None:
         return []
+    if counts is None:
+        counts = {o.index: calls_by_name(o) for o in ws if has_ledger(o)}
     name = _names(w).get(call.function)
-    out = []
-    for other in ws:
-        if other.index == w.index or not has_ledger(other):
-            continue
-        theirs = [c for c in collective_calls(other) if _names(other).get(c.function) == name]
-        if len(theirs) < call.number:
-            out.append(other.index)
-    return out
+    return [o.index for o in ws if o.index != w.index and o.index in counts
+            and counts[o.index].get(name, 0) < call.number]
 
 
 def sequence(w: WorkerObservation) -> List[Tuple[CollectiveOp, str, Optional[int]]]:

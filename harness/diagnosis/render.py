@@ -116,14 +116,19 @@ def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
     """What the collective ledgers add: who never launched the call a worker
     waits in, where the sequences of collectives part, what was not kept."""
     lines = []
+    counts = {o.index: ledger.calls_by_name(o) for o in ws if ledger.has_ledger(o)}
+    # Workers that wait in the same call for the same missing ones share a line.
+    waiting: Dict[Tuple[str, Tuple[int, ...]], List[int]] = collections.defaultdict(list)
     for w in ws:
         if w.finished or w.died or ledger.pending_call(w) is None:
             continue
-        missing = ledger.never_launched(ws, w)
+        missing = ledger.never_launched(ws, w, counts)
         if missing:
             call = ledger.describe_call(w, ledger.pending_call(w))
-            lines.append(f"ledger: {names(missing)} never launched {call}, which "
-                         f"{names([w.index])} waits in")
+            waiting[(call, tuple(missing))].append(w.index)
+    for (call, missing), waiters in waiting.items():
+        lines.append(f"ledger: {names(missing)} never launched {call}, which "
+                     f"{names(waiters)} wait{'s' if len(waiters) == 1 else ''} in")
     parted = ledger.where_sequences_part(ws)
     if parted:
         lines.append(f"ledger: {parted}")

@@ -433,3 +433,15 @@ def test_collectives_every_worker_launched_alike_do_not_hide_the_extra_call(odd_
     assert (list(b.culprits), b.step, b.ambiguous) == ([0], odd_step, False), b.reason
     if odd_step == 0:
         assert "of `step` in step 0" in b.reason and "left out" in b.reason
+
+
+def test_the_ledger_lines_give_one_line_to_workers_waiting_for_the_same_missing_one():
+    """Many workers blocked in the call one of them never launched: one line,
+    however many wait (at 256 tasks, one, not 255)."""
+    from harness.diagnosis.render import ledger_lines
+    n = 6
+    ws = [with_ledger(blocked(i, n), blocked=True) for i in range(n) if i != 1]
+    skipper = with_ledger(returned(1, n), {s: (0 if s == 4 else 1) for s in range(10)})
+    lines = [ln for ln in ledger_lines(ws[:1] + [skipper] + ws[1:]) if "never launched" in ln]
+    assert lines == ["ledger: worker 1 never launched call 10 of `step` (all-reduce "
+                     "float32[1]), which workers 0,2,3,4,5 wait in"]
