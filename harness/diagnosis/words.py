@@ -28,12 +28,25 @@ def name(index: int) -> str:
     return labels[index] if labels and 0 <= index < len(labels) else f"worker {index}"
 
 
+# Consecutive workers named as a range (``2-255``) from this many on: a
+# verdict on hundreds of tasks stays a line.
+RANGE_FROM = 4
+
+
 def names(indexes: Sequence[int]) -> str:
-    """``worker 1`` or ``workers 0,2``; ``chief, worker 1`` in a cluster with a chief."""
-    indexes = sorted(indexes)
+    """``worker 1``, ``workers 0,2`` or ``workers 0,2-255``; ``chief, worker 1``
+    in a cluster with a chief."""
+    indexes = sorted(set(indexes))
     if _LABELS.get():
         return ", ".join(name(i) for i in indexes)
-    return ("worker " if len(indexes) == 1 else "workers ") + ",".join(map(str, indexes))
+    runs: List[List[int]] = []
+    for i in indexes:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    parts = [f"{r[0]}-{r[-1]}" if len(r) >= RANGE_FROM else ",".join(map(str, r)) for r in runs]
+    return ("worker " if len(indexes) == 1 else "workers ") + ",".join(parts)
 
 
 def ranges(steps: Sequence[int]) -> str:

@@ -190,3 +190,11 @@ def test_the_target_of_a_failed_heartbeat_call_is_not_named_unhealthy(n):
                           steps=range(6)))
     verdict = diagnose(run(*workers))
     assert verdict.culprits == (cut,) and not verdict.ambiguous, verdict.text
+
+
+def test_many_workers_are_named_by_ranges():
+    from harness.diagnosis.words import names
+    assert names([1]) == "worker 1" and names([0, 2]) == "workers 0,2"
+    assert names([0, 1, 2]) == "workers 0,1,2"   # a short run stays spelled out
+    assert names([0] + list(range(2, 256))) == "workers 0,2-255"
+    assert names([5, 1, 2, 3, 4, 9]) == "workers 1-5,9"

@@ -444,4 +444,4 @@ def test_the_ledger_lines_give_one_line_to_workers_waiting_for_the_same_missing_
     skipper = with_ledger(returned(1, n), {s: (0 if s == 4 else 1) for s in range(10)})
     lines = [ln for ln in ledger_lines(ws[:1] + [skipper] + ws[1:]) if "never launched" in ln]
     assert lines == ["ledger: worker 1 never launched call 10 of `step` (all-reduce "
-                     "float32[1]), which workers 0,2,3,4,5 wait in"]
+                     "float32[1]), which workers 0,2-5 wait in"]
