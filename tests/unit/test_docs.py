@@ -146,7 +146,9 @@ def _anchors(page: Path) -> tuple:
     """The page's heading anchors, and the objects it renders with ::: (whose
     members' anchors start with the object's name)."""
     text = _read(page)
-    headings = {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", _prose(text), re.M)}
+    # Headings keep their code spans (the toc makes the anchor of their text).
+    blocks_out = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    headings = {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", blocks_out, re.M)}
     rendered = tuple(re.findall(r"^::: ([\w.]+)", text, re.M))
     return headings, rendered
 
