@@ -48,7 +48,9 @@ def _last(mwms_cluster):
     return mwms_cluster.num_workers - 1
 
 
-@pytest.mark.timeout(60)
+# Two runs at timeout=20 (each up to its hang timeout, grace and start-up),
+# and the session's first test also waits for the forkserver's TensorFlow.
+@pytest.mark.timeout(120)
 @scenario(outcome="completed", source="seed rule 1")
 def test_tf_config_consistent(mwms_cluster):
     """Fixed: every worker gets the same cluster list and its own index, before
@@ -238,7 +240,9 @@ def test_tf_config_wrong_port_culprit(mwms_cluster, scenario_run):
     culprit_from_three(result, _last(mwms_cluster))
 
 
-@pytest.mark.timeout(60)
+# Two runs at timeout=20 (each up to its hang timeout, grace and start-up),
+# and the session's first test also waits for the forkserver's TensorFlow.
+@pytest.mark.timeout(120)
 @scenario(outcome="failed", error="ReplicaDivergence", source="tensorflow#31154",
           fixed_by="test_tf_config_consistent")
 def test_tf_config_set_after_strategy(mwms_cluster):
