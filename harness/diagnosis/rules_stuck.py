@@ -222,16 +222,31 @@ def split(f: Facts) -> Optional[Blame]:
 
 
 def heartbeat(f: Facts) -> Optional[Blame]:
-    """The task the peers' "unhealthy" (stopped heartbeats) errors name most."""
+    """The task the peers' "unhealthy" (stopped heartbeats) errors name most.
+
+    One peer alone naming tasks that are alive and raised errors of their
+    own (their heartbeats to the coordination service failed) cannot tell
+    which side lost the link: a cut-off leader names the others exactly as
+    the others' being cut off makes it name them (with 2 workers, always
+    so).  That is ambiguous, and names both sides."""
     votes: collections.Counter = collections.Counter()
+    voters = set()
     for w in f.workers:
         msg = (w.error.message or "") if w.error is not None else ""
-        if names_unhealthy(msg):
-            votes.update(set(tasks_named_unhealthy(msg)) - {w.index})
+        named_by_w = set(tasks_named_unhealthy(msg)) - {w.index} if names_unhealthy(msg) else set()
+        if named_by_w:
+            voters.add(w.index)
+            votes.update(named_by_w)
     top = max(votes.values(), default=0)
     named = [i for i, c in votes.items() if c == top and 0 <= i < len(f.workers)]
     if not named:
         return None
+    if len(voters) == 1 and all(f.worker(i).error is not None for i in named):
+        sides = sorted(voters | set(named))
+        return Blame(sides, f"only {names(list(voters))} named {names(named)} unhealthy, and "
+                     f"{names(named)} raised on {'its' if len(named) == 1 else 'their'} own "
+                     f"heartbeats: either side may have lost the link",
+                     f.worker(named[0]).last_step, ambiguous=True)
     return Blame(named, "named as unhealthy (stopped sending heartbeats) by its peers",
                  f.worker(named[0]).last_step)
 

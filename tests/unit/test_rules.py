@@ -348,6 +348,24 @@ def test_heartbeat_names_the_task_the_peers_name():
     assert blame(R.heartbeat, run(blocked(0, 2), blocked(1, 2), ended_by="hang")) is None
 
 
+def test_one_leader_naming_a_peer_that_raised_on_its_own_heartbeats_cannot_tell():
+    """2 workers, the link between them cut: the leader names worker 1, and
+    worker 1 raises on its own heartbeats: a cut-off leader would read the
+    same.  With a second peer naming worker 1 too (3 workers), it is named."""
+    heartbeat_rpc = "Deadline Exceeded\nRPC: /tensorflow.CoordinationService/Heartbeat"
+    two = run(raised(0, 2, "UnavailableError", UNHEALTHY.format(1), 9.0, steps=range(6)),
+              raised(1, 2, "DeadlineExceededError", heartbeat_rpc, 9.1, steps=range(6)),
+              ended_by="all_finished")
+    b = blame(R.heartbeat, two)
+    assert (sorted(b.culprits), b.ambiguous) == ([0, 1], True)
+    assert "either side may have lost the link" in b.reason
+    three = run(raised(0, 3, "UnavailableError", UNHEALTHY.format(2), 9.0, steps=range(6)),
+                raised(1, 3, "UnavailableError", UNHEALTHY.format(2), 9.0, steps=range(6)),
+                raised(2, 3, "DeadlineExceededError", heartbeat_rpc, 9.1, steps=range(6)))
+    assert (list(blame(R.heartbeat, three).culprits), blame(R.heartbeat, three).ambiguous) == (
+        [2], False)
+
+
 def test_outside_tensorflow_names_the_worker_not_in_a_tensorflow_call():
     obs = run(blocked(0, 2, stack=STACK_TF), blocked(1, 2, stack=STACK_SLEEP), ended_by="hang")
     assert list(blame(R.outside_tensorflow, obs).culprits) == [1]
