@@ -21,6 +21,12 @@ TASK_TYPES = ("chief", "worker", "evaluator")
 Task = Tuple[str, int]
 
 
+def task_label(kind: str, index: int) -> str:
+    """``chief``, ``worker 1`` or ``evaluator``: a task as its ``TF_CONFIG``
+    names it (the single chief or evaluator without a number)."""
+    return f"worker {index}" if kind == "worker" else kind
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterShape:
     """How many tasks of each type a cluster has."""
@@ -60,13 +66,8 @@ class ClusterShape:
         return self.tasks[index]
 
     def label(self, index: int) -> str:
-        """``chief``, ``worker 1`` or ``evaluator``: the task as its
-        ``TF_CONFIG`` names it (the single chief or evaluator without a number)."""
-        kind, i = self.tasks[index]
-        return f"worker {i}" if kind == "worker" else kind
-
-    def labels(self) -> Tuple[str, ...]:
-        return tuple(self.label(i) for i in range(self.total))
+        """Process ``index``'s :func:`task_label`."""
+        return task_label(*self.tasks[index])
 
     def spec(self) -> str:
         """``chief:1,worker:2,evaluator:1``, as the option is typed."""

@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 from harness.core import protocol
 from harness.core.protocol import TextEnum, WorkerError
+from harness.core.tfconfig import task_label
 
 class Outcome(TextEnum):
     """What a run ends as, the diagnosis's first answer (precedence, from
@@ -340,8 +341,7 @@ class RunObservation:
         return found[0] if found else None
 
     def label(self, index: int) -> str:
-        kind, i = self.task(index)
-        return f"worker {i}" if kind == "worker" else kind
+        return task_label(*self.task(index))
 
     def labels(self) -> Optional[Tuple[str, ...]]:
         """Each process's name, when the cluster has a chief or an evaluator."""
