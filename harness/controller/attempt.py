@@ -38,13 +38,15 @@ LOG_TAIL = 1024 * 1024
 class Job:
     """What every attempt of one ``run`` call shares: the request, each
     worker's environment, the run's network and the namespaces each worker
-    joins in it, and for a single-worker reference the N it stands for."""
+    joins in it, for a single-worker reference the N it stands for, and the
+    run's directory (``context().run_dir``)."""
 
     request: RunRequest
     envs: Tuple[dict, ...]
     network: RunNetwork
     netns: Optional[tuple] = None
     reference_workers: int = 0
+    run_dir: str = ""
 
 
 def read_capped(path: str, head: int = LOG_HEAD, tail: int = LOG_TAIL) -> str:
@@ -82,7 +84,7 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
         step_function=req.step_fn, attempt=attempt,
         replicas_path=os.path.join(files, f"worker-{i}.npz") if req.fingerprint else "",
         reference_workers=job.reference_workers, exit_on_return=req.exit_on_return,
-        netns=job.netns[i] if job.netns else None)
+        netns=job.netns[i] if job.netns else None, run_dir=job.run_dir)
         for i in range(n)]
 
 

@@ -166,7 +166,11 @@ class Cluster:
             tmpdir = scratch.make_dir("run-")
             envs = tuple({**e, "TMPDIR": tmpdir, **dict(request.env)}
                          for e in worker_environments(n, settings.devices))
-            job = Job(request, envs, network, network.worker_namespaces(n))
+            # Where the job keeps what must outlive an attempt (its
+            # checkpoints): one directory for every attempt of this run.
+            run_dir = os.path.join(tmpdir, "run")
+            os.mkdir(run_dir, 0o700)
+            job = Job(request, envs, network, network.worker_namespaces(n), run_dir=run_dir)
             clock.mark("setup")
             try:
                 # Every attempt on the ports reserved once: a restarted
@@ -236,12 +240,14 @@ class Cluster:
         req = job.request
         ref_files = os.path.join(tmpdir, "reference")
         os.mkdir(ref_files, 0o700)
+        ref_dir = os.path.join(ref_files, "run")   # fresh: not the run's checkpoints
+        os.mkdir(ref_dir, 0o700)
         ref_job = dataclasses.replace(
             job, request=dataclasses.replace(req, settings=req.settings.with_overrides(workers=1,
                                                                                   restarts=0),
                                              sync_check=False),
             envs=job.envs[:1], netns=job.netns[:1] if job.netns else None,
-            reference_workers=req.settings.workers)
+            reference_workers=req.settings.workers, run_dir=ref_dir)
         ref = run_attempt(self.launcher, ref_job, 0, tfconfig.cluster_configs([port]), (),
                           ref_files)
         check = compare_reference(

@@ -146,7 +146,8 @@ class WorkerSpec:
     ``progress_path`` is the file the parent made for its progress map
     (:mod:`harness.core.progress`); ``ledger`` the ledger level, or None for off.
     ``attempt`` counts the restarts of the run so far (``ctx.attempt``);
-    ``replicas_path`` is set when the run checks its replicas.
+    ``replicas_path`` is set when the run checks its replicas; ``run_dir``
+    is the run's own directory, the same in every attempt.
     """
 
     index: int
@@ -166,6 +167,7 @@ class WorkerSpec:
     reference_workers: int = 0   # in a single-worker reference: the N it stands in for
     exit_on_return: bool = False   # exit once fn returned, as a script ends (on_return="exit")
     netns: Optional[tuple] = None  # (user ns path, net ns path) to join first; None: the host's
+    run_dir: str = ""   # the run's directory, kept across its attempts (ctx.run_dir)
 
 
 # A worker's process name carries its log's path after this mark, so that

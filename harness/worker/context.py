@@ -50,7 +50,10 @@ class WorkerContext:
     the single-worker reference run of ``run(reference=True)`` (where
     ``cluster_workers`` is still the N it stands in for), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
     fault removed it) and ``strategy`` the MultiWorkerMirroredStrategy ``fn``
-    created, once it has.
+    created, once it has.  ``run_dir`` is a directory of the run's own,
+    shared by its workers and kept across its attempts and restarts (the
+    place for the job's checkpoints), removed with the run (a reference run has one of its own,
+    empty); None in a job the recorder watches.
 
     The rest is the harness's own bookkeeping in this worker:
     ``creating_strategy`` is True while the strategy's constructor runs,
@@ -74,8 +77,10 @@ class WorkerContext:
                  sync_check: bool = False, progress_map: Optional[progress.Writer] = None,
                  step_function: Optional[str] = None, attempt: int = 0,
                  check_replicas: bool = False, reference_workers: int = 0,
-                 wait_applied: Optional[Callable[[], None]] = None):
+                 wait_applied: Optional[Callable[[], None]] = None,
+                 run_dir: Optional[str] = None):
         self.index = index
+        self.run_dir = run_dir
         self.attempt = attempt
         # A single-worker reference run stands in for a cluster of this many.
         self.reference = reference_workers > 0

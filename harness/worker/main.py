@@ -196,7 +196,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                                        channel.send, spec.faults, spec.sync_check, progress_map,
                                        spec.step_function, spec.attempt,
                                        bool(spec.replicas_path), spec.reference_workers,
-                                       wait_applied=channel.wait_applied)
+                                       wait_applied=channel.wait_applied,
+                                       run_dir=spec.run_dir or None)
     context_module.activate(ctx)
     code = 1
     try:
