@@ -28,8 +28,6 @@ fault prints as), read by :func:`parse_fault`, which evaluates nothing.
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import os
 import sys
 import time
@@ -43,7 +41,6 @@ from harness.settings import OPTIONS, Option, RunSettings, read_settings
 from harness.validators import parse_choice
 
 PROG = "python -m harness"
-FAULT_CLASSES = {cls.__name__: cls for cls in faults_module.FAULT_TYPES}
 # Options of `run` that take a value: the scan that finds where the script
 # starts skips their values.
 _VALUE_FLAGS = {"-n", "--fault", "--expect", *(o.flag.replace("--mwms-", "--") for o in OPTIONS)}
@@ -69,42 +66,9 @@ def _size(settings: RunSettings) -> str:
     return f"{settings.workers} tasks ({settings.cluster})"
 
 def parse_fault(text: str) -> faults_module.Fault:
-    """A fault from its constructor call, e.g. ``"Crash(worker=1, step=5)"``.
-
-    Only a call of one of the fault classes of :mod:`harness.faults`, by its
-    bare name, with literal arguments (numbers, strings, None, True/False)
-    is accepted: the text is parsed, never evaluated.
-    """
-    names = ", ".join(FAULT_CLASSES)
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as e:
-        raise UsageError(f"--fault {text!r}: not a fault ({e.msg}); write one of {names} as "
-                         f"a call, e.g. \"Crash(worker=1, step=5)\"") from None
-    call = tree.body
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-            and call.func.id in FAULT_CLASSES):
-        raise UsageError(f"--fault {text!r}: only a call of one of {names} is allowed, "
-                         f"e.g. \"Crash(worker=1, step=5)\"")
-    cls = FAULT_CLASSES[call.func.id]
-    args, kwargs = [], {}
-    try:
-        for node in call.args:
-            if isinstance(node, ast.Starred):
-                raise ValueError("*args")
-            args.append(ast.literal_eval(node))
-        for kw in call.keywords:
-            if kw.arg is None:
-                raise ValueError("**kwargs")
-            kwargs[kw.arg] = ast.literal_eval(kw.value)
-    except ValueError:
-        raise UsageError(f"--fault {text!r}: arguments must be plain values (numbers, "
-                         f"strings, None, True, False)") from None
-    try:
-        return cls(*args, **kwargs)
-    except TypeError as e:
-        fields = ", ".join(f.name for f in dataclasses.fields(cls))
-        raise UsageError(f"--fault {text!r}: {e}; {cls.__name__} takes {fields}") from None
+    """A fault from its constructor call, e.g. ``"Crash(worker=1, step=5)"``
+    (:func:`harness.faults.parse`, which evaluates nothing)."""
+    return faults_module.parse(text, "--fault")
 
 
 def _parser() -> argparse.ArgumentParser:
