@@ -116,3 +116,14 @@ def hide_in_setup_errors(excinfo) -> bool:
     setup (set in their globals): under a setup error, the test's line and
     the one-line error say it all, and the harness's frames are left out."""
     return excinfo is not None and excinfo.errisinstance(SETUP_ERRORS)
+
+
+class ExplorationFailed(HarnessError, AssertionError):
+    """``explore`` found a plan of faults that breaks the property it
+    checked: the message starts with the smallest such plan as a
+    ``faults=[...]`` line to paste; ``exploration`` is the whole search
+    (:class:`harness.explore.Exploration`)."""
+
+    def __init__(self, message: str, exploration=None):
+        super().__init__(message)
+        self.exploration = exploration

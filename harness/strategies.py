@@ -35,20 +35,22 @@ from harness import faults as F
 # well under any sensible hang timeout.
 SHORT_SECONDS = (0.2, 0.5, 1.0)
 
-Builder = Callable[[st.SearchStrategy, st.SearchStrategy], st.SearchStrategy]
+# How to draw one fault of a kind at a worker and a step; the flag says
+# whether a pause may last for ever.
+Builder = Callable[[st.SearchStrategy, st.SearchStrategy, bool], st.SearchStrategy]
 
 # Every step-keyed kind a plan may hold without network namespaces, the
-# simpler first (hypothesis shrinks toward the first): how to draw one at
-# a given worker and step.
+# simpler first (hypothesis shrinks toward the first).
 KINDS: Dict[str, Builder] = {
-    "Crash": lambda w, s: st.builds(F.Crash, w, s, st.sampled_from(F.CRASH_HOW)),
-    "RaiseError": lambda w, s: st.builds(F.RaiseError, w, s),
-    "SkipStep": lambda w, s: st.builds(F.SkipStep, w, s),
-    "ExtraCollective": lambda w, s: st.builds(F.ExtraCollective, w, s),
-    "Delay": lambda w, s: st.builds(F.Delay, w, s, st.sampled_from(SHORT_SECONDS)),
+    "Crash": lambda w, s, _: st.builds(F.Crash, w, s, st.sampled_from(F.CRASH_HOW)),
+    "RaiseError": lambda w, s, _: st.builds(F.RaiseError, w, s),
+    "SkipStep": lambda w, s, _: st.builds(F.SkipStep, w, s),
+    "ExtraCollective": lambda w, s, _: st.builds(F.ExtraCollective, w, s),
+    "Delay": lambda w, s, _: st.builds(F.Delay, w, s, st.sampled_from(SHORT_SECONDS)),
     # A pause for ever (None) last: it shrinks toward one the job survives.
-    "Pause": lambda w, s: st.builds(F.Pause, w, s, st.sampled_from(SHORT_SECONDS + (None,))),
-    "Preempt": lambda w, s: st.builds(F.Preempt, w, s),
+    "Pause": lambda w, s, for_ever: st.builds(
+        F.Pause, w, s, st.sampled_from(SHORT_SECONDS + ((None,) if for_ever else ()))),
+    "Preempt": lambda w, s, _: st.builds(F.Preempt, w, s),
 }
 STEP_KINDS: Tuple[str, ...] = tuple(KINDS)
 
@@ -59,7 +61,9 @@ def _whole(value, name: str, least: int) -> int:
     return value
 
 
-def _kinds(kinds: Optional[Sequence[str]]) -> Tuple[str, ...]:
+def chosen_kinds(kinds: Optional[Sequence[str]]) -> Tuple[str, ...]:
+    """``kinds`` checked, in the table's order (simpler first); every
+    step-keyed kind for None."""
     if kinds is None:
         return STEP_KINDS
     if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
@@ -73,14 +77,17 @@ def _kinds(kinds: Optional[Sequence[str]]) -> Tuple[str, ...]:
 
 
 def faults(workers: int, steps: int, kinds: Optional[Sequence[str]] = None,
-           attempts: int = 1) -> st.SearchStrategy:
+           attempts: int = 1, for_ever: bool = True) -> st.SearchStrategy:
     """One fault of a kind in ``kinds`` at a worker ``0..workers-1`` and a
     step ``0..steps-1``, acting in an attempt ``0..attempts-1`` (with
-    ``attempts`` > 1, for a run with ``restarts=attempts - 1``)."""
+    ``attempts`` > 1, for a run with ``restarts=attempts - 1``);
+    ``for_ever=False`` draws only pauses that end (a job can survive them)."""
     workers, steps = _whole(workers, "workers", 1), _whole(steps, "steps", 1)
     attempts = _whole(attempts, "attempts", 1)
+    if not isinstance(for_ever, bool):
+        raise InvalidArgument(f"for_ever={for_ever!r}: True or False")
     worker, step = st.integers(0, workers - 1), st.integers(0, steps - 1)
-    one = st.one_of(*(KINDS[k](worker, step) for k in _kinds(kinds)))
+    one = st.one_of(*(KINDS[k](worker, step, for_ever) for k in chosen_kinds(kinds)))
     if attempts == 1:
         return one
     return st.tuples(one, st.integers(0, attempts - 1)).map(
@@ -93,7 +100,8 @@ def _in_attempt(fault: F.Fault, attempt: int) -> F.Fault:
 
 
 def plans(workers: int, steps: int, kinds: Optional[Sequence[str]] = None,
-          min_faults: int = 0, max_faults: int = 1, attempts: int = 1) -> st.SearchStrategy:
+          min_faults: int = 0, max_faults: int = 1, attempts: int = 1,
+          for_ever: bool = True) -> st.SearchStrategy:
     """A plan: ``min_faults..max_faults`` faults (:func:`faults`), at most
     one per worker and step (which of two faults at one step acts first
     would be a race), as a tuple for ``run(faults=...)``."""
@@ -101,6 +109,6 @@ def plans(workers: int, steps: int, kinds: Optional[Sequence[str]] = None,
     max_faults = _whole(max_faults, "max_faults", 0)
     if max_faults < min_faults:
         raise InvalidArgument(f"max_faults={max_faults} is below min_faults={min_faults}")
-    return st.lists(faults(workers, steps, kinds, attempts), min_size=min_faults,
+    return st.lists(faults(workers, steps, kinds, attempts, for_ever), min_size=min_faults,
                     max_size=max_faults,
                     unique_by=lambda f: (f.worker, f.step, f.attempt)).map(tuple)

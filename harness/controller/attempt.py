@@ -132,7 +132,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         job.network.workers_started()
         tracked = [track(h, readers[h.index]) for h in handles]
         loop = WatchLoop(tracked, req.settings, start, req.progress, attempt, job.network,
-                         restarter, req.exit_on_return)
+                         restarter, req.exit_on_return, req.end_when_certain)
         ended_by = loop.loop()
         timeout = loop.timeout   # the progress callback may have set it
         # The run's clock (events, hang detection) and the user's (the

@@ -73,7 +73,7 @@ class Cluster:
             restart_on=DEFAULT_RESTART_ON, restart_policy: Optional[str] = None,
             check_replicas=False, reference=False, on_return: str = "stay",
             progress: Optional[Callable[[Progress], None]] = None,
-            cluster=None) -> RunResult:
+            cluster=None, end_when_certain: bool = False) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         Every argument is checked before any process starts; a bad one is a
@@ -130,6 +130,12 @@ class Cluster:
         - ``progress``: a callable given a :class:`Progress` every half second
           (``harness run``'s status line); it runs in the watch loop, so it
           must be quick.
+        - ``end_when_certain=True``: once a worker raised or died and every
+          other provably waits for ever in a call the failed one never made
+          (the ledgers' counts), the run ends then, not when its grace is
+          over: the verdict is the same, without the peers' own errors,
+          which TensorFlow raises only when its heartbeats notice.
+          ``explore`` runs its plans so.
         - ``cluster``: this run's shape (``{"chief": 1, "worker": 2}``, see
           the ``cluster`` option), in place of the cluster's.
 
@@ -142,7 +148,8 @@ class Cluster:
             sync_check=sync_check, env=env, restart_on=restart_on, timeout=timeout,
             grace=grace, restarts=restarts, restart_policy=restart_policy, ledger=ledger,
             step_fn=step_fn, check_replicas=check_replicas, reference=reference,
-            on_return=on_return, progress=progress, cluster=cluster)
+            on_return=on_return, progress=progress, cluster=cluster,
+            end_when_certain=end_when_certain)
         self.runs.append(self.submit(request, checked))
         return self.runs[-1]
 
@@ -231,6 +238,57 @@ class Cluster:
                         ledger=ledger, restarts=restarts, restart_on=restart_on,
                         restart_policy=restart_policy, check_replicas=check_replicas,
                         reference=reference, on_return=on_return, cluster=cluster)
+
+    def explore(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
+                property: str = "survives", invariant: Optional[Callable] = None,
+                kinds: Optional[Sequence[str]] = None, max_faults: int = 1,
+                restarts: int = 0, restart_policy: Optional[str] = None,
+                budget: float = 60, shrink_budget: Optional[float] = None,
+                seed: Optional[int] = None, timeout: Optional[float] = None,
+                check: bool = True, key: Optional[str] = None, **run_options):
+        """Search for a plan of faults that breaks ``property`` on
+        ``fn(*args, **kwargs)``; return the :class:`~harness.explore.Exploration`.
+
+        The job runs once without faults (it must complete: that run also
+        gives its steps, and how long a step takes); then plans of
+        ``1..max_faults`` faults of ``kinds`` (names of
+        :data:`harness.strategies.KINDS`), at any training worker and step,
+        drawn by hypothesis from ``seed`` (a fresh one when None; the
+        result says which), run one after another until one breaks the
+        property or ``budget`` seconds are spent.  A failing plan then
+        shrinks for up to ``shrink_budget`` seconds (``budget`` when None)
+        to the smallest plan that fails the same way (the outcome, the
+        culprits relative to the plan, the error's type, the broken
+        promise).
+
+        - ``property="survives"``: every plan's run completes, after up to
+          ``restarts`` restarts (``restart_policy`` as in :meth:`run`), and
+          ``invariant(result)``, when given, does not raise.  Kinds, by
+          default: ``Crash``, ``RaiseError``, ``Delay``, ``Pause`` (one that
+          ends) and ``Preempt``.
+        - ``property="detected"``: every run that does not complete names
+          a worker whose fault acted, or says "cannot tell" with one among
+          its candidates; never a culprit no fault acted in.  Kinds, by
+          default: every step-keyed kind.
+
+        Each plan's hang timeout is ``timeout``, or five times the longest
+        wait between two steps of the fault-free run (at least 3 s, at
+        most the cluster's).  The jobs keep what must outlive an attempt in
+        ``harness.context().run_dir``.  A failure is saved in hypothesis's
+        example database, and the next search of the same job (``key``, by
+        default the function's qualified name) runs it first.  With
+        ``check=True`` a failure raises
+        :class:`~harness.errors.ExplorationFailed`, whose message starts
+        with the plan as a ``faults=[...]`` line to paste into :meth:`run`;
+        with ``check=False`` it is in ``.failure``.  Other keyword
+        arguments are :meth:`run`'s, for every plan's run.
+        """
+        from harness.explore import explore_cluster
+        return explore_cluster(self, fn, args, kwargs, property=property, invariant=invariant,
+                               kinds=kinds, max_faults=max_faults, restarts=restarts,
+                               restart_policy=restart_policy, budget=budget,
+                               shrink_budget=shrink_budget, seed=seed, timeout=timeout,
+                               check=check, key=key, **run_options)
 
     def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
                            port: int) -> RunResult:

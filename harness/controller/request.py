@@ -46,7 +46,7 @@ class RunRequest:
       level name or None), ``step_fn``, ``restart_on`` (the outcomes that
       restart), ``tolerance`` (``check_replicas``; None: off),
       ``reference_tolerance`` (``reference``; None: off), ``exit_on_return``
-      (``on_return="exit"``), ``progress``.
+      (``on_return="exit"``), ``progress``, ``end_when_certain``.
     - ``network``: how the run is networked, chosen from the settings and
       the plan (:func:`harness.network.choose_network`).
     """
@@ -62,6 +62,7 @@ class RunRequest:
     tolerance: Optional[float] = None
     reference_tolerance: Optional[float] = None
     exit_on_return: bool = False
+    end_when_certain: bool = False
     progress: Optional[Callable] = None
     network: NetworkChoice = NetworkChoice("host")
 
@@ -136,6 +137,12 @@ def _optional(parse: Callable[[Any, str], Any], where: str) -> Callable[[Any], A
 
 
 # One validator per argument of run() that is checked on its own.
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SettingError(f"{name}: True or False, not {value!r}")
+    return value
+
+
 VALIDATORS = {
     "cluster": _optional(parse_cluster, "run(cluster=...)"),
     "timeout": _optional(parse_seconds, "run(timeout=...)"),
@@ -149,6 +156,7 @@ VALIDATORS = {
     "reference": parse_reference,
     "on_return": parse_on_return,
     "progress": parse_progress,
+    "end_when_certain": lambda value: _flag(value, "run(end_when_certain=...)"),
 }
 
 
@@ -177,5 +185,6 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
         step_fn=values.get("step_fn"), restart_on=values["restart_on"],
         tolerance=values.get("check_replicas"), reference_tolerance=values.get("reference"),
         exit_on_return=values.get("on_return", False), progress=values.get("progress"),
+        end_when_certain=values.get("end_when_certain", False),
         network=choose_network(settings.network, backend.no_network_namespace, plan))
 

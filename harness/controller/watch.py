@@ -19,7 +19,7 @@ from multiprocess import connection
 from harness.controller.ledger_view import LedgerView
 from harness.controller.memory import MemorySampler
 from harness.core import progress, protocol
-from harness.diagnosis.deadlock import certain_deadlock
+from harness.diagnosis.deadlock import SETTLE, certain_after_failure, certain_deadlock
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
 from harness.faults import changes_the_network_at_once
 from harness.launch.base import WorkerHandle
@@ -165,10 +165,13 @@ class WatchLoop:
     def __init__(self, workers: List[TrackedWorker], settings: RunSettings, start: float,
                  on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0,
                  network: Optional[RunNetwork] = None, restarter=None,
-                 exit_on_return: bool = False):
+                 exit_on_return: bool = False, end_when_certain: bool = False):
         self.on_progress = on_progress
         # on_return="exit": a worker that returned leaves the cluster.
         self.exit_on_return = exit_on_return
+        # Once a worker failed and the rest provably wait for ever on it,
+        # end then, not when the grace is over (run(end_when_certain=True)).
+        self.end_when_certain = end_when_certain and restarter is None
         # restart_policy="task": restarts a worker that crashed or failed
         # (a TaskRestarter); its failure then starts no grace.
         self.restarter = restarter
@@ -198,6 +201,8 @@ class WatchLoop:
             return
         if self.first_failure is None:
             self.first_failure = now
+        if self.end_when_certain:
+            self.next_proof = min(self.next_proof, now + SETTLE)
 
     def _receive(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         # What the worker recorded before it sent this comes first.
@@ -323,13 +328,20 @@ class WatchLoop:
         elif now - action.when < 1.0:  # it has not stopped itself yet; look again soon
             self.actions.append(dataclasses.replace(action, when=now + 0.02))
 
-    def _proven(self, now: float) -> bool:
-        """Whether the ledgers now prove the run can never complete."""
+    def _proven(self, now: float) -> Optional[EndedBy]:
+        """How the run ends when the ledgers now prove it can never
+        complete: a deadlock, or (``end_when_certain``) a failure the
+        others wait on for ever, whose grace need not run out."""
         self.next_proof = now + PROOF_EVERY
         self._read_all_records()
-        training = [w for w in self.workers if w.index < self.training]
-        return certain_deadlock([w.snapshot() for w in training], now - self.start,
-                                exit_on_return=self.exit_on_return) is not None
+        training = [w.snapshot() for w in self.workers if w.index < self.training]
+        if certain_deadlock(training, now - self.start,
+                            exit_on_return=self.exit_on_return) is not None:
+            return EndedBy.DEADLOCK
+        if self.end_when_certain and self.first_failure is not None \
+                and certain_after_failure(training, now - self.start) is not None:
+            return EndedBy.GRACE_EXPIRED
+        return None
 
     def _sample_memory(self, now: float) -> float:
         """Sample the live workers' memory when due (from outside them: no
@@ -392,8 +404,10 @@ class WatchLoop:
             if now >= action_at:
                 self._actions_due(now)
                 continue
-            if now >= self.next_proof and self._proven(now):
-                return EndedBy.DEADLOCK
+            if now >= self.next_proof:
+                proven = self._proven(now)
+                if proven is not None:
+                    return proven
             if now >= hang_at:
                 # Steps and calls are in the progress maps, read only now:
                 # the parent does not wake for each of them.

@@ -38,6 +38,13 @@ timeout:
   every worker at nearly the same moment.  So the proof waits
   :data:`SETTLE` seconds after the return.
 
+A worker that died or raised is gone for good too, when nothing will
+start it again: :func:`certain_after_failure` proves, for a run that asked
+to end once its verdict is certain (``run(end_when_certain=True)``), that
+every other worker waits for ever on a call the failed one never made, so
+the peers' grace (waiting for their own errors, which TensorFlow raises
+only once its heartbeats notice) can change nothing but those echoes.
+
 Functions are matched by name (ids are per worker); two functions of one
 name on a worker add up, which can only hide a certainty, never make one.
 Pure: a function of the workers' observations.
@@ -66,10 +73,11 @@ class CertainDeadlock:
     call: int
     returned: int
     calls: int
+    how: str = "returned"   # how the other worker went: "returned", "died", "raised"
 
     def __str__(self) -> str:
         made = f"{self.calls} call{'s' if self.calls != 1 else ''}"
-        return (f"{name(self.returned)} returned after {made} of `{self.function}`; "
+        return (f"{name(self.returned)} {self.how} after {made} of `{self.function}`; "
                 f"{name(self.waiting)} waits in call {self.call}")
 
 
@@ -108,7 +116,8 @@ def _proof(w: WorkerObservation, gone: Sequence[WorkerObservation]) -> Optional[
     for o in gone:
         made = ledger.calls_of(o, name)
         if made < number:
-            return CertainDeadlock(w.index, name, number, o.index, made)
+            how = "raised" if o.error is not None else "died" if o.died else "returned"
+            return CertainDeadlock(w.index, name, number, o.index, made, how)
     return None
 
 
@@ -124,6 +133,35 @@ def certain_deadlock(workers: Sequence[WorkerObservation], now: float,
     gone = [o for o in workers if _gone(o, now, settle) and _countable(o)]
     if exit_on_return or not gone:
         return None
+    proofs = []
+    for w in workers:
+        if w.finished or w.died:
+            continue
+        proof = _proof(w, gone)
+        if proof is None:
+            return None
+        proofs.append(proof)
+    return proofs[0] if proofs else None
+
+
+def _failed_for_good(w: WorkerObservation, now: float, settle: float) -> bool:
+    """Raised or died at least ``settle`` seconds before ``now``."""
+    at = w.finish_time if w.error is not None else w.exit_time if w.died else None
+    return at is not None and now - at >= settle and _countable(w)
+
+
+def certain_after_failure(workers: Sequence[WorkerObservation], now: float,
+                          settle: float = SETTLE) -> Optional[CertainDeadlock]:
+    """The first proof, at ``now``, that a run in which a worker raised or
+    died (and is not started again) can never complete: every worker that
+    has not finished nor died waits for ever in a call that a failed worker
+    (or one gone after returning) made fewer times.  ``settle`` seconds
+    after the failure, as for a return: what the failed worker launched
+    last may still end on its peers."""
+    failed = [o for o in workers if _failed_for_good(o, now, settle)]
+    if not failed:
+        return None
+    gone = failed + [o for o in workers if _gone(o, now, settle) and _countable(o)]
     proofs = []
     for w in workers:
         if w.finished or w.died:

@@ -102,3 +102,49 @@ def test_a_peer_that_leaves_once_it_returns_is_no_proof():
     cluster, and TensorFlow fails those still waiting: an error, not a hang."""
     ws = [worker(0, 10, pending=True), worker(1, 9, returned_at=1.0)]
     assert certain_deadlock(ws, now=5.0, exit_on_return=True) is None
+
+
+# -- certain_after_failure: run(end_when_certain=True) ------------------------------
+
+from harness.diagnosis.deadlock import certain_after_failure  # noqa: E402
+
+
+def test_a_dead_peer_that_made_fewer_calls_makes_the_failure_certain():
+    ws = [worker(0, 4, pending=True), worker(1, 3, exit_code=1, exit_time=0.5),
+          worker(2, 4, pending=True)]
+    proof = certain_after_failure(ws, now=0.5 + SETTLE)
+    assert proof == CertainDeadlock(0, "step", 4, 1, 3, "died")
+    assert str(proof) == "worker 1 died after 3 calls of `step`; worker 0 waits in call 4"
+
+
+def test_a_failure_is_certain_only_once_it_has_settled():
+    ws = [worker(0, 4, pending=True), worker(1, 3, exit_code=1, exit_time=0.5)]
+    assert certain_after_failure(ws, now=0.5 + SETTLE / 2) is None
+
+
+def test_a_raised_peer_counts_as_gone():
+    from harness.core.protocol import WorkerError
+    err = WorkerError("RuntimeError", "boom")
+    ws = [worker(0, 4, pending=True), worker(1, 3, error=err, finish_time=0.5)]
+    assert certain_after_failure(ws, now=1.0).how == "raised"
+
+
+@pytest.mark.parametrize("other", [
+    dict(calls=4, pending=False),                      # between steps, in Python: may fail too
+    dict(calls=3, pending=True),                       # in a call the dead one made: may end
+], ids=["in-python", "call-the-dead-made"])
+def test_a_peer_not_provably_blocked_keeps_the_grace(other):
+    calls = other.pop("calls")
+    ws = [worker(0, calls, **other), worker(1, 3, exit_code=1, exit_time=0.5)]
+    assert certain_after_failure(ws, now=5.0) is None
+
+
+def test_a_dead_peer_whose_ledger_lost_records_proves_nothing():
+    ws = [worker(0, 4, pending=True),
+          worker(1, 3, exit_code=1, exit_time=0.5, ledger_note="3 progress records were lost")]
+    assert certain_after_failure(ws, now=5.0) is None
+
+
+def test_without_a_failure_nothing_is_certain_here():
+    ws = [worker(0, 4, pending=True), worker(1, 4, pending=True)]
+    assert certain_after_failure(ws, now=5.0) is None

@@ -1,0 +1,234 @@
+"""explore's parts without TensorFlow: shrinking, properties, the search
+loop on a fake job, and the saved plans."""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Tuple
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.database import InMemoryExampleDatabase
+
+from harness import faults as F
+from harness import strategies
+from harness.diagnosis.observations import Event
+from harness.errors import SettingError
+from harness.explore import properties, shrink
+from harness.explore.attribution import Attribution, attribute
+from harness.explore.search import SavedPlans, explore, longest_wait
+
+STEPS = 12
+
+
+def fake_result(outcome="completed", culprits=(), ambiguous=False, error=None, acted=(),
+                workers=3, steps=STEPS):
+    """What the search and the properties read of a RunResult."""
+    events = {i: [Event(0.1 * (s + 1), "step", s) for s in range(steps)] for i in range(workers)}
+    for f in acted:
+        events[f.worker].append(Event(0.5, "fault", f.step, repr(f)))
+    obs_workers = tuple(types.SimpleNamespace(events=tuple(events[i]), finish_time=0.1 * steps + 0.1)
+                        for i in range(workers))
+    ws = tuple(types.SimpleNamespace(attempts=(), last_step=steps - 1,
+                                     observation=obs_workers[i]) for i in range(workers))
+    return types.SimpleNamespace(
+        outcome=outcome, culprits=tuple(culprits), attempts=(), workers=ws,
+        verdict=types.SimpleNamespace(ambiguous=ambiguous, error=error),
+        diagnosis=f"{outcome.upper()}: made up", observation=types.SimpleNamespace(workers=obs_workers))
+
+
+def crash_window_job(window=(7, 8)):
+    """A fake job whose recovery breaks when any worker crashes at a step in
+    ``window``: the run completes, and the invariant sees a step twice."""
+    def run(plan, timeout):
+        broken = any(isinstance(f, F.Crash) and f.step in window for f in plan)
+        r = fake_result(acted=plan)
+        r.repeated = broken
+        return r
+
+    def invariant(result):
+        assert not result.repeated, "a step was applied twice"
+    return run, invariant
+
+
+def survives_judge(invariant):
+    return lambda result, plan: properties.survives(result, plan, invariant)
+
+
+def search(run, judge, kinds=("Crash",), budget=1e9, seed=0, saved=None, max_faults=1, **kw):
+    clock = kw.pop("clock", None)
+    extra = {"clock": clock} if clock else {}
+    return explore(run, judge, strategy_for=lambda steps: strategies.plans(
+        3, steps, list(kinds), min_faults=1, max_faults=max_faults), kinds=kinds,
+        property="survives", budget=budget, shrink_budget=budget, seed=seed, timeout=None,
+        most_timeout=60.0, saved=saved, **extra, **kw)
+
+
+# -- shrinking -------------------------------------------------------------------------
+
+def test_every_simpler_plan_is_below_its_plan():
+    plan = (F.Pause(2, 9, None), F.Crash(1, 5, "abort", attempt=1))
+    for p in shrink.simpler(plan, strategies.STEP_KINDS):
+        assert shrink.order(p) < shrink.order(plan)
+        assert shrink.valid(p)
+
+
+def test_the_simplest_candidates_come_first():
+    cands = shrink.simpler((F.Crash(2, 8, "kill"),), ["Crash"])
+    assert cands[0] == (F.Crash(2, 0, "kill"),)
+    assert (F.Crash(2, 7, "kill"),) in cands and (F.Crash(0, 8, "kill"),) in cands
+    assert (F.Crash(2, 8, "exit"),) in cands
+    assert all(len(p) == 1 for p in cands)
+
+
+@settings(max_examples=50, deadline=None)
+@given(plan=strategies.plans(4, 10, max_faults=3, attempts=2))
+def test_shrinking_always_ends(plan):
+    seen = 0
+    while True:
+        cands = shrink.simpler(plan)
+        if not cands:
+            break
+        plan, seen = cands[-1], seen + 1   # the least simplification each time
+        assert seen < 500
+
+
+def test_a_kind_shrinks_only_to_kinds_the_search_draws():
+    cands = shrink.simpler((F.Pause(1, 3, None),), ["Pause", "Delay"])
+    kinds = {type(p[0]).__name__ for p in cands}
+    assert kinds == {"Pause", "Delay"}
+
+
+# -- the properties --------------------------------------------------------------------
+
+def test_culprits_are_told_relative_to_the_plan():
+    a = properties.signature_of(fake_result("crashed", (2,), acted=[F.Crash(2, 5)]), (F.Crash(2, 5),))
+    b = properties.signature_of(fake_result("crashed", (0,), acted=[F.Crash(0, 5)]), (F.Crash(0, 5),))
+    assert a == b and a.culprits == ("faulted",)
+    c = properties.signature_of(fake_result("crashed", (1,), acted=[F.Crash(0, 5)]), (F.Crash(0, 5),))
+    assert c.culprits == ("other",)
+
+
+def test_survives_holds_on_completion_and_breaks_on_the_invariant():
+    ok = fake_result()
+    assert properties.survives(ok, (), None).signature is None
+
+    def promise(result):
+        raise AssertionError("step 7 twice")
+    broke = properties.survives(ok, (), promise)
+    assert broke.signature.broken == "invariant: AssertionError"
+    assert "step 7 twice" in broke.how
+    hung = properties.survives(fake_result("hang", (1,)), (), None)
+    assert hung.signature.outcome == "hang"
+
+
+@pytest.mark.parametrize("outcome,culprits,ambiguous,expected", [
+    ("crashed", (1,), False, Attribution.NAMED),
+    ("hang", (0, 1), True, Attribution.CANNOT_TELL),
+    ("hang", (0, 2), True, Attribution.WRONG),      # the truth not among the candidates
+    ("hang", (2,), False, Attribution.WRONG),       # a confident wrong culprit
+    ("failed", (), False, Attribution.WRONG),       # no one named
+    ("completed", (), False, Attribution.SURVIVED),
+])
+def test_attribution(outcome, culprits, ambiguous, expected):
+    plan = (F.SkipStep(1, 4),)
+    r = fake_result(outcome, culprits, ambiguous, acted=plan)
+    assert attribute(r, plan) == expected
+    assert (properties.detected(r, plan, None).signature is None) == (expected != Attribution.WRONG)
+
+
+def test_a_fault_that_never_acted_is_not_counted_as_attributed():
+    plan = (F.SkipStep(1, 4),)
+    assert attribute(fake_result("hang", (1,)), plan) == Attribution.NOT_ACTED
+
+
+# -- the search ------------------------------------------------------------------------
+
+def test_the_search_finds_the_window_and_shrinks_to_its_first_step_and_worker():
+    run, invariant = crash_window_job()
+    found = search(run, survives_judge(invariant))
+    f = found.failure
+    assert f is not None
+    assert f.plan == (F.Crash(0, 7, "exit"),)
+    assert f.line == "faults=[Crash(worker=0, step=7, how='exit')]"
+    assert F.parse_plan(f.line) == f.plan
+    assert f.signature.broken == "invariant: AssertionError"
+    assert found.steps == STEPS and found.runs >= 2
+
+
+def test_a_fixed_job_breaks_nothing_and_every_plan_is_run():
+    run, invariant = crash_window_job(window=())
+    found = search(run, survives_judge(invariant))
+    assert found.failure is None
+    assert found.exhausted
+    # 3 workers x 12 steps x 3 ways to crash, and the fault-free run.
+    assert found.runs == 3 * STEPS * len(F.CRASH_HOW) + 1
+    assert found.outcomes == {"completed": found.runs}
+
+
+def test_the_same_seed_draws_the_same_plans():
+    runs = []
+
+    def run(plan, timeout):
+        runs.append(plan)
+        return fake_result(acted=plan)
+    search(run, survives_judge(None), budget=1e9, seed=7)
+    first = list(runs)
+    runs.clear()
+    search(run, survives_judge(None), budget=1e9, seed=7)
+    assert runs == first
+
+
+def test_the_budget_stops_the_search():
+    now = [0.0]
+
+    def run(plan, timeout):
+        now[0] += 1.0   # each run takes a second
+        return fake_result(acted=plan)
+    found = search(run, survives_judge(None), budget=10.0, clock=lambda: now[0])
+    assert found.failure is None and not found.exhausted
+    assert 10 <= found.runs <= 11
+
+
+def test_a_job_that_fails_without_faults_is_the_failure():
+    found = search(lambda plan, t: fake_result("failed", (0,), error="ValueError"),
+                   survives_judge(None))
+    assert found.failure.plan == ()
+    assert found.runs == 1
+
+
+def test_the_plans_hang_timeout_comes_from_the_fault_free_run():
+    r = fake_result()
+    assert longest_wait(r) == pytest.approx(0.1, abs=1e-9)
+    found = search(lambda plan, t: fake_result(acted=plan), survives_judge(None), budget=1e9)
+    assert found.timeout == 3.0   # five times 0.1 s is below the least
+
+
+def test_a_saved_failure_runs_first_and_a_fixed_one_is_dropped():
+    db = InMemoryExampleDatabase()
+    saved = SavedPlans("job", db)
+    run, invariant = crash_window_job()
+    first = search(run, survives_judge(invariant), saved=saved, seed=1)
+    assert saved.lines() == [first.failure.line]
+    tried = []
+
+    def counting(plan, timeout):
+        tried.append(plan)
+        return run(plan, timeout)
+    again = search(counting, survives_judge(invariant), saved=saved, seed=2)
+    assert tried[:2] == [(), first.failure.plan]   # the fault-free run, then the saved plan
+    assert again.failure.plan == first.failure.plan
+    fixed_run, fixed_invariant = crash_window_job(window=())
+    search(fixed_run, survives_judge(fixed_invariant), saved=saved, budget=1e9)
+    assert saved.lines() == []
+
+
+def test_bad_arguments_name_themselves():
+    from harness.explore import explore_cluster
+    cluster = types.SimpleNamespace(settings=None)
+    for kwargs, named in [(dict(property="fast"), "property"), (dict(kinds=["Nap"]), "kinds"),
+                          (dict(budget=0), "budget"), (dict(max_faults=0), "max_faults"),
+                          (dict(seed=-1), "seed"), (dict(invariant=3), "invariant")]:
+        with pytest.raises(SettingError, match=f"explore\\({named}"):
+            explore_cluster(cluster, print, **kwargs)
