@@ -4,6 +4,7 @@
 
     python -m harness run -n 3 --timeout 30 --fault "Crash(worker=1, step=5)" train.py -- --epochs 2
     python -m harness run -m package.train -- --epochs 2
+    python -m harness explore -n 3 --restarts 1 --budget 120 train.py -- --epochs 2
     python -m harness record --dir DIR -- train.py --epochs 2
     python -m harness analyze DIR [DIR ...]
     pip install "$(python -m harness keras2)"
@@ -11,7 +12,9 @@
 starts one cluster, runs the script (or module) on every worker as
 ``Cluster.run_script`` does, prints the diagnosis (and, unless the run
 completed, each failing worker's log tail), then one line saying where the
-run went; ``record`` and ``analyze`` are the job recorder's
+run went; ``explore`` searches for a plan of faults the script does
+not survive (:meth:`harness.controller.cluster.Cluster.explore`), and exits
+1 when it found one, printed as a ``faults=[...]`` line; ``record`` and ``analyze`` are the job recorder's
 (:mod:`harness.record.commands`); ``keras2`` prints what gives Keras 2 beside the installed
 TensorFlow (tf_keras of the same minor; on 2.15 its own ``keras``).  ``run`` exits 0 only when the outcome is the one ``--expect`` names
 (``completed`` by default), 1 when it is another, and 2 for a usage error
@@ -43,7 +46,9 @@ from harness.validators import parse_choice
 PROG = "python -m harness"
 # Options of `run` that take a value: the scan that finds where the script
 # starts skips their values.
-_VALUE_FLAGS = {"-n", "--fault", "--expect", *(o.flag.replace("--mwms-", "--") for o in OPTIONS)}
+_VALUE_FLAGS = {"-n", "--fault", "--expect", "--budget", "--shrink-budget", "--property",
+                "--kinds", "--max-faults", "--seed",
+                *(o.flag.replace("--mwms-", "--") for o in OPTIONS)}
 
 
 
@@ -71,21 +76,57 @@ def parse_fault(text: str) -> faults_module.Fault:
     return faults_module.parse(text, "--fault")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str = "run") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=f"{PROG} run", allow_abbrev=False,
-        usage=f"{PROG} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
-        description="Run a Python script (or module) on N TensorFlow worker processes that "
-                    "form one MultiWorkerMirroredStrategy cluster (TF_CONFIG is set for "
-                    "each), print the diagnosis, and exit 0 when the outcome is the one "
-                    "expected. Everything after the script or module (after an optional --) "
-                    "is the script's own arguments.")
-    for o in OPTIONS:
-        flags = ["-n", "--workers"] if o.name == "workers" else []
-        flags = flags or [o.flag.replace("--mwms-", "--")]
-        p.add_argument(*flags, dest=o.field, metavar=o.metavar,
-                       default=None,
-                       help=f"{o.help} (default {o.default_text})".replace("%", "%%"))
+        prog=f"{PROG} {command}", allow_abbrev=False,
+        usage=f"{PROG} {command} [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
+        description=DESCRIPTIONS[command])
+    _cluster_options(p)
+    if command == "explore":
+        _explore_options(p)
+    else:
+        _run_options(p)
+    p.add_argument("-m", "--module", metavar="MODULE",
+                   help="run this module as `python -m MODULE` does, instead of a script")
+    return p
+
+
+DESCRIPTIONS = {
+    "run": "Run a Python script (or module) on N TensorFlow worker processes that "
+           "form one MultiWorkerMirroredStrategy cluster (TF_CONFIG is set for "
+           "each), print the diagnosis, and exit 0 when the outcome is the one "
+           "expected. Everything after the script or module (after an optional --) "
+           "is the script's own arguments.",
+    "explore": "Search for a fault the script does not survive (or that the diagnosis gets "
+               "wrong): run it once without faults, then with plans of faults drawn at any "
+               "worker and step until one breaks the property or the budget is spent; "
+               "shrink it and print it as a faults=[...] line. Exit 0 when no plan broke "
+               "the property, 1 when one did. Everything after the script or module "
+               "(after an optional --) is the script's own arguments.",
+}
+
+
+def _explore_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--property", default="survives", choices=("survives", "detected"),
+                   help="survives: every plan's run completes (after --restarts); detected: "
+                        "every run that does not complete names a faulted worker "
+                        "(default survives)")
+    p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
+                   help="seconds of search (default 60)")
+    p.add_argument("--shrink-budget", type=float, default=None, metavar="SECONDS",
+                   help="seconds to shrink a failing plan (default: the budget)")
+    p.add_argument("--kinds", default=None, metavar="KIND,KIND",
+                   help="the fault kinds to draw, e.g. Crash,Pause (default: for survives "
+                        "Crash,RaiseError,Delay,Pause,Preempt; for detected every "
+                        "step-keyed kind)")
+    p.add_argument("--max-faults", type=int, default=1, metavar="N",
+                   help="the most faults in one plan (default 1)")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="draw the same plans as a search with this seed (default: a fresh "
+                        "seed, printed)")
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", action="append", default=[], metavar="FAULT",
                    help="a fault of harness.faults as its constructor call, e.g. "
                         "\"Crash(worker=1, step=5)\"; may repeat. Step-keyed faults act at "
@@ -95,9 +136,15 @@ def _parser() -> argparse.ArgumentParser:
                         "model (see run(check_replicas=True))")
     p.add_argument("--expect", default=Outcome.COMPLETED, metavar="|".join(OUTCOMES),
                    help="the outcome that makes the exit status 0 (default completed)")
-    p.add_argument("-m", "--module", metavar="MODULE",
-                   help="run this module as `python -m MODULE` does, instead of a script")
-    return p
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    for o in OPTIONS:
+        flags = ["-n", "--workers"] if o.name == "workers" else []
+        flags = flags or [o.flag.replace("--mwms-", "--")]
+        p.add_argument(*flags, dest=o.field, metavar=o.metavar,
+                       default=None,
+                       help=f"{o.help} (default {o.default_text})".replace("%", "%%"))
 
 
 def split_command(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str],
@@ -247,12 +294,59 @@ def run_command(argv: Sequence[str]) -> int:
     return 0 if ok else 1
 
 
+def explore_command(argv: Sequence[str]) -> int:
+    """``harness explore``: :meth:`Cluster.explore` over a script."""
+    parser = _parser("explore")
+    try:
+        options, script, module, script_args = split_command(argv)
+        ns = parser.parse_args(options)
+        if script is None and ns.module is None and module is None:
+            raise UsageError("give a script to explore, or -m MODULE")
+        module = module or ns.module
+        settings = settings_from_args(ns)
+        kinds = ns.kinds.split(",") if ns.kinds else None
+        from harness.launch.state_dir import check_state_dir
+        check_state_dir(settings.state_dir, "--state-dir")
+        from harness.controller.cluster import Cluster
+        from harness.controller.scripts import script_main
+        cluster = Cluster(settings)
+        main = script_main(script, script_args, module=module,
+                           start_method=cluster.launcher.start_method)
+    except HarnessError as e:
+        parser.error(str(e))
+    what = f"-m {module}" if module else script
+    print(f"harness: exploring {what} on {_size(settings)} for {ns.budget:g} s "
+          f"(property {ns.property}, restarts {settings.restarts})", flush=True)
+    try:
+        found = cluster.explore(
+            main, property=ns.property, kinds=kinds, max_faults=ns.max_faults,
+            restarts=settings.restarts, budget=ns.budget, shrink_budget=ns.shrink_budget,
+            seed=ns.seed, check=False, key=f"script {what} {' '.join(script_args)}",
+            on_return="exit")
+    except KeyboardInterrupt:
+        print("harness: interrupted; every worker was stopped", file=sys.stderr)
+        return 130
+    except HarnessError as e:
+        print(f"harness: error: {e}", file=sys.stderr)
+        return 2
+    print(found.summary())
+    if found.failure is not None:
+        print("the run of that plan:\n" + found.failure.result.diagnosis)
+        print(f"harness: replay it with: {PROG} run -n {settings.workers} --restarts "
+              f"{settings.restarts} "
+              + " ".join(f'--fault "{f!r}"' for f in found.failure.plan) + f" {what}"
+              + (" -- " + " ".join(script_args) if script_args else ""))
+    return 1 if found.failure is not None else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = argparse.ArgumentParser(
         prog=PROG, usage=f"{PROG} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
         description="pytest-mwms outside pytest. `run` runs a script on an N-worker "
                     "MultiWorkerMirroredStrategy cluster; `run --help` lists its options. "
+                    "`explore` searches for a fault the script does not survive "
+                    "(`explore --help`). "
                     "`record` runs a job's training script with the recorder on, "
                     "`analyze` reads what the recorder left and prints the verdict "
                     "(`record --help`, `analyze --help`). "
@@ -267,9 +361,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from harness.record import commands
         return (commands.record_command if argv[0] == "record"
                 else commands.analyze_command)(argv[1:])
+    if argv[0] == "explore":
+        return explore_command(argv[1:])
     if argv[0] != "run":
-        top.error(f"unknown command {argv[0]!r}; the commands are `run`, `record`, "
-                  f"`analyze` and `keras2`")
+        top.error(f"unknown command {argv[0]!r}; the commands are `run`, `explore`, "
+                  f"`record`, `analyze` and `keras2`")
     return run_command(argv[1:])
 
 

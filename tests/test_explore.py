@@ -1,0 +1,97 @@
+"""explore on real TensorFlow workers: a recovery bug that shows only when
+a crash falls on some steps is found, shrunk, and its printed line replays
+it; a fixed job breaks nothing; the diagnosis holds over the standard
+workload."""
+import json
+import os
+
+import pytest
+
+import harness
+from harness import faults as F
+from harness.errors import ExplorationFailed
+from harness.workloads import variable_loop
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leftover_workers"),
+              pytest.mark.mwms(workers=2, timeout=20)]
+
+STEPS = 6
+
+
+def resumable(fixed=False, n=STEPS):
+    """Adds step + 1 to a mirrored total at each step and resumes after a
+    restart from what it saved in ``run_dir``.  Broken: the total is saved
+    at every step, the next step only every second one, so a crash after
+    an even step repeats it; fixed: both together, every step."""
+    import tensorflow as tf
+    ctx = harness.context()
+    path = os.path.join(ctx.run_dir, f"state-{ctx.index}.json")
+    state = {"next": 0, "total": 0.0}
+    if os.path.exists(path):
+        with open(path) as f:
+            state.update(json.load(f))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        total = tf.Variable(state["total"])
+
+    @tf.function
+    def step(k):
+        def add():
+            ctx_ = tf.distribute.get_replica_context()
+            total.assign_add(ctx_.all_reduce("sum", k + 1.0) / ctx_.num_replicas_in_sync)
+        strategy.run(add)
+
+    for s in ctx.steps(n):
+        if s < state["next"]:
+            continue
+        step(tf.constant(float(s)))
+        saved = {"total": float(total.numpy())}
+        if fixed or s % 2 == 1:
+            saved["next"] = s + 1
+        with open(path + ".tmp", "w") as f:
+            json.dump({**state, **saved}, f)
+        os.replace(path + ".tmp", path)
+        state.update(saved)
+    return float(total.numpy())
+
+
+def each_step_once(result):
+    want = sum(range(1, STEPS + 1))
+    got = [w.return_value for w in result.workers]
+    assert got == [want] * len(got), f"the totals are {got}, not {want}: a step was applied twice"
+
+
+def test_a_recovery_window_is_found_shrunk_and_its_line_replays_it(mwms_cluster):
+    with pytest.raises(ExplorationFailed) as raised:
+        mwms_cluster.explore(resumable, property="survives", invariant=each_step_once,
+                             kinds=["Crash"], restarts=1, budget=60, seed=2)
+    found = raised.value.exploration
+    assert str(raised.value).startswith("faults=[Crash(worker=0, step=")
+    # The smallest plan: one crash of worker 0, by exit, after the first even step.
+    assert found.failure.plan == (F.Crash(0, 1, "exit"),)
+    assert found.failure.signature.broken == "invariant: AssertionError"
+    assert found.steps == STEPS
+    # The failing run is the test's, for its report; the search's are not.
+    assert mwms_cluster.runs == [found.failure.result]
+    again = mwms_cluster.run(resumable, faults=F.parse_plan(found.failure.line), restarts=1)
+    assert again.outcome == "completed"
+    with pytest.raises(AssertionError, match="applied twice"):
+        each_step_once(again)
+
+
+def test_the_fixed_job_survives_every_single_crash(mwms_cluster):
+    found = mwms_cluster.explore(resumable, kwargs={"fixed": True}, invariant=each_step_once,
+                                 kinds=["Crash"], restarts=1, budget=10, seed=2)
+    assert found.failure is None
+    assert found.runs >= 4
+    assert set(found.outcomes) == {"completed"}
+    assert "no plan broke the property" in found.summary()
+
+
+def test_the_diagnosis_names_a_faulted_worker_for_every_drawn_fault(mwms_cluster):
+    found = mwms_cluster.explore(variable_loop, args=(STEPS,), property="detected",
+                                 budget=8, seed=5)
+    assert found.failure is None, found.summary()
+    # Faults that stop the run were drawn and judged, not only benign ones.
+    assert sum(v for k, v in found.outcomes.items() if k != "completed") >= 3, found.outcomes
+    assert found.timeout == 3.0   # a warm step is far below the least timeout
