@@ -27,6 +27,7 @@ _HOME = {
     "StragglerReport": "harness.diagnosis.stragglers",
     "WorkerArrival": "harness.diagnosis.stragglers",
     "MemoryGrowth": "harness.diagnosis.memory",
+    "Exploration": "harness.explore.search", "BreakingPlan": "harness.explore.search",
     "OrderDivergence": "harness.diagnosis.order",
     **{name: "harness.diagnosis.observations" for name in (
         "Outcome", "RunObservation", "WorkerObservation", "ReplicaCheck", "DivergentVariable",
@@ -34,7 +35,7 @@ _HOME = {
     **{name: "harness.errors" for name in (
         "HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
         "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError",
-        "RecordFormatError", "UsageError", "PreloadWarning")},
+        "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed")},
 }
 # Modules of the public line.
 _MODULES = ("faults", "strategies", "workloads", "compat")
@@ -53,9 +54,11 @@ if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr
         Collective, CollectiveOp, DivergentVariable, Outcome, ReferenceCheck, ReplicaCheck,
         RunObservation, WorkerObservation)
     from harness.diagnosis.order import OrderDivergence  # noqa: F401
+    from harness.explore.search import BreakingPlan, Exploration  # noqa: F401
     from harness.diagnosis.stragglers import StragglerReport, WorkerArrival  # noqa: F401
     from harness.errors import (  # noqa: F401
-        FaultError, HarnessError, InjectedFault, NotInWorkerError, PreloadWarning,
+        ExplorationFailed, FaultError, HarnessError, InjectedFault, NotInWorkerError,
+        PreloadWarning,
         RecordFormatError, SecondStrategyError, SerializationError, SettingError, StateDirError,
         StepDesyncError, UsageError)
     from harness.result import RunResult, WorkerResult  # noqa: F401

@@ -37,6 +37,7 @@ import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
+from harness import faults_text
 from harness.diagnosis.observations import OUTCOMES, Outcome
 from harness.errors import HarnessError, UsageError
 from harness.report.pytest_report import timeline_stem, wants_timeline
@@ -72,8 +73,8 @@ def _size(settings: RunSettings) -> str:
 
 def parse_fault(text: str) -> faults_module.Fault:
     """A fault from its constructor call, e.g. ``"Crash(worker=1, step=5)"``
-    (:func:`harness.faults.parse`, which evaluates nothing)."""
-    return faults_module.parse(text, "--fault")
+    (:func:`harness.faults_text.parse`, which evaluates nothing)."""
+    return faults_text.parse(text, "--fault")
 
 
 def _parser(command: str = "run") -> argparse.ArgumentParser:

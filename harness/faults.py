@@ -20,7 +20,6 @@ attempt of a run (``attempt=``, keyword only, 0 by default).
 """
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import functools
@@ -29,7 +28,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 from harness.core import tfconfig
 # InjectedFault: RaiseError raises it.
-from harness.errors import FaultError, InjectedFault, UsageError, hide_in_setup_errors  # noqa: F401
+from harness.errors import FaultError, InjectedFault, hide_in_setup_errors  # noqa: F401
 
 # pytest leaves this module's frames out of a setup error's traceback.
 __tracebackhide__ = hide_in_setup_errors
@@ -447,71 +446,3 @@ def configs_under(plan: Sequence[Fault], configs: List[Optional[dict]],
     for f in plan:
         configs = f.edit_configs(configs, spare_port)
     return configs
-
-
-
-def _classes() -> dict:
-    return {cls.__name__: cls for cls in FAULT_TYPES}
-
-
-def _call(node: ast.expr, text: str, where: str) -> Fault:
-    classes = _classes()
-    names = ", ".join(classes)
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id in classes):
-        raise UsageError(f"{where} {text!r}: only a call of one of {names} is allowed, "
-                         f"e.g. \"Crash(worker=1, step=5)\"")
-    cls = classes[node.func.id]
-    args, kwargs = [], {}
-    try:
-        for arg in node.args:
-            if isinstance(arg, ast.Starred):
-                raise ValueError("*args")
-            args.append(ast.literal_eval(arg))
-        for kw in node.keywords:
-            if kw.arg is None:
-                raise ValueError("**kwargs")
-            kwargs[kw.arg] = ast.literal_eval(kw.value)
-    except ValueError:
-        raise UsageError(f"{where} {text!r}: arguments must be plain values (numbers, "
-                         f"strings, None, True, False)") from None
-    try:
-        return cls(*args, **kwargs)
-    except TypeError as e:
-        fields = ", ".join(f.name for f in dataclasses.fields(cls))
-        raise UsageError(f"{where} {text!r}: {e}; {cls.__name__} takes {fields}") from None
-
-
-def _tree(text: str, where: str) -> ast.expr:
-    try:
-        return ast.parse(text.strip(), mode="eval").body
-    except SyntaxError as e:
-        raise UsageError(f"{where} {text!r}: not a fault ({e.msg}); write one of "
-                         f"{', '.join(_classes())} as a call, e.g. "
-                         f"\"Crash(worker=1, step=5)\"") from None
-
-
-def parse(text: str, where: str = "fault") -> Fault:
-    """A fault from its constructor call, e.g. ``"Crash(worker=1, step=5)"``:
-    a call of one of :data:`FAULT_TYPES` by its bare name, with literal
-    arguments (numbers, strings, None, True/False, tuples).  The text is
-    parsed, never evaluated; a :class:`~harness.errors.UsageError` names
-    ``where`` it came from."""
-    return _call(_tree(text, where), text, where)
-
-
-def parse_plan(text: str, where: str = "plan") -> Tuple[Fault, ...]:
-    """A plan from the line a plan prints as (:func:`plan_line`):
-    ``faults=[Crash(worker=1, step=5)]``, or the list alone."""
-    body = text.strip()
-    if body.startswith("faults="):
-        body = body[len("faults="):]
-    node = _tree(body, where)
-    if not isinstance(node, (ast.List, ast.Tuple)):
-        raise UsageError(f"{where} {text!r}: not a list of faults")
-    return tuple(_call(e, ast.unparse(e), where) for e in node.elts)
-
-
-def plan_line(plan: Iterable[Fault]) -> str:
-    """The plan as a line to paste into ``run(faults=...)``."""
-    return f"faults=[{', '.join(repr(f) for f in plan)}]"

@@ -14,7 +14,8 @@ a plan prints as the faults' constructor calls, ready to paste::
 
     @settings(max_examples=20, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(plan=strategies.plans(workers=2, steps=10, kinds=["Crash", "Pause"]))
+    @given(plan=strategies.plans(workers=2, steps=10, kinds=["Crash", "Pause"],
+                                 for_ever=False))
     def test_the_job_survives_one_fault(mwms_cluster, plan):
         # One cluster object for every example: each run starts fresh processes.
         mwms_cluster.run(train, faults=plan, restarts=1).assert_completed()

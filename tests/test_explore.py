@@ -9,6 +9,7 @@ import pytest
 
 import harness
 from harness import faults as F
+from harness import faults_text
 from harness.errors import ExplorationFailed
 from harness.workloads import variable_loop
 
@@ -73,7 +74,7 @@ def test_a_recovery_window_is_found_shrunk_and_its_line_replays_it(mwms_cluster)
     assert found.steps == STEPS
     # The failing run is the test's, for its report; the search's are not.
     assert mwms_cluster.runs == [found.failure.result]
-    again = mwms_cluster.run(resumable, faults=F.parse_plan(found.failure.line), restarts=1)
+    again = mwms_cluster.run(resumable, faults=faults_text.parse_plan(found.failure.line), restarts=1)
     assert again.outcome == "completed"
     with pytest.raises(AssertionError, match="applied twice"):
         each_step_once(again)

@@ -94,9 +94,8 @@ class Cluster:
           from the parent's environment as it is at the call).
         - ``ledger``: the collective ledger's level (:mod:`harness.worker.ledger`):
           ``True``/``"calls"`` (the default: which call of which ``tf.function``
-          each worker is in, and the collectives it launches),
-          ``"collectives"`` (also which collective is pending, a fraction of
-          a millisecond per collective), or ``False`` (step boundaries only).
+          each worker is in), ``"collectives"`` (also which collective is
+          pending), or ``False`` (step boundaries only).
         - ``step_fn``: where ``fn`` reports no steps of its own
           (``context().steps()``, the Keras callback), each call of a
           ``tf.function`` that launches collectives is a step (needs the
@@ -105,16 +104,13 @@ class Cluster:
           ``"one_step_on_iterator"``).
         - ``restarts=K`` (default ``--mwms-restarts``): a run that ends in an
           outcome ``restart_on`` names (``"crash,fail"``; add ``hang``) is
-          started again, whole, up to K times, as a cluster manager would:
-          the same ports and ``TF_CONFIG``, a fresh process per worker, once
-          every process of the attempt before is gone.  ``fn`` reads
-          ``context().attempt``; a fault acts in the attempt it names.  The
-          result is the last attempt's, every attempt in ``RunResult.attempts``.
-          An attempt that failed in a way every attempt would is not
-          restarted (a worker raised before ``fn`` ran: ``fn`` or its
-          arguments could not be unpickled; or one raised ``SettingError``),
-          and the diagnosis ends with ``not restarted:`` and why.  With
-          ``restart_policy="task"`` only the worker that crashed or failed is.
+          started again, whole, up to K times, as a cluster manager would
+          (the same ports and ``TF_CONFIG``); ``fn`` reads
+          ``context().attempt``, a fault acts in the attempt it names, and
+          the result is the last attempt's (all in ``RunResult.attempts``).
+          An attempt that failed as every attempt would is not restarted.
+          With ``restart_policy="task"`` only the worker that crashed or
+          failed is (see docs/api.md, "Restarts").
         - ``check_replicas``: ``True`` (1e-6) or a tolerance (``atol`` and
           ``rtol``; ``0``: bit for bit) fingerprints the mirrored variables
           on every worker when ``fn`` returns; workers that disagree fail
@@ -128,14 +124,11 @@ class Cluster:
           cluster until the run is decided; ``"exit"`` ends it at once, as a
           script ends (a peer still in a collective then sees it leave).
         - ``progress``: a callable given a :class:`Progress` every half second
-          (``harness run``'s status line); it runs in the watch loop, so it
-          must be quick.
-        - ``end_when_certain=True``: once a worker raised or died and every
-          other provably waits for ever in a call the failed one never made
-          (the ledgers' counts), the run ends then, not when its grace is
-          over: the verdict is the same, without the peers' own errors,
-          which TensorFlow raises only when its heartbeats notice.
-          ``explore`` runs its plans so.
+          (``harness run``'s status line), in the watch loop: a quick one.
+        - ``end_when_certain=True``: once a worker that raised, died, or is
+          stopped for good provably holds every other up for ever, the run
+          ends, without the grace or the hang timeout: the same verdict,
+          without the peers' own errors (``explore`` runs its plans so).
         - ``cluster``: this run's shape (``{"chief": 1, "worker": 2}``, see
           the ``cluster`` option), in place of the cluster's.
 

@@ -19,7 +19,7 @@ from multiprocess import connection
 from harness.controller.ledger_view import LedgerView
 from harness.controller.memory import MemorySampler
 from harness.core import progress, protocol
-from harness.diagnosis.deadlock import SETTLE, certain_after_failure, certain_deadlock
+from harness.controller.proof import Proofs
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
 from harness.faults import changes_the_network_at_once
 from harness.launch.base import WorkerHandle
@@ -115,9 +115,6 @@ PROGRESS_EVERY = 0.5
 # (left_early), and a peer can fail on its closed socket, and end the run,
 # before the parent sees the exit.
 LEAVE_WAIT = 5.0
-# How often, once a worker has returned while others have not, the ledgers
-# are read for a certain deadlock (harness.diagnosis.deadlock).
-PROOF_EVERY = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,9 +166,6 @@ class WatchLoop:
         self.on_progress = on_progress
         # on_return="exit": a worker that returned leaves the cluster.
         self.exit_on_return = exit_on_return
-        # Once a worker failed and the rest provably wait for ever on it,
-        # end then, not when the grace is over (run(end_when_certain=True)).
-        self.end_when_certain = end_when_certain and restarter is None
         # restart_policy="task": restarts a worker that crashed or failed
         # (a TaskRestarter); its failure then starts no grace.
         self.restarter = restarter
@@ -189,9 +183,10 @@ class WatchLoop:
         # What faults asked the parent to do, each at its time.
         self.actions: List[ParentAction] = []
         self.memory = MemorySampler(start)   # each live worker's memory, at a steady rate
-        # When to look for a certain deadlock next: only once a worker
-        # returned, and never where a task's process may be started again.
-        self.next_proof = math.inf
+        # When to look for a certain end (a deadlock; with end_when_certain,
+        # a failure or a stopped worker that holds the rest up for ever):
+        # never where a task's process may be started again.
+        self.proofs = Proofs(start, end_when_certain and restarter is None)
 
     def _failure_at(self, worker: TrackedWorker, now: float) -> None:
         """A worker raised or died: its peers' grace starts now, if it has
@@ -201,8 +196,7 @@ class WatchLoop:
             return
         if self.first_failure is None:
             self.first_failure = now
-        if self.end_when_certain:
-            self.next_proof = min(self.next_proof, now + SETTLE)
+        self.proofs.failed(now)
 
     def _receive(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         # What the worker recorded before it sent this comes first.
@@ -222,7 +216,7 @@ class WatchLoop:
         worker.return_payload = msg.data
         worker.note(returned=True, finish_time=now - self.start)
         if self.restarter is None and not self.exit_on_return:
-            self.next_proof = min(self.next_proof, now)
+            self.proofs.returned(now)
 
     def _on_replicas(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         worker.replica_prints = msg.data
@@ -329,19 +323,12 @@ class WatchLoop:
             self.actions.append(dataclasses.replace(action, when=now + 0.02))
 
     def _proven(self, now: float) -> Optional[EndedBy]:
-        """How the run ends when the ledgers now prove it can never
-        complete: a deadlock, or (``end_when_certain``) a failure the
-        others wait on for ever, whose grace need not run out."""
-        self.next_proof = now + PROOF_EVERY
+        """How the run ends, when its end is certain now (:mod:`.proof`)."""
         self._read_all_records()
-        training = [w.snapshot() for w in self.workers if w.index < self.training]
-        if certain_deadlock(training, now - self.start,
-                            exit_on_return=self.exit_on_return) is not None:
-            return EndedBy.DEADLOCK
-        if self.end_when_certain and self.first_failure is not None \
-                and certain_after_failure(training, now - self.start) is not None:
-            return EndedBy.GRACE_EXPIRED
-        return None
+        training = [w for w in self.workers if w.index < self.training]
+        return self.proofs.look([w.snapshot() for w in training], training, self.actions,
+                                now - self.start, now, self.first_failure is not None,
+                                self.exit_on_return)
 
     def _sample_memory(self, now: float) -> float:
         """Sample the live workers' memory when due (from outside them: no
@@ -404,7 +391,7 @@ class WatchLoop:
             if now >= action_at:
                 self._actions_due(now)
                 continue
-            if now >= self.next_proof:
+            if now >= self.proofs.next:
                 proven = self._proven(now)
                 if proven is not None:
                     return proven
@@ -423,7 +410,7 @@ class WatchLoop:
                     # One that returned too: when it left (on_return="exit")
                     # and how it ended are evidence.
                     waitables[w.handle.sentinel] = ("sentinel", w)
-            timers = (hang_at, grace_at, self.next_proof) if pending else (leave_at,)
+            timers = (hang_at, grace_at, self.proofs.next) if pending else (leave_at,)
             wake = min(*timers, action_at, self.next_report)
             wake = min(wake, self._sample_memory(now))
             ready = connection.wait(list(waitables), timeout=max(0.0, wake - now))

@@ -15,7 +15,9 @@ timeout:
 * a worker still in Python (between steps, or lingering after its loop)
   may yet make the call;
 * a paused or slow worker may resume, so a peer blocked *by* it is not
-  proof; only a peer that is gone for good is;
+  proof; only a peer that is gone for good is, or one stopped (SIGSTOP)
+  that nothing will continue: the harness knows whether it will send the
+  SIGCONT itself, and no one else does in a run (``held``);
 * a peer that died or raised ends the run through its peers' grace, as
   before, and a cluster manager may restart it (``restart_policy``), so it
   is not counted here;
@@ -38,6 +40,16 @@ timeout:
   every worker at nearly the same moment.  So the proof waits
   :data:`SETTLE` seconds after the return.
 
+At ``ledger="collectives"`` the ledger also says which collective of the
+call is pending, and that proves more: a worker waiting on an all-reduce
+or all-gather it launched needs every peer's contribution to that very
+collective, and a peer gone for good whose collectives all completed has
+nothing left to give (each of its collectives, to complete, took the
+waiting worker's matching one with it).  So the wait is endless whatever
+the counts say, as when a worker's extra collective paired with its
+peers' next one and left it one short at the end.  A broadcast is left
+out: its sender may finish before its receivers start.
+
 A worker that died or raised is gone for good too, when nothing will
 start it again: :func:`certain_after_failure` proves, for a run that asked
 to end once its verdict is certain (``run(end_when_certain=True)``), that
@@ -52,7 +64,7 @@ Pure: a function of the workers' observations.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from harness.diagnosis import ledger
 from harness.diagnosis.observations import WorkerObservation
@@ -74,8 +86,13 @@ class CertainDeadlock:
     returned: int
     calls: int
     how: str = "returned"   # how the other worker went: "returned", "died", "raised"
+    pending_kind: str = "all-reduce"   # what the waiting worker waits on
 
     def __str__(self) -> str:
+        if self.calls >= self.call:   # proved by the pending collective, not the counts
+            return (f"{name(self.returned)} {self.how} with every collective it launched "
+                    f"completed; {name(self.waiting)} waits on an {self.pending_kind} in call "
+                    f"{self.call} of `{self.function}`")
         made = f"{self.calls} call{'s' if self.calls != 1 else ''}"
         return (f"{name(self.returned)} {self.how} after {made} of `{self.function}`; "
                 f"{name(self.waiting)} waits in call {self.call}")
@@ -107,37 +124,67 @@ def _waits_for_ever_on(w: WorkerObservation) -> Optional[tuple]:
     return ledger.function_of(w, call), call.number
 
 
-def _proof(w: WorkerObservation, gone: Sequence[WorkerObservation]) -> Optional[CertainDeadlock]:
-    """Why ``w`` waits for ever, when a peer in ``gone`` proves it."""
+# The collectives every participant must contribute to before any completes.
+EVERY_PEER_GIVES = ("all-reduce", "all-gather")
+
+
+def _pending_reduction(w: WorkerObservation) -> Optional[str]:
+    """The kind of the all-reduce or all-gather ``w`` launched and waits
+    on in its pending call, when its ledger says (``ledger="collectives"``)."""
+    call = ledger.pending_call(w)
+    if call is None or w.ledger != "collectives":
+        return None
+    ops = next((f.collectives for f in w.functions if f.id == call.function), ())
+    for i in sorted(set(call.launched) - set(call.done)):
+        if i < len(ops) and ops[i].kind in EVERY_PEER_GIVES:
+            return ops[i].kind
+    return None
+
+
+def _proof(w: WorkerObservation, gone: Sequence[WorkerObservation],
+           stuck: Sequence[WorkerObservation] = ()) -> Optional[CertainDeadlock]:
+    """Why ``w`` waits for ever, when a peer in ``gone`` (finished for
+    good) or ``stuck`` (stopped, and nothing will continue it) proves it."""
     waiting = _waits_for_ever_on(w)
     if waiting is None:
         return None
     name, number = waiting
+    pending = _pending_reduction(w)
     for o in gone:
         made = ledger.calls_of(o, name)
-        if made < number:
+        if made < number or pending is not None:
             how = "raised" if o.error is not None else "died" if o.died else "returned"
-            return CertainDeadlock(w.index, name, number, o.index, made, how)
+            return CertainDeadlock(w.index, name, number, o.index, made, how,
+                                   pending or "all-reduce")
+    for o in stuck:   # alive: what it launched may be pending too, so counts only
+        made = ledger.calls_of(o, name)
+        if made < number:
+            return CertainDeadlock(w.index, name, number, o.index, made, "is stopped")
     return None
 
 
 def certain_deadlock(workers: Sequence[WorkerObservation], now: float,
-                     settle: float = SETTLE,
-                     exit_on_return: bool = False) -> Optional[CertainDeadlock]:
+                     settle: float = SETTLE, exit_on_return: bool = False,
+                     held: Collection[int] = ()) -> Optional[CertainDeadlock]:
     """The first proof, at ``now`` (seconds since the run started), that the
-    run can never complete (see the module docstring), or None; never
-    where a worker leaves once it returns (``exit_on_return``).  Only once
-    the run has gone still: every worker has finished, died, or waits for
-    ever, so the verdict sees what the hang timer would have seen (a peer
-    still on its way to its own return is waited for)."""
-    gone = [o for o in workers if _gone(o, now, settle) and _countable(o)]
-    if exit_on_return or not gone:
+    run can never complete (see the module docstring), or None; a worker
+    that returned proves nothing where it then leaves (``exit_on_return``).
+    ``held``: the workers stopped (SIGSTOP) that nothing will continue,
+    which make no more calls either.  Only once the run has gone still:
+    every worker has finished, died, is held, or waits for ever, so the
+    verdict sees what the hang timer would have seen (a peer still on its
+    way to its own return is waited for)."""
+    gone = [] if exit_on_return else [o for o in workers
+                                      if _gone(o, now, settle) and _countable(o)]
+    stuck = [o for o in workers if o.index in held and _countable(o)
+             and not o.finished and not o.died]
+    if not gone and not stuck:
         return None
     proofs = []
     for w in workers:
-        if w.finished or w.died:
+        if w.finished or w.died or w in stuck:
             continue
-        proof = _proof(w, gone)
+        proof = _proof(w, gone, stuck)
         if proof is None:
             return None
         proofs.append(proof)

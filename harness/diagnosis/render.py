@@ -157,7 +157,8 @@ def cut(line: str, width: int = MAX_WIDTH) -> str:
 
 def deadlock_text(obs) -> str:
     """Why the ledgers prove the run can never complete."""
-    proof = certain_deadlock(obs.workers, obs.duration, exit_on_return=obs.exit_on_return)
+    proof = certain_deadlock(obs.workers, obs.duration, exit_on_return=obs.exit_on_return,
+                             held=[w.index for w in obs.workers if w.stopped])
     return str(proof) if proof is not None else "the ledgers prove it can never complete"
 
 

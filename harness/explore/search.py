@@ -30,7 +30,7 @@ import random
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from harness import faults as F
+from harness import faults_text
 from harness.explore.properties import Check, Signature, headline, signature_of
 from harness.explore.shrink import Plan, simpler
 
@@ -44,7 +44,7 @@ TIMEOUT_FACTOR = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Failure:
+class BreakingPlan:
     """The smallest plan found that breaks the property, and its run."""
 
     plan: Plan
@@ -58,7 +58,7 @@ class Failure:
     @property
     def line(self) -> str:
         """``faults=[...]``: paste it into ``run()`` to see the failure again."""
-        return F.plan_line(self.plan)
+        return faults_text.plan_line(self.plan)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Exploration:
     time, ``steps`` the job's steps, ``timeout`` the plans' hang timeout,
     ``exhausted`` True when every plan there is was run, ``seed`` the
     seed that draws the same plans again, ``failure`` None or a
-    :class:`Failure`."""
+    :class:`BreakingPlan`."""
 
     property: str
     runs: int
@@ -80,7 +80,7 @@ class Exploration:
     seed: int
     exhausted: bool
     search_seconds: float
-    failure: Optional[Failure] = None
+    failure: Optional[BreakingPlan] = None
 
     @property
     def runs_per_minute(self) -> float:
@@ -99,7 +99,7 @@ class Exploration:
             f"{f.line}",
             f"  breaks '{self.property}': {f.how}",
             f"  signature: {f.signature}",
-            f"  found as {F.plan_line(f.found)}; shrunk in {f.shrink_runs} runs "
+            f"  found as {faults_text.plan_line(f.found)}; shrunk in {f.shrink_runs} runs "
             f"({f.shrink_seconds:.1f} s)",
             "  " + head])
 
@@ -280,7 +280,7 @@ def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan]
         if not search.left(search.started, budget):
             break
         try:
-            plan = F.parse_plan(line)
+            plan = faults_text.parse_plan(line)
         except Exception:
             plan = None
         if plan is None or not is_valid(plan, steps):
@@ -313,7 +313,7 @@ def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan]
         target = search.judged[found].check.signature
         plan, runs, seconds = search.shrink(found, target, kinds, shrink_budget)
         best = search.judged[plan]
-        failure = Failure(plan, best.result, target, best.check.how, found, runs, seconds)
+        failure = BreakingPlan(plan, best.result, target, best.check.how, found, runs, seconds)
         if saved is not None and plan:
             saved.save(failure.line)
     return Exploration(property, len(search.seconds), dict(search.outcomes),

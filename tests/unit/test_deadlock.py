@@ -148,3 +148,44 @@ def test_a_dead_peer_whose_ledger_lost_records_proves_nothing():
 def test_without_a_failure_nothing_is_certain_here():
     ws = [worker(0, 4, pending=True), worker(1, 4, pending=True)]
     assert certain_after_failure(ws, now=5.0) is None
+
+
+# -- the pending collective proves more (ledger="collectives") ----------------------
+
+def collectives_worker(index, calls, pending_kind=None, **changes):
+    """A worker at ledger="collectives" whose last call, when
+    ``pending_kind``, launched one collective of that kind, not completed."""
+    fn = TracedFunction(0, "step", (CollectiveOp(pending_kind or "all-reduce", (1,), "float32"),))
+    made = tuple(Call(0, k, k - 1, began=k / 10,
+                      ended=None if pending_kind and k == calls else k / 10 + 0.05,
+                      launched=(0,), done=() if pending_kind and k == calls else (0,))
+                 for k in range(1, calls + 1))
+    w = WorkerObservation(index=index, functions=(fn,), calls=made, ledger="collectives")
+    return dataclasses.replace(w, **changes)
+
+
+def test_a_pending_all_reduce_is_endless_once_a_peer_returned_with_all_done():
+    # An extra collective paired with the peers' next all-reduce: the counts
+    # are even, but the waiting worker's last all-reduce has no partner left.
+    ws = [collectives_worker(0, 6, returned=True, finish_time=1.0),
+          collectives_worker(1, 6, pending_kind="all-reduce")]
+    proof = certain_deadlock(ws, now=1.0 + SETTLE)
+    assert proof is not None and proof.waiting == 1
+    assert str(proof) == ("worker 0 returned with every collective it launched completed; "
+                          "worker 1 waits on an all-reduce in call 6 of `step`")
+
+
+@pytest.mark.parametrize("changes", [
+    dict(pending_kind="broadcast"),   # its sender may finish before its receivers start
+    dict(pending_kind=None),          # the call's collectives completed: it is computing
+    dict(pending_kind="all-reduce", ledger="calls"),   # no word on which is pending
+], ids=["broadcast", "computing", "calls-level"])
+def test_only_a_launched_reduction_proves_the_wait_endless(changes):
+    pending = dict(changes)
+    kind = pending.pop("pending_kind")
+    waiting = collectives_worker(1, 6, pending_kind=kind, **pending)
+    if kind is None:   # in its last call, its collective done, the call not ended
+        calls = waiting.calls[:-1] + (dataclasses.replace(waiting.calls[-1], ended=None),)
+        waiting = dataclasses.replace(waiting, calls=calls)
+    ws = [collectives_worker(0, 6, returned=True, finish_time=1.0), waiting]
+    assert certain_deadlock(ws, now=5.0) is None

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.database import InMemoryExampleDatabase
 
 from harness import faults as F
+from harness import faults_text
 from harness import strategies
 from harness.diagnosis.observations import Event
 from harness.errors import SettingError
@@ -152,7 +153,7 @@ def test_the_search_finds_the_window_and_shrinks_to_its_first_step_and_worker():
     assert f is not None
     assert f.plan == (F.Crash(0, 7, "exit"),)
     assert f.line == "faults=[Crash(worker=0, step=7, how='exit')]"
-    assert F.parse_plan(f.line) == f.plan
+    assert faults_text.parse_plan(f.line) == f.plan
     assert f.signature.broken == "invariant: AssertionError"
     assert found.steps == STEPS and found.runs >= 2
 
