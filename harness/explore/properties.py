@@ -64,7 +64,14 @@ def headline(result) -> str:
     return result.diagnosis.splitlines()[0] if result.diagnosis else str(result.outcome)
 
 
+# A run in which a fault asked for never acted (its worker finished
+# without reaching its step) proves nothing either way: counted apart.
+NEVER_ACTED = Check(None, "a fault never acted")
+
+
 def survives(result, plan: Sequence, invariant: Optional[Callable]) -> Check:
+    if getattr(result, "faults_never_acted", ()):
+        return NEVER_ACTED
     if result.outcome != Outcome.COMPLETED:
         return Check(signature_of(result, plan), headline(result))
     if invariant is not None:
@@ -77,6 +84,8 @@ def survives(result, plan: Sequence, invariant: Optional[Callable]) -> Check:
 
 
 def detected(result, plan: Sequence, invariant: Optional[Callable]) -> Check:
+    if getattr(result, "faults_never_acted", ()):
+        return NEVER_ACTED
     if attribute(result, plan) != Attribution.WRONG:
         return Check(None)
     return Check(signature_of(result, plan, "wrong culprit"), headline(result))

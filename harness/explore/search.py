@@ -31,7 +31,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults_text
-from harness.explore.properties import Check, Signature, headline, signature_of
+from harness.explore.properties import NEVER_ACTED, Check, Signature, headline, signature_of
 from harness.explore.shrink import Plan, simpler
 
 # The least hang timeout a plan's run gets: above the longest pause or
@@ -238,6 +238,8 @@ def _tally(result, check: Check) -> str:
     """How a run counts in the histogram: its outcome, and the broken
     promise when the property broke."""
     outcome = str(result.outcome)
+    if check.how == NEVER_ACTED.how:
+        return NEVER_ACTED.how
     if check.signature is not None and check.signature.broken:
         return f"{outcome} ({check.signature.broken})"
     return outcome

@@ -233,3 +233,13 @@ def test_bad_arguments_name_themselves():
                           (dict(seed=-1), "seed"), (dict(invariant=3), "invariant")]:
         with pytest.raises(SettingError, match=f"explore\\({named}"):
             explore_cluster(cluster, print, **kwargs)
+
+
+def test_a_plan_whose_fault_never_acted_is_counted_apart():
+    def run(plan, timeout):
+        r = fake_result("failed" if plan else "completed")   # the never-acted stage fails it
+        r.faults_never_acted = (("Crash(worker=0, step=3, attempt=1)", "never reached"),) if plan else ()
+        return r
+    found = search(run, survives_judge(None), budget=1e9)
+    assert found.failure is None
+    assert found.outcomes["a fault never acted"] == found.runs - 1
