@@ -89,10 +89,13 @@ def test_the_fixed_job_survives_every_single_crash(mwms_cluster):
     assert "no plan broke the property" in found.summary()
 
 
-def test_the_diagnosis_names_a_faulted_worker_for_every_drawn_fault(mwms_cluster):
-    found = mwms_cluster.explore(variable_loop, args=(STEPS,), property="detected",
-                                 budget=8, seed=5)
+def test_the_diagnosis_names_the_faulted_worker_of_every_plan_of_a_small_space(mwms_cluster):
+    """Every plan of three kinds at 2 workers and 2 steps (12 plans), so
+    the search ends by exhausting them, not by its budget."""
+    found = mwms_cluster.explore(variable_loop, args=(2,), property="detected",
+                                 kinds=["RaiseError", "SkipStep", "ExtraCollective"],
+                                 budget=150, seed=5)
     assert found.failure is None, found.summary()
-    # Faults that stop the run were drawn and judged, not only benign ones.
-    assert sum(v for k, v in found.outcomes.items() if k != "completed") >= 3, found.outcomes
+    assert found.exhausted and found.runs == 1 + 12, found.summary()
+    assert found.outcomes == {"completed": 1, "failed": 4, "hang": 8}, found.summary()
     assert found.timeout == 3.0   # a warm step is far below the least timeout
