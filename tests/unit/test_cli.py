@@ -109,3 +109,36 @@ def test_the_restart_policy_flag_reaches_the_settings_and_a_bad_one_is_named():
     assert settings_from_args(_parser().parse_args([])).restart_policy == "cluster"
     with pytest.raises(SettingError, match="--restart-policy: 'pod'"):
         settings_from_args(_parser().parse_args(["--restart-policy", "pod"]))
+
+
+def test_explore_takes_the_cluster_options_and_its_own():
+    argv = ["-n", "3", "--restarts", "1", "--budget", "120", "--kinds", "Crash,Pause",
+            "--seed", "7", "--property", "detected", "train.py", "--", "--epochs", "2"]
+    options, script, module, args = split_command(argv)
+    assert (script, module, args) == ("train.py", None, ["--epochs", "2"])
+    ns = _parser("explore").parse_args(options)
+    assert (ns.budget, ns.kinds, ns.seed, ns.property) == (120.0, "Crash,Pause", 7, "detected")
+    assert settings_from_args(ns).restarts == 1
+    with pytest.raises(SystemExit):
+        _parser("explore").parse_args(["--property", "fast"])
+    with pytest.raises(SystemExit):   # a run option is not explore's
+        _parser("explore").parse_args(["--fault", "Crash(0, 1)"])
+
+
+@pytest.mark.parametrize("line,plan", [
+    ("faults=[Crash(worker=1, step=5, how='exit')]", (F.Crash(1, 5),)),
+    ("[Pause(worker=0, step=2, seconds=None), SkipStep(task=('worker', 1), step=3)]",
+     (F.Pause(0, 2, None), F.SkipStep(task=("worker", 1), step=3))),
+    ("faults=[]", ()),
+])
+def test_a_plan_parses_back_from_its_line(line, plan):
+    from harness import faults_text
+    assert faults_text.parse_plan(line) == plan
+    assert faults_text.parse_plan(faults_text.plan_line(plan)) == plan
+
+
+@pytest.mark.parametrize("line", ["faults=Crash(1, 2)", "faults=[print('x')]", "faults=[1, 2]"])
+def test_a_plan_line_that_is_not_a_list_of_faults_is_refused(line):
+    from harness import faults_text
+    with pytest.raises(UsageError):
+        faults_text.parse_plan(line)
