@@ -153,18 +153,45 @@ def never_launched(ws: Sequence[WorkerObservation], w: WorkerObservation,
             and counts[o.index].get(name, 0) < call.number]
 
 
-def sequence(w: WorkerObservation) -> List[Tuple[CollectiveOp, str, Optional[int]]]:
-    """Every collective the worker launched, in order: (op, function name, step)."""
+def _retraced(ws: Sequence[WorkerObservation]) -> Dict[str, Tuple[CollectiveOp, ...]]:
+    """The functions whose latest traces differ between workers by
+    broadcasts alone, each with its collectives less the broadcasts.
+
+    A function that creates variables on its first call is traced twice:
+    the first trace also broadcasts the new variables' initial values, the
+    second does not.  A worker's ledger keeps the latest trace, so a worker
+    that has retraced and one that has not yet list the same call's
+    collectives differently, though both run the same program: compared
+    position by position, that is no disagreement."""
+    traces: Dict[str, set] = collections.defaultdict(set)
+    for w in ws:
+        for f in w.functions:
+            traces[f.name].add(f.collectives)
+    out = {}
+    for fn_name, seen in traces.items():
+        stripped = {tuple(op for op in ops if op.kind != "broadcast") for ops in seen}
+        if len(seen) > 1 and len(stripped) == 1:
+            out[fn_name] = stripped.pop()
+    return out
+
+
+def sequence(w: WorkerObservation, retraced: Optional[Dict[str, Tuple[CollectiveOp, ...]]] = None
+             ) -> List[Tuple[CollectiveOp, str, Optional[int]]]:
+    """Every collective the worker launched, in order: (op, function name,
+    step); with the functions of ``retraced`` (:func:`_retraced`) counted
+    without their broadcasts."""
     ops, names = _ops(w), _names(w)
-    return [(op, names.get(c.function, "?"), c.step)
-            for c in collective_calls(w) for op in ops[c.function]]
+    retraced = retraced or {}
+    return [(op, names.get(c.function, "?"), c.step) for c in collective_calls(w)
+            for op in retraced.get(names.get(c.function, "?"), ops[c.function])]
 
 
 def where_sequences_part(ws: Sequence[WorkerObservation]) -> Optional[str]:
     """The first collective number at which the workers' records differ in
     kind or shape (the n-th collectives of all workers pair up), said for a
     person; None when they agree as far as each went."""
-    seqs = {w.index: sequence(w) for w in ws if has_ledger(w)}
+    retraced = _retraced(ws)
+    seqs = {w.index: sequence(w, retraced) for w in ws if has_ledger(w)}
     if len(seqs) < 2:
         return None
     for n in range(max(len(s) for s in seqs.values())):
@@ -180,13 +207,15 @@ def where_sequences_part(ws: Sequence[WorkerObservation]) -> Optional[str]:
     return None
 
 
-def odd_collective(ws: Sequence[WorkerObservation]) -> Optional[Tuple[List[int], int, str]]:
+def odd_collective(ws: Sequence[WorkerObservation]) -> Optional[Tuple[List[int], int, str, tuple]]:
     """From three workers up: at the first collective number whose kind,
     shape or dtype differs between the workers' ledgers, the workers in the
-    minority against a strict majority, that number (from 1), and the
-    majority's collective, said.  None when there is no such point or no
+    minority against a strict majority, that number (from 1), the
+    majority's collective, said, and the first odd worker's (op, function,
+    step) there.  None when there is no such point or no
     such majority (two workers are symmetric)."""
-    seqs = {w.index: sequence(w) for w in ws if w.ledger is not None and has_ledger(w)}
+    retraced = _retraced(ws)
+    seqs = {w.index: sequence(w, retraced) for w in ws if w.ledger is not None and has_ledger(w)}
     if len(seqs) < 3 or len(seqs) < len(ws):
         return None
     for n in range(min(len(s) for s in seqs.values())):
@@ -198,7 +227,8 @@ def odd_collective(ws: Sequence[WorkerObservation]) -> Optional[Tuple[List[int],
             return None
         odd = sorted(i for i, v in here.items() if v != top)
         majority = next(s[n][0] for i, s in seqs.items() if here[i] == top)
-        return odd, n + 1, str(majority)
+        mine = seqs[odd[0]][n]
+        return odd, n + 1, str(majority), mine
     return None
 
 

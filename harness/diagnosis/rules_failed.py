@@ -54,9 +54,8 @@ def collective_shapes(f: Facts) -> Optional[Blame]:
     found = ledger.odd_collective(f.workers)
     if found is None:
         return None
-    odd, number, majority = found
+    odd, number, majority, mine = found
     w = f.worker(odd[0])
-    mine = ledger.sequence(w)[number - 1]
     return Blame(odd, f"its collective #{number} is {mine[0]} in `{mine[1]}`, where the others' "
                  f"is {majority}", mine[2] if mine[2] is not None else w.last_step)
 

@@ -165,6 +165,13 @@ def majority(f: Facts) -> Optional[Blame]:
     if not top[0] and sig[c.index][0]:
         why = f"missing from the collective {where_stopped(maj)}: it finished after {ran}"
         step = maj.last_step   # where the others wait for it
+    elif top[0] and c.steps == top[1] and ledger.pending_call(c) is None \
+            and ledger.has_ledger(c):
+        # Its ledger shows no call pending: it is in its own Python code,
+        # slow or stuck there, not waiting on a collective.
+        why = (f"still in its own code {where_stopped(c)} after the others returned with the "
+               f"same steps: in no collective call")
+        step = c.last_step
     elif top[0]:
         why = (f"blocked {where_stopped(c)} after the others returned with the same steps: it "
                "made a collective call they did not (e.g. an extra all-reduce)"

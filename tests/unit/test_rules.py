@@ -429,6 +429,27 @@ def test_collective_shapes_name_the_odd_shape_from_the_ledgers_from_three_worker
     assert blame(R.collective_shapes, run(*ws[:2])) is None    # two: symmetric
 
 
+def _traced(w, *ops):
+    """``w`` whose latest trace of `step` launches ``ops`` (kind, shape)."""
+    return dataclasses.replace(w, functions=(TracedFunction(0, "step", tuple(
+        CollectiveOp(kind, shape, "float32") for kind, shape in ops)),))
+
+
+def test_a_worker_that_retraced_a_variable_creating_function_is_not_the_odd_one():
+    """The first trace of a function that creates variables broadcasts their
+    initial values, the second does not; a ledger keeps the latest.  One
+    worker a retrace ahead lists the call's collectives without the
+    broadcasts: no disagreement (a throttled link at step 0 of the seed's
+    loop, 3 workers, TensorFlow 2.21.0: named the one ahead)."""
+    first = (("broadcast", (784, 10)), ("broadcast", (10,)), ("all-reduce", (7960,)))
+    ws = [_traced(with_ledger(blocked(i, 4, steps=[0]), {0: 1}, blocked=True),
+                  *(first if i != 1 else first[2:])) for i in range(3)]
+    assert blame(R.collective_shapes, run(*ws, ended_by="hang")) is None
+    # A worker whose trace really differs (another shape) is still named.
+    ws[1] = _traced(ws[1], *first[:2], ("all-reduce", (3980,)))
+    assert blame(R.collective_shapes, run(*ws, ended_by="hang")).culprits == [1]
+
+
 def _with_first_step_broadcasts(w, broadcasts=8):
     """``w`` whose step 0 also holds ``broadcasts`` variable initialisations
     outside any function, as Keras 2's optimizer makes them in the first
@@ -463,3 +484,19 @@ def test_the_ledger_lines_give_one_line_to_workers_waiting_for_the_same_missing_
     lines = [ln for ln in ledger_lines(ws[:1] + [skipper] + ws[1:]) if "never launched" in ln]
     assert lines == ["ledger: worker 1 never launched call 10 of `step` (all-reduce "
                      "float32[1]), which workers 0,2-5 wait in"]
+
+
+def test_a_worker_still_in_its_own_code_is_not_said_to_have_made_an_extra_call():
+    """The others returned after the same steps; its ledger holds no pending
+    call: it is in Python after its loop (slow, or stuck there), and the
+    verdict says so rather than claim a collective call the ledger lacks."""
+    ws = [with_ledger(returned(i, 3, steps=range(6))) for i in (0, 2)]
+    slow = with_ledger(blocked(1, 3, steps=range(6), stack=STACK_SLEEP))
+    b = blame(R.majority, run(ws[0], slow, ws[1], ended_by="hang"))
+    assert list(b.culprits) == [1]
+    assert "in no collective call" in b.reason and "extra" not in b.reason
+    # With a call pending, the extra call is what the ledger shows.
+    extra = with_ledger(blocked(1, 3, steps=range(6)), {s: 1 for s in range(6)} | {5: 2},
+                        blocked=True)
+    b = blame(R.majority, run(ws[0], extra, ws[1], ended_by="hang"))
+    assert "made a collective call they did not" in b.reason
