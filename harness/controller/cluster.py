@@ -269,7 +269,7 @@ class Cluster:
         most the cluster's).  The jobs keep what must outlive an attempt in
         ``harness.context().run_dir``.  A failure is saved in hypothesis's
         example database, and the next search of the same job (``key``, by
-        default the function's qualified name) runs it first.  With
+        default the function's qualified name and arguments) runs it first.  With
         ``check=True`` a failure raises
         :class:`~harness.errors.ExplorationFailed`, whose message starts
         with the plan as a ``faults=[...]`` line to paste into :meth:`run`;

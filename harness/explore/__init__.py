@@ -65,9 +65,14 @@ def _kinds(kinds, property: str) -> tuple:
         raise SettingError(f"explore(kinds=...): {e}") from None
 
 
-def job_key(fn: Callable) -> str:
-    """What names a job in the saved plans: where its function is defined."""
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+def job_key(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) -> str:
+    """What names a job in the saved plans: where its function is defined,
+    and its arguments (a broken and a fixed variant of one function are two
+    jobs: the fixed one's search must not drop the broken one's plan)."""
+    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    call = ", ".join([repr(a) for a in args]
+                     + [f"{k}={v!r}" for k, v in sorted((kwargs or {}).items())])
+    return f"{where}({call})"
 
 
 def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
@@ -126,7 +131,7 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
         return strategies.plans(workers, steps, chosen, min_faults=1, max_faults=max_faults,
                                 attempts=attempts, for_ever=property != "survives")
 
-    saved = SavedPlans(f"{key or job_key(fn)} property={property} "
+    saved = SavedPlans(f"{key or job_key(fn, args, kwargs)} property={property} "
                        f"workers={settings.workers} restarts={restarts}")
     found = run_search(run, judge, strategy_for=strategy_for, kinds=chosen, property=property,
                    budget=budget, shrink_budget=shrink_budget, seed=seed, timeout=timeout,

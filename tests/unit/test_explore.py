@@ -243,3 +243,11 @@ def test_a_plan_whose_fault_never_acted_is_counted_apart():
     found = search(run, survives_judge(None), budget=1e9)
     assert found.failure is None
     assert found.outcomes["a fault never acted"] == found.runs - 1
+
+
+def test_a_job_s_key_names_its_function_and_its_arguments():
+    from harness.explore import job_key
+    assert job_key(crash_window_job) == f"{__name__}.crash_window_job()"
+    assert job_key(crash_window_job, (3,), {"fixed": True, "a": 1}) == \
+        f"{__name__}.crash_window_job(3, a=1, fixed=True)"
+    assert job_key(crash_window_job, kwargs={"fixed": True}) != job_key(crash_window_job)
