@@ -16,6 +16,7 @@ Functions are matched across workers by name: ids are per worker.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from harness.diagnosis.observations import Call, CollectiveOp, WorkerObservation
@@ -173,6 +174,18 @@ def _retraced(ws: Sequence[WorkerObservation]) -> Dict[str, Tuple[CollectiveOp, 
         if len(seen) > 1 and len(stripped) == 1:
             out[fn_name] = stripped.pop()
     return out
+
+
+def same_traces(ws: Sequence[WorkerObservation]) -> Tuple[WorkerObservation, ...]:
+    """The workers with the functions of :func:`_retraced` listed without
+    their broadcasts on every worker, so that counts and sequences compare
+    one program with itself."""
+    retraced = _retraced(ws)
+    if not retraced:
+        return tuple(ws)
+    return tuple(dataclasses.replace(w, functions=tuple(
+        dataclasses.replace(f, collectives=retraced[f.name]) if f.name in retraced else f
+        for f in w.functions)) for w in ws)
 
 
 def sequence(w: WorkerObservation, retraced: Optional[Dict[str, Tuple[CollectiveOp, ...]]] = None

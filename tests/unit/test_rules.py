@@ -500,3 +500,14 @@ def test_a_worker_still_in_its_own_code_is_not_said_to_have_made_an_extra_call()
                         blocked=True)
     b = blame(R.majority, run(ws[0], extra, ws[1], ended_by="hang"))
     assert "made a collective call they did not" in b.reason
+
+
+def test_a_worker_a_retrace_ahead_launched_no_fewer_collectives_in_its_step():
+    """The same retrace, read by the per-step counts: 2 collectives in step 0
+    against the others' 10 was the retraced worker's latest trace, not
+    fewer launches (4 workers, a throttled link, TensorFlow 2.21.0)."""
+    first = (("broadcast", (784, 10)),) * 8 + (("all-reduce", (7960,)), ("all-reduce", (1,)))
+    ws = [_traced(with_ledger(blocked(i, 4, steps=[0]), {0: 1}, blocked=True),
+                  *(first if i != 2 else first[8:])) for i in range(4)]
+    v = diagnose(run(*ws, ended_by="hang"))
+    assert v.culprits != (2,) and v.rule != "collective_counts", v.text
