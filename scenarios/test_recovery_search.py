@@ -35,6 +35,14 @@ The scenarios run the window's plan on the last worker.  The searches
 third plan falls in the window at 2, 3 and 4 workers; a fresh seed needs
 about as many plans as there are per breaking one (20 at 3 workers for the
 accumulation, 40 at 2 for the pointer), whichever way the crash kills.
+The seeds hold for the hypothesis that drew them (6.170.17); another
+version may draw another order, and the searches' budget of 120 s then
+covers the ~20-40 plans a fresh seed needs only roughly.  A search over the
+``BackupAndRestore`` job (seed 26, the same budget) found a crash at step
+12 at 2, 3 and 4 workers, measured 2026-12-03; it is left out of the suite
+for CI's time (a Keras restart a plan), as is a search of the fixed
+pointer loop (no failure in 10 s; tests/test_explore.py checks a fixed
+job's search).
 """
 import json
 import os
@@ -386,21 +394,6 @@ def test_backup_every_epoch_keeps_the_epoch_end_update(mwms_cluster):
     every_step_at_its_rate(_backup_run(mwms_cluster, save_freq="epoch"))
 
 
-@pytest.mark.timeout(240)
-@culprit_check("test_backup_every_batch_misses_the_epoch_end_update")
-def test_search_finds_the_backup_window(mwms_cluster):
-    """``explore`` over single crashes finds a crash at step 12, the first
-    of the epoch after the halving, at whichever worker (seed 26 draws one
-    third at 2, 3 and 4 workers; the shrink, a Keras run a step, is cut to
-    a second)."""
-    found = mwms_cluster.explore(fit_with_backup, kwargs={"save_freq": 1},
-                                 invariant=every_step_at_its_rate, kinds=["Crash"], restarts=1,
-                                 seed=26, shrink_budget=1, check=False, env=KERAS_2, **_SEARCH)
-    assert found.failure is not None, found.summary()
-    (crash,) = found.failure.plan
-    assert isinstance(crash, Crash) and crash.step == FIRST_AT_HALF_RATE, found.summary()
-
-
 # -- the chief names a checkpoint before it exists ----------------------------------
 
 POINTER_STEPS = 20
@@ -544,16 +537,3 @@ def test_search_finds_the_pointer_window(mwms_cluster):
     (crash,) = found.failure.plan
     assert isinstance(crash, Crash) and crash.step == SAVE_EVERY and crash.worker >= 1, \
         found.summary()
-
-
-@pytest.mark.timeout(240)
-@culprit_check("test_chief_names_the_checkpoint_before_it_is_saved")
-def test_search_finds_nothing_in_the_fixed_pointer_loop(mwms_cluster):
-    """The same search over the fixed loop (seed 3, whose third plan is the
-    window's) reports no failure within 10 s: every plan it ran completed
-    and kept the promise."""
-    found = mwms_cluster.explore(pointer_loop, kwargs={"fixed": True},
-                                 invariant=every_step_applied_once, kinds=["Crash"], restarts=1,
-                                 seed=3, check=False, **dict(_SEARCH, budget=10))
-    assert found.failure is None, found.summary()
-    assert found.runs >= 2 and set(found.outcomes) == {"completed"}, found.summary()
