@@ -262,7 +262,8 @@ def _same(recorded, fixture):
         f"analyze:\n{recorded.text}\n\nfixture:\n{fixture.diagnosis}"
 
 
-@pytest.mark.parametrize("n, term", [(2, False), (3, True), (4, False)])
+# 2 tasks are the skipped-step cases above; CI's time goes to 3 and 4.
+@pytest.mark.parametrize("n, term", [(3, True), (4, False)])
 def test_a_skipped_step_with_the_skipper_lingering(mwms_cluster, tmp_path, n, term):
     """Then the job is killed (SIGTERM first, at 3 tasks): still the hang,
     and the kill told after it.  Then one task's files are lost: it is
@@ -433,7 +434,7 @@ def _both(mwms_cluster, tmp_path, n, args, **fixture_settings):
     return recorded, _fixture_verdict(mwms_cluster, tmp_path, n, args, **fixture_settings)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])   # worker 1 in the middle: a peer on each side
 def test_a_crashed_worker(mwms_cluster, tmp_path, n):
     recorded, fixture = _both(mwms_cluster, tmp_path, n, ["--bug", "crash", "--worker", "1"],
                               timeout=30, grace=DUMP_AFTER)
@@ -444,7 +445,7 @@ def test_a_crashed_worker(mwms_cluster, tmp_path, n):
         f"analyze:\n{recorded.text}\n\nfixture:\n{fixture.diagnosis}"
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])
 def test_a_paused_worker(mwms_cluster, tmp_path, n):
     recorded, fixture = _both(mwms_cluster, tmp_path, n, ["--bug", "pause", "--worker", "1"],
                               timeout=FIXTURE_TIMEOUT, grace=2)
