@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from harness.diagnosis import ledger
 from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation
 from harness.diagnosis.echoes import is_echo, short_type
 from harness.diagnosis.facts import facts_of
@@ -96,10 +95,7 @@ def diagnose(obs: RunObservation) -> Verdict:
     names them.  An evaluator is outside the collectives: the training
     tasks are judged without it, so it is never the culprit of what
     happens in them; when they completed and only the evaluator failed,
-    crashed or hung, the verdict is its own.  A function one worker has
-    retraced and another not yet is counted alike on both
-    (:func:`harness.diagnosis.ledger.same_traces`)."""
-    obs = dataclasses.replace(obs, workers=ledger.same_traces(obs.workers))
+    crashed or hung, the verdict is its own."""
     with task_labels(obs.labels()):
         if obs.evaluator is None:
             return _verdict(obs)

@@ -15,7 +15,7 @@ from typing import Counter, Dict, List, Optional, Sequence, Tuple
 from harness.core import protocol
 from harness.diagnosis.observations import EndedBy, Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.configs import config_issues
-from harness.diagnosis import order
+from harness.diagnosis import ledger, order
 from harness.diagnosis.echoes import is_collective_mismatch, is_echo, is_end_of_input
 
 # Where each phase stands in a worker's life: who is behind whom.
@@ -142,6 +142,9 @@ def signature(w: WorkerObservation) -> Signature:
 
 
 def facts_of(obs: RunObservation) -> Facts:
+    # A function one worker has retraced and another not yet is counted
+    # alike on both, for every rule and line that reads the ledgers.
+    obs = dataclasses.replace(obs, workers=ledger.same_traces(obs.workers))
     outcome = outcome_of(obs)
     issues, tie = config_issues(obs)
     raised = [w for w in obs.workers if w.error is not None]

@@ -188,23 +188,18 @@ def same_traces(ws: Sequence[WorkerObservation]) -> Tuple[WorkerObservation, ...
         for f in w.functions)) for w in ws)
 
 
-def sequence(w: WorkerObservation, retraced: Optional[Dict[str, Tuple[CollectiveOp, ...]]] = None
-             ) -> List[Tuple[CollectiveOp, str, Optional[int]]]:
-    """Every collective the worker launched, in order: (op, function name,
-    step); with the functions of ``retraced`` (:func:`_retraced`) counted
-    without their broadcasts."""
+def sequence(w: WorkerObservation) -> List[Tuple[CollectiveOp, str, Optional[int]]]:
+    """Every collective the worker launched, in order: (op, function name, step)."""
     ops, names = _ops(w), _names(w)
-    retraced = retraced or {}
-    return [(op, names.get(c.function, "?"), c.step) for c in collective_calls(w)
-            for op in retraced.get(names.get(c.function, "?"), ops[c.function])]
+    return [(op, names.get(c.function, "?"), c.step)
+            for c in collective_calls(w) for op in ops[c.function]]
 
 
 def where_sequences_part(ws: Sequence[WorkerObservation]) -> Optional[str]:
     """The first collective number at which the workers' records differ in
     kind or shape (the n-th collectives of all workers pair up), said for a
     person; None when they agree as far as each went."""
-    retraced = _retraced(ws)
-    seqs = {w.index: sequence(w, retraced) for w in ws if has_ledger(w)}
+    seqs = {w.index: sequence(w) for w in ws if has_ledger(w)}
     if len(seqs) < 2:
         return None
     for n in range(max(len(s) for s in seqs.values())):
@@ -227,8 +222,7 @@ def odd_collective(ws: Sequence[WorkerObservation]) -> Optional[Tuple[List[int],
     majority's collective, said, and the first odd worker's (op, function,
     step) there.  None when there is no such point or no
     such majority (two workers are symmetric)."""
-    retraced = _retraced(ws)
-    seqs = {w.index: sequence(w, retraced) for w in ws if w.ledger is not None and has_ledger(w)}
+    seqs = {w.index: sequence(w) for w in ws if w.ledger is not None and has_ledger(w)}
     if len(seqs) < 3 or len(seqs) < len(ws):
         return None
     for n in range(min(len(s) for s in seqs.values())):
