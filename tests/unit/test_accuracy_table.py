@@ -125,12 +125,8 @@ def test_every_fault_of_the_published_run_acted():
     assert not bad, f"faults that never acted (an error of the bench's plan): {bad}"
 
 
-# The 2026-12-03 run gave 4 wrong answers, all at step 0 of the seed loop on
-# 3 and 4 workers (docs/accuracy.md, "Wrong answers"): the diagnosis's to
-# fix, not this test's.  strict: once a new run has none, this marker must go.
-@pytest.mark.xfail(strict=True, reason="docs/accuracy.json (2026-12-03) has 4 wrong answers: "
-                   "Bandwidth(kbps=32) and Latency(ms=50) at step 0 of the seed loop, 3 and 4 "
-                   "workers; reported, not yet fixed")
+# A wrong answer is the diagnosis's to fix (docs/accuracy.md, "Wrong
+# answers"), then the benchmark is run again: never an expected failure here.
 def test_the_published_run_has_no_wrong_answer():
     bad = [(r["fault"], r["workers"], r["workload"], r["culprits"]) for r in _doc()["runs"]
            if r["attribution"] == "wrong"]
