@@ -76,7 +76,11 @@ def _start_inner(pytester, tmp_path, inner_tmp, test_timeout=300, harness_timeou
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
          f"--mwms-workers={workers}", "test_inner.py"],
-        cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # A pytest started in the background of a shell without job control
+        # (a CI script's `cmd &`) ignores SIGINT, and so would its children;
+        # a terminal's pytest gets Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(list(piddir.iterdir())) < workers:
         assert proc.poll() is None, proc.communicate()[0]
@@ -182,10 +186,33 @@ def _cmdline(pid):
         return []
 
 
+def _ended(proc, pids, seconds):
+    """The inner pytest's output once it has ended by itself within
+    ``seconds``; if it has not, it and what it started are killed, and the
+    test fails with what it printed so far."""
+    try:
+        return proc.communicate(timeout=seconds)[0]
+    except subprocess.TimeoutExpired:
+        # pytest's faulthandler prints every thread's stack on SIGABRT.
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out = proc.communicate(timeout=10)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_gone(pids, 10)
+        pytest.fail(f"the inner pytest was still running {seconds} s on:\n{out[-6000:]}")
+
+
 def test_ctrl_c_stops_the_run_and_its_workers(pytester, tmp_path, inner_tmp):
     proc, pids = _start_inner(pytester, tmp_path, inner_tmp)
     proc.send_signal(signal.SIGINT)
-    out = proc.communicate(timeout=30)[0]
+    out = _ended(proc, pids, 30)
     assert "KeyboardInterrupt" in out
     left = wait_gone(pids, 5)
     assert not left, left
@@ -196,7 +223,7 @@ def test_pytest_timeout_backstop_cleans_up(pytester, tmp_path, inner_tmp):
     """pytest-timeout firing inside run() (harness timeout longer than the
     test's) still leaves nothing behind."""
     proc, pids = _start_inner(pytester, tmp_path, inner_tmp, test_timeout=8, harness_timeout=100)
-    out = proc.communicate(timeout=60)[0]
+    out = _ended(proc, pids, 60)
     assert proc.returncode == 1 and "Timeout" in out, out
     left = wait_gone(pids, 5)
     assert not left, left

@@ -258,7 +258,11 @@ def test_an_unmodified_script_on_ray_from_the_command_line(tmp_path):
                        "steps.py", "--", "--steps", "5", timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "culprit: worker 1" in proc.stdout, proc.stdout
-    assert "worker 1 returned and its process ended after 4 calls" in proc.stdout, proc.stdout
+    # Two rules name it, and which answers depends on whether worker 0's call
+    # was still reading worker 1's data when worker 1 returned: the one that
+    # says it left (left_early), or the per-step counts.
+    assert ("worker 1 returned and its process ended after 4 calls" in proc.stdout
+            or "worker 1 (launched no collective in step 2" in proc.stdout), proc.stdout
     assert not [d for d in ray_dirs() if d not in before]
 
 
