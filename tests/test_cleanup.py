@@ -136,7 +136,10 @@ def test_the_next_run_removes_what_a_run_killed_with_its_sweeper_left(
                 if scratch.__file__ in " ".join(p.info["cmdline"] or ())
                 and inner_tmp in " ".join(p.info["cmdline"] or ())]
     assert len(sweepers) == 1, sweepers
-    for p in [psutil.Process(proc.pid), *sweepers]:
+    # The sweeper first: it starts sweeping the moment pytest's end closes
+    # its pipe, so killing it second lets it act in between, as a cgroup's
+    # kill, all at once, would not.
+    for p in [*sweepers, psutil.Process(proc.pid)]:
         p.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     assert not wait_gone(pids + [s.pid for s in sweepers], 10)
