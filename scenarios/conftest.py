@@ -43,11 +43,30 @@ def _plain_nodeid(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """Each scenario file is one xdist group (the session's other tests are not touched)."""
-    for item in items:
-        path = str(item.path)
-        if os.path.dirname(path) == HERE:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    """Each scenario file is one xdist group (the session's other tests are
+    not touched).  Every test of the catalogue is marked ``catalogue``, and
+    ``by_version`` where what it sees differs by TensorFlow version: its
+    ``@scenario(on=...)``, a ``by_version`` mark of its own (an error's
+    text, say), or the scenario whose culprit check it is.  CI's run on the
+    oldest TensorFlow takes those (``-m "not catalogue or by_version"``)."""
+    ours = [item for item in items if os.path.dirname(str(item.path)) == HERE]
+    by_version = {_plain_name(item) for item in ours if _differs_by_version(item)}
+    for item in ours:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+        item.add_marker(pytest.mark.catalogue)
+        check_of = culprit_check_of(getattr(item, "function", None))
+        scenario_name = f"{item.path}::{check_of}" if check_of else _plain_name(item)
+        if scenario_name in by_version and item.get_closest_marker("by_version") is None:
+            item.add_marker(pytest.mark.by_version)
+
+
+def _plain_name(item) -> str:
+    return f"{item.path}::{getattr(item, 'originalname', item.name)}"
+
+
+def _differs_by_version(item) -> bool:
+    meta = getattr(getattr(item, "function", None), "scenario", None)
+    return item.get_closest_marker("by_version") is not None or bool(meta and meta.elsewhere)
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,9 @@ import pytest
 
 from scenarios.meta import DEFAULT_IS_KERAS_3, KERAS_2_PACKAGE, scenario, use_keras2
 
+# Which Keras is tf.keras, and which package is Keras 2, differ by version.
+pytestmark = pytest.mark.by_version
+
 
 def fit(data="repeat", epochs=2, steps_per_epoch=5):
     """The seed's model compiled and fitted with ``model.fit``.

@@ -17,6 +17,9 @@ from harness.core import versions
 from harness.faults import StartDelay
 from scenarios.meta import NO_FIX, culprit_check, scenario
 
+# Whether TensorFlow has a registration barrier decides these (HAS_BARRIER).
+pytestmark = pytest.mark.by_version
+
 STEPS = 5
 REGISTER_TIMEOUT = 1.0   # the job's own registration timeout, seconds
 # The others give up about a second past the registration timeout; the late

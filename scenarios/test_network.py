@@ -21,6 +21,7 @@ def _last(mwms_cluster):
     return mwms_cluster.num_workers - 1
 
 
+@pytest.mark.by_version
 @pytest.mark.timeout(90)
 @scenario(outcome="failed", error="UnavailableError", source="MWMS docs: fault tolerance",
           fixed_by=NO_FIX)
@@ -51,6 +52,7 @@ def test_partition_never_heals(mwms_cluster):
     assert result.workers[last].exception.type_name == "DeadlineExceededError"
 
 
+@pytest.mark.by_version
 @pytest.mark.timeout(90)
 @scenario(outcome=("failed", "crashed"), error="DeadlineExceededError",
           source="MWMS docs: fault tolerance; CommunicationOptions", fixed_by=NO_FIX)

@@ -205,6 +205,7 @@ def _wrong_port(scenario_run, mwms_cluster):
                         faults=[BadTFConfig(_last(mwms_cluster), "wrong_port")])
 
 
+@pytest.mark.by_version
 @pytest.mark.timeout(60)
 @scenario(outcome="failed", error="UnavailableError", source="seed rule 1",
           fixed_by="test_tf_config_consistent")
@@ -314,6 +315,7 @@ def train_when_names_resolve(deadline=60.0):
     return time.monotonic() - (stop - deadline), train_and_report()
 
 
+@pytest.mark.by_version
 @needs_names
 @pytest.mark.timeout(60)
 @scenario(outcome="failed", error="UnavailableError", source="tensorflow#53098",

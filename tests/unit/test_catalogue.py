@@ -13,7 +13,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from scenarios import catalogue  # noqa: E402
-from scenarios.meta import NO_FIX, culprit_check, scenario  # noqa: E402
+from scenarios.meta import NO_FIX, culprit_check, culprit_check_of, scenario  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -189,3 +189,34 @@ def test_every_scenario_checks_that_no_worker_outlives_it():
                    k.arg == "autouse" and getattr(k.value, "value", False) for k in d.keywords)
                    for d in node.decorator_list)]
     assert any("no_leftover_workers" in [a.arg for a in f.args.args] for f in autouse)
+
+
+
+def test_the_run_on_the_oldest_tensorflow_takes_the_scenarios_that_differ_by_version():
+    """CI's run on the oldest TensorFlow selects ``-m "not catalogue or
+    by_version"``: every scenario declaring ``on=``, every test marked
+    ``by_version``, the culprit checks of both, and no other catalogue test."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider",
+         "--collect-only", "-q", "-m", "not catalogue or by_version", "scenarios/"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    selected = {line for line in out.stdout.splitlines() if line.startswith("scenarios/")}
+    tests = {}
+    for filename in catalogue.scenario_files():
+        module = catalogue._module(filename)
+        module_marks = getattr(module, "pytestmark", [])
+        module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
+        for name in dir(module):
+            fn = getattr(module, name)
+            if name.startswith("test_") and callable(fn):
+                marks = module_marks + list(getattr(fn, "pytestmark", []))
+                tests[f"scenarios/{filename}::{name}"] = (fn, marks)
+    differing = {key for key, (fn, _) in tests.items()
+                 if getattr(fn, "scenario", None) is not None and fn.scenario.elsewhere}
+    marked = {key for key, (_, marks) in tests.items()
+              if any(m.name == "by_version" for m in marks)}
+    chosen = differing | marked
+    checks = {key for key, (fn, _) in tests.items()
+              if culprit_check_of(fn) and f"{key.split('::')[0]}::{culprit_check_of(fn)}" in chosen}
+    assert differing and selected == chosen | checks
