@@ -208,7 +208,7 @@ def _command_after(heading: str) -> str:
 
 
 def test_readme_keeps_the_commands_ci_and_newcomers_run():
-    assert _command_after("## Run the harness") == "pytest -n 2 --dist loadgroup tests/ scenarios/"
+    assert _command_after("## Run the harness") == "pytest -n 3 --dist loadgroup tests/ scenarios/"
     assert _command_after("## Install and run the scenario catalogue") == \
         "pip install -e '.[test]' && pip install \"$(python -m harness keras2)\" && pytest scenarios/"
 
