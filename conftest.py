@@ -23,3 +23,19 @@ def no_leftover_workers():
     yield
     left = linux.wait_gone(tensorflow_pids(), 3)
     assert not left, f"TensorFlow processes outlived the test: {left}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """Before the first test, each pytest process runs one cluster of its
+    own, outside every test's timeout: the process's fork server imports
+    TensorFlow once, and at the start of a -n 3 run on 2 cores (three
+    processes collecting and importing TensorFlow at once, a Ray cluster
+    starting) that took the first test close to its 60 s."""
+    item = next((i for i in session.items
+                 if "mwms_cluster" in getattr(i, "fixturenames", ())), None)
+    if item is not None and not session.config.option.collectonly:
+        from harness.controller import Cluster
+        from harness.plugin import _item_settings
+        Cluster(_item_settings(item)).run(lambda: None, timeout=300)
+    return (yield)
