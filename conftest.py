@@ -28,10 +28,9 @@ def no_leftover_workers():
 @pytest.hookimpl(wrapper=True)
 def pytest_runtestloop(session):
     """Before the first test, each pytest process runs one cluster of its
-    own, outside every test's timeout: the process's fork server imports
-    TensorFlow once, and at the start of a -n 3 run on 2 cores (three
-    processes collecting and importing TensorFlow at once, a Ray cluster
-    starting) that took the first test close to its 60 s."""
+    own, outside every test's timeout: its fork server's import of
+    TensorFlow, slowest when every process starts at once, is then no
+    test's cost."""
     item = next((i for i in session.items
                  if "mwms_cluster" in getattr(i, "fixturenames", ())), None)
     if item is not None and not session.config.option.collectonly:
