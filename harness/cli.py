@@ -37,6 +37,7 @@ import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
+from harness import plan as plan_module
 from harness import faults_text
 from harness.diagnosis.observations import OUTCOMES, Outcome
 from harness.errors import HarnessError, UsageError
@@ -252,7 +253,7 @@ def run_command(argv: Sequence[str]) -> int:
         expect = parse_choice(ns.expect, "--expect", OUTCOMES)
         plan = [parse_fault(f) for f in ns.fault]
         try:
-            faults_module.validate(plan, settings.workers, settings.restarts, settings.shape)
+            plan_module.validate(plan, settings.workers, settings.restarts, settings.shape)
         except faults_module.FaultError as e:
             raise UsageError(f"--fault: {e}") from None
         from harness.launch.state_dir import check_state_dir

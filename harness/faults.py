@@ -20,11 +20,10 @@ attempt of a run (``attempt=``, keyword only, 0 by default).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import signal
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 from harness.core import tfconfig
 # InjectedFault: RaiseError raises it.
@@ -352,97 +351,3 @@ FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preem
                Bandwidth, Latency, ResetPeers, BadTFConfig,
                StartDelay,
                UnresolvedHost)
-
-
-def resolve(fault: Fault, shape: "tfconfig.ClusterShape") -> Fault:
-    """``fault`` with its ``worker`` worked out from its ``task=`` in a cluster
-    of ``shape``, or a FaultError; ``worker=`` counts the training tasks only."""
-    if fault.task is None:
-        if isinstance(fault.worker, int) and shape.training <= fault.worker < shape.total:
-            raise FaultError(f"{fault!r}: worker= counts the tasks in the collectives (0.."
-                             f"{shape.training - 1} in {shape}); the evaluator is "
-                             f"task=('evaluator', 0)")
-        return fault
-    if tuple(fault.task) not in shape.tasks:
-        raise FaultError(f"{fault!r}: no task {fault.task!r} in the cluster {shape}")
-    index = shape.index_of(tuple(fault.task))
-    if fault.worker not in (UNRESOLVED, index):
-        raise FaultError(f"{fault!r}: give worker= or task=, not both")
-    if index >= shape.training and isinstance(fault, (BadTFConfig, UnresolvedHost)):
-        raise FaultError(f"{fault!r}: the evaluator is in no TF_CONFIG's cluster")
-    resolved = copy.copy(fault)
-    object.__setattr__(resolved, "worker", index)
-    return resolved
-
-
-def validate(faults: Iterable, num_workers: int, restarts: int = 0,
-             shape: Optional["tfconfig.ClusterShape"] = None) -> Tuple[Fault, ...]:
-    """Check a fault plan against a cluster of ``num_workers`` (of ``shape``,
-    when it has a chief or an evaluator) restarted up to ``restarts`` times;
-    return it as a tuple, each fault's ``task=`` resolved to its worker.
-
-    Each fault checks its own fields (:meth:`Fault.check`); across the plan,
-    a worker may have one ``BadTFConfig`` and one ``StartDelay`` per attempt at most.
-    """
-    if faults is None:
-        return ()
-    if isinstance(faults, Fault):
-        faults = (faults,)
-    shape = shape or tfconfig.ClusterShape(worker=num_workers)
-    plan = tuple(faults)
-    for f in plan:
-        if not isinstance(f, Fault):
-            raise FaultError(f"{f!r} is not a fault; use one of "
-                             f"{', '.join(t.__name__ for t in FAULT_TYPES)} from harness.faults")
-    plan = tuple(resolve(f, shape) for f in plan)
-    seen_config = set()
-    seen_start = set()
-    for f in plan:
-        f.check(num_workers, restarts)
-        if isinstance(f, BadTFConfig):
-            if (f.worker, f.attempt) in seen_config:
-                raise FaultError(f"{f!r}: worker {f.worker} already has a BadTFConfig"
-                                 + (f" in attempt {f.attempt}" if restarts else ""))
-            seen_config.add((f.worker, f.attempt))
-        if isinstance(f, StartDelay):
-            if (f.worker, f.attempt) in seen_start:
-                raise FaultError(f"{f!r}: worker {f.worker} already has a StartDelay"
-                                 + (f" in attempt {f.attempt}" if restarts else ""))
-            seen_start.add((f.worker, f.attempt))
-    return plan
-
-
-def needs_network(plan: Iterable[Fault]) -> bool:
-    """Whether a fault of ``plan`` acts on the network (a namespace per worker)."""
-    return any(f.network_commands() for f in plan)
-
-
-def changes_the_network_at_once(fault: Fault) -> bool:
-    """Whether ``fault`` changes the network as it acts (not only seconds
-    later): the worker then waits at its step until the change is made."""
-    return any(after <= 0 for after, _ in fault.network_commands())
-
-
-def needs_host_names(plan: Iterable[Fault]) -> bool:
-    """Whether a fault of ``plan`` lists a worker by a host name the run resolves."""
-    return any(f.host_names() for f in plan)
-
-
-def in_attempt(plan: Iterable[Fault], attempt: int) -> Tuple[Fault, ...]:
-    return tuple(f for f in plan if f.attempt == attempt)
-
-
-def for_worker(plan: Iterable[Fault], index: int) -> Tuple[Fault, ...]:
-    return tuple(f for f in plan if f.worker == index)
-
-
-def at_step(plan: Iterable[Fault], step: int) -> Tuple[StepFault, ...]:
-    return tuple(f for f in plan if isinstance(f, StepFault) and f.step == step)
-
-
-def configs_under(plan: Sequence[Fault], configs: List[Optional[dict]],
-                  spare_port: int) -> List[Optional[dict]]:
-    """The workers' ``TF_CONFIG`` dicts once every fault of ``plan`` has edited them."""
-    for f in plan:
-        configs = f.edit_configs(configs, spare_port)
-    return configs

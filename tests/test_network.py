@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 import harness
+from harness import plan as plan_module
 from harness.network import isolation, namespace as netns
 from harness.settings import SettingError, parse_marker
 from harness.workloads import allreduce_loop
@@ -138,7 +139,8 @@ def test_the_session_header_says_where_clusters_run(pytester, monkeypatch):
 
 # ---------------------------------------------------------------- network faults
 
-from harness.faults import Bandwidth, FaultError, Partition, UnresolvedHost, needs_network  # noqa: E402
+from harness.faults import Bandwidth, FaultError, Partition, UnresolvedHost  # noqa: E402
+from harness.plan import needs_network  # noqa: E402
 
 
 def timed_steps(size=1, n=10):
@@ -170,7 +172,7 @@ def test_network_faults_are_checked_and_say_what_they_do():
     for bad, message in ((Partition(1, 4, seconds=-1), "seconds"),
                          (Bandwidth(1, 4, kbps=1), "kbps must be 8 or more")):
         with pytest.raises(FaultError, match=message):
-            faults.validate([bad], 2)
+            plan_module.validate([bad], 2)
 
 
 @pytest.mark.mwms(network="host")
@@ -345,7 +347,7 @@ def test_latency_and_reset_faults_are_checked_and_say_what_they_do():
                          (Latency(1, 4, ms=5, jitter_ms=6), "jitter_ms must not exceed ms"),
                          (ResetPeers(1, 4, after="soon"), "after must be a number")):
         with pytest.raises(FaultError, match=message):
-            faults.validate([bad], 2)
+            plan_module.validate([bad], 2)
 
 
 @needs_switch

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from harness import faults as faults_module
+from harness import plan as plan_module
 from harness.controller.ledger_view import LedgerView
 from harness.controller.outcome import judge, with_task_restarts
 from harness.controller.phases import Clock, worker_phases
@@ -79,7 +79,7 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
         index=i, num_workers=replicas, payload=payload, tf_config=configs[i], env=job.envs[i],
         log_path=os.path.join(files, f"worker-{i}.log"),
         stack_path=os.path.join(files, f"worker-{i}.stack"),
-        faults=faults_module.for_worker(plan, i), sync_check=req.sync_check,
+        faults=plan_module.for_worker(plan, i), sync_check=req.sync_check,
         progress_path=os.path.join(files, f"worker-{i}.progress"), ledger=req.ledger,
         step_function=req.step_fn, attempt=attempt,
         replicas_path=os.path.join(files, f"worker-{i}.npz") if req.fingerprint else "",
@@ -113,7 +113,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     def start_again(index: int, incarnation: int) -> TrackedWorker:
         """Worker ``index``'s next process: the same TF_CONFIG, its own files."""
         spec = worker_specs(job, incarnation, configs,
-                            faults_module.in_attempt(req.plan, incarnation),
+                            plan_module.in_attempt(req.plan, incarnation),
                             specs_dir(files, index, incarnation))[index]
         progress.create(spec.progress_path)
         readers.append(progress.Reader(spec.progress_path))

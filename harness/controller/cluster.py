@@ -15,7 +15,7 @@ import shutil
 import time
 from typing import Callable, List, Optional, Sequence
 
-from harness import faults as faults_module
+from harness import plan as plan_module
 from harness.controller.attempt import Job, load_value, run_attempt
 from harness.controller.outcome import certain_to_recur, combine_attempts, judge
 from harness.controller.phases import Clock
@@ -178,8 +178,8 @@ class Cluster:
                 # last attempt in TIME_WAIT is not probed again.
                 allowed = POLICIES[settings.restart_policy].cluster_attempts(settings.restarts)
                 for attempt in range(allowed):
-                    plan = faults_module.in_attempt(request.plan, attempt)
-                    configs = network.new_attempt(faults_module.configs_under(
+                    plan = plan_module.in_attempt(request.plan, attempt)
+                    configs = network.new_attempt(plan_module.configs_under(
                         plan, tfconfig.cluster_configs(placement.ports,
                                                        hosts=network.hosts(placement.hosts),
                                                        shape=settings.shape),

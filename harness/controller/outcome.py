@@ -15,7 +15,6 @@ import dataclasses
 import re
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from harness import faults as faults_module
 from harness.controller.phases import added
 from harness.core import protocol
 from harness.diagnosis import Verdict, diagnose, staged

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional, Sequence, Tuple
 
-from harness import faults as faults_module
+from harness import plan as plan_module
 from harness.controller.replicas import parse_check_replicas, parse_reference
 from harness.controller.scripts import check_import_time_env
 from harness.core import serialize
@@ -175,7 +175,7 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
                                        restarts=values.pop("restarts", None),
                                        restart_policy=values.pop("restart_policy", None))
     check_restart_on(settings.restart_policy, values["restart_on"])
-    plan = faults_module.validate(faults, settings.workers, settings.restarts, settings.shape)
+    plan = plan_module.validate(faults, settings.workers, settings.restarts, settings.shape)
     payload = serialize_call(fn, args, kwargs)
     backend = backend_of(settings)
     backend.check(settings, "backend")

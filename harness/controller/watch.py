@@ -21,7 +21,7 @@ from harness.controller.memory import MemorySampler
 from harness.core import progress, protocol
 from harness.controller.proof import Proofs
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
-from harness.faults import changes_the_network_at_once
+from harness.plan import changes_the_network_at_once
 from harness.launch.base import WorkerHandle
 from harness.network import RunNetwork
 from harness.settings import RunSettings

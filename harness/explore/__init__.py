@@ -20,6 +20,7 @@ import math
 from typing import Callable, Optional, Sequence
 
 from harness import faults as F
+from harness import plan as plan_module
 from harness.errors import ExplorationFailed, SettingError
 from harness.explore.properties import PROPERTIES
 from harness.explore.search import Exploration, BreakingPlan, SavedPlans
@@ -121,7 +122,7 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
 
     def is_valid(plan, steps) -> bool:
         try:
-            F.validate(plan, settings.workers, restarts, settings.shape)
+            plan_module.validate(plan, settings.workers, restarts, settings.shape)
         except (F.FaultError, SettingError):
             return False
         return all(type(f).__name__ in chosen and f.worker < workers

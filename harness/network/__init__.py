@@ -22,7 +22,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 from harness import validators
 from harness.core import tfconfig
 from harness.errors import SettingError
-from harness.faults import Fault, in_attempt, needs_host_names, needs_network
+from harness.faults import Fault
+from harness.plan import in_attempt, needs_host_names, needs_network
 from harness.network.namespace import (Namespace, Switch, available, names_available, needs_proxy,
                                        switch_available)
 

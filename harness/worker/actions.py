@@ -18,8 +18,8 @@ from typing import Callable, Dict
 
 from harness.errors import InjectedFault
 from harness.faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, Partition, Pause,
-                            Preempt, RaiseError, ResetPeers, SkipStep, StepFault,
-                            changes_the_network_at_once)
+                            Preempt, RaiseError, ResetPeers, SkipStep, StepFault)
+from harness.plan import changes_the_network_at_once
 from harness.worker.process import flush_output
 
 

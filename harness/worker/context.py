@@ -13,7 +13,8 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from harness.core import linux, progress, protocol
 from harness.errors import NotInWorkerError
-from harness.faults import Fault, at_step
+from harness.faults import Fault
+from harness.plan import at_step
 from harness.worker.actions import act_out, replaces_step
 
 _current: Optional["WorkerContext"] = None

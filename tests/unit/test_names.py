@@ -7,7 +7,8 @@ from harness.core import tfconfig
 from harness.diagnosis import diagnose
 from harness.diagnosis.observations import Event
 from harness.errors import FaultError, SettingError
-from harness.faults import Partition, UnresolvedHost, needs_host_names, validate
+from harness.faults import Partition, UnresolvedHost
+from harness.plan import needs_host_names, validate
 from harness.network import choose_network
 from harness.worker import names
 from tests import observations as o

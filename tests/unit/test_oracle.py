@@ -2,6 +2,7 @@
 from hypothesis import given, settings
 
 from harness import faults as F
+from harness import plan as plan_module
 from plans import Plan, fault_plans, well_formed
 from oracle import expect
 
@@ -37,7 +38,7 @@ def test_config_faults():
 def test_generated_plans_are_valid_and_replayable(plan):
     assert 2 <= plan.workers <= 4 and len(plan.faults) <= 2
     assert well_formed(plan)
-    assert F.validate(plan.faults, plan.workers) == plan.faults
+    assert plan_module.validate(plan.faults, plan.workers) == plan.faults
     # The printed plan is the plan: it can be pasted back.
     assert eval(repr(plan), {**vars(F), "Plan": Plan}) == plan
     outcome, culprits = expect(plan)

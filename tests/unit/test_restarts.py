@@ -5,6 +5,7 @@ import signal
 import pytest
 
 from harness import faults as F
+from harness import plan as plan_module
 from harness.controller import combine_attempts
 from harness.diagnosis import diagnose
 from harness.errors import FaultError, SettingError
@@ -34,15 +35,15 @@ def test_attempt_is_keyword_only_and_prints_only_when_not_the_first():
 ])
 def test_bad_attempts_and_preemptions_are_rejected(fault, restarts, message):
     with pytest.raises(FaultError, match=message):
-        F.validate([fault], 2, restarts)
+        plan_module.validate([fault], 2, restarts)
 
 
 def test_a_bad_config_per_worker_per_attempt():
     plan = [F.BadTFConfig(1, "missing"), F.BadTFConfig(1, "missing", attempt=1)]
-    assert F.validate(plan, 2, restarts=1) == tuple(plan)
+    assert plan_module.validate(plan, 2, restarts=1) == tuple(plan)
     with pytest.raises(FaultError, match="already has a BadTFConfig in attempt 1"):
-        F.validate(plan + [F.BadTFConfig(1, "wrong_port", attempt=1)], 2, restarts=1)
-    assert F.in_attempt(plan, 1) == (plan[1],)
+        plan_module.validate(plan + [F.BadTFConfig(1, "wrong_port", attempt=1)], 2, restarts=1)
+    assert plan_module.in_attempt(plan, 1) == (plan[1],)
 
 
 def test_what_the_parent_sends_after_each_fault():

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from harness import faults
+from harness import plan as plan_module
 from harness.core import tfconfig
 from harness.faults import FaultError
 from harness.launch.devices import (device_assignment, gpu_assignment, shared_assignment,
@@ -167,14 +168,14 @@ def test_faults_are_plain_values():
 ])
 def test_bad_faults_rejected(fault, message):
     with pytest.raises(FaultError, match=message):
-        faults.validate([fault], 4)
+        plan_module.validate([fault], 4)
 
 
 def test_validate_returns_plan():
     plan = [faults.SkipStep(0, 1), faults.Crash(3, 2, "kill")]
-    assert faults.validate(plan, 4) == tuple(plan)
-    assert faults.validate(faults.Delay(1, 0, 0.5), 2) == (faults.Delay(1, 0, 0.5),)
-    assert faults.validate(None, 2) == ()
+    assert plan_module.validate(plan, 4) == tuple(plan)
+    assert plan_module.validate(faults.Delay(1, 0, 0.5), 2) == (faults.Delay(1, 0, 0.5),)
+    assert plan_module.validate(None, 2) == ()
 
 
 @pytest.mark.parametrize("place, named", [

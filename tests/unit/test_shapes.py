@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from harness import faults
+from harness import plan as plan_module
 from harness.core import tfconfig
 from harness.core.tfconfig import ClusterShape
 from harness.diagnosis import diagnose
@@ -125,7 +126,7 @@ def test_config_issues_read_the_chief_list_first_and_find_none_in_a_good_shape()
 def test_a_fault_is_keyed_by_task_or_by_its_place_among_the_training_tasks():
     by_task = faults.SkipStep(task=["worker", 1], step=4)
     assert repr(by_task) == "SkipStep(task=('worker', 1), step=4)"
-    plan = faults.validate([by_task, faults.Crash(0, 2), faults.Pause(task=("evaluator", 0), step=1)],
+    plan = plan_module.validate([by_task, faults.Crash(0, 2), faults.Pause(task=("evaluator", 0), step=1)],
                            4, 0, SHAPE)
     assert [f.worker for f in plan] == [2, 0, 3]
     assert repr(plan[0]) == repr(by_task)   # the worker reports the fault as it prints
@@ -139,7 +140,7 @@ def test_a_fault_is_keyed_by_task_or_by_its_place_among_the_training_tasks():
 ])
 def test_a_fault_on_a_task_the_cluster_lacks_is_a_fault_error(plan, words):
     with pytest.raises(FaultError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        faults.validate(plan, 4, 0, SHAPE)
+        plan_module.validate(plan, 4, 0, SHAPE)
 
 
 def test_task_takes_the_other_fields_by_keyword():

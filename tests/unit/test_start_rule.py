@@ -6,6 +6,7 @@ of R s the on-time workers raise ``DeadlineExceededError`` ("Barrier timed
 out ... Wait_for_all_tasks_to_register") R s into strategy creation; with
 none, they wait there until the hang timeout."""
 from __future__ import annotations
+from harness import plan as plan_module
 
 import dataclasses
 
@@ -175,18 +176,18 @@ def test_the_rule_reads_no_fault_event():
 def test_start_delay_takes_seconds_or_none_and_one_per_worker_and_attempt():
     from harness import faults
     from harness.errors import FaultError
-    assert faults.validate([faults.StartDelay(1, 2.5), faults.StartDelay(0, None)], 2)
+    assert plan_module.validate([faults.StartDelay(1, 2.5), faults.StartDelay(0, None)], 2)
     assert repr(faults.StartDelay(1, None)) == "StartDelay(worker=1, seconds=None)"
     from harness.cli import parse_fault   # --fault takes it as it prints
     assert parse_fault("StartDelay(worker=1, seconds=None)") == faults.StartDelay(1, None)
     assert parse_fault("StartDelay(2, 3.5)") == faults.StartDelay(2, 3.5)
     with pytest.raises(FaultError, match="seconds must be 0 or more"):
-        faults.validate([faults.StartDelay(1, -1)], 2)
+        plan_module.validate([faults.StartDelay(1, -1)], 2)
     with pytest.raises(FaultError, match="seconds must be a number"):
-        faults.validate([faults.StartDelay(1, "5")], 2)
+        plan_module.validate([faults.StartDelay(1, "5")], 2)
     with pytest.raises(FaultError, match="already has a StartDelay"):
-        faults.validate([faults.StartDelay(1, 1), faults.StartDelay(1, 2)], 2)
-    assert faults.validate([faults.StartDelay(1, 1), faults.StartDelay(1, 2, attempt=1)], 2,
+        plan_module.validate([faults.StartDelay(1, 1), faults.StartDelay(1, 2)], 2)
+    assert plan_module.validate([faults.StartDelay(1, 1), faults.StartDelay(1, 2, attempt=1)], 2,
                            restarts=1)
     with pytest.raises(FaultError, match="does not exist"):
-        faults.validate([faults.StartDelay(2, 1)], 2)
+        plan_module.validate([faults.StartDelay(2, 1)], 2)

@@ -5,6 +5,7 @@ from hypothesis import find, given, settings, strategies as st
 from hypothesis.errors import InvalidArgument
 
 from harness import faults as F
+from harness import plan as plan_module
 from harness import strategies
 
 
@@ -12,7 +13,7 @@ from harness import strategies
 @given(st.data(), st.integers(1, 5), st.integers(1, 12), st.integers(1, 3))
 def test_every_plan_drawn_is_valid_for_its_cluster(data, workers, steps, attempts):
     plan = data.draw(strategies.plans(workers, steps, max_faults=3, attempts=attempts))
-    assert F.validate(plan, workers, restarts=attempts - 1) == plan
+    assert plan_module.validate(plan, workers, restarts=attempts - 1) == plan
     assert all(f.step < steps for f in plan)
     assert len({(f.worker, f.step, f.attempt) for f in plan}) == len(plan)
     # A plan prints as the faults' calls: pasted back, the same plan.
