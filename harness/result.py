@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Tuple
 
 from harness.core.protocol import WorkerError
 from harness.errors import SettingError
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
+
+if TYPE_CHECKING:
+    from harness.diagnosis.verdict import Verdict
 
 LOG_TAIL_LINES = 30
 
@@ -73,9 +76,12 @@ class WorkerResult:
         return "\n".join(self.log.rstrip().splitlines()[-lines:])
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class RunResult:
-    """The outcome of one run on the cluster.
+    """The outcome of one run on the cluster: its diagnosis's
+    :class:`~harness.diagnosis.Verdict` (``verdict``), and what each worker
+    left.  ``outcome``, ``culprits``, ``diagnosis``, ``step``, ``error``,
+    ``ambiguous`` and ``faults_never_acted`` are the verdict's, read through.
 
     - ``outcome``: an :class:`~harness.diagnosis.observations.Outcome`, equal
       to ``"completed"``, ``"failed"``, ``"crashed"`` or ``"hang"``
@@ -96,7 +102,8 @@ class RunResult:
       (:class:`~harness.diagnosis.observations.RunObservation`), the
       diagnosis's only input; ``to_dict()`` records it.
     - ``verdict``: the diagnosis's :class:`~harness.diagnosis.Verdict`
-      (outcome, culprits, step, error, ``ambiguous``, the rule that decided).
+      (outcome, culprits, step, error, ``ambiguous``, the rule that decided,
+      the stages after it).
     - ``faults_never_acted``: (fault, why) for each fault asked for whose
       worker finished without reaching it: such a run is ``failed``,
       whatever its workers did, and its diagnosis says so first.
@@ -106,17 +113,38 @@ class RunResult:
       (:mod:`harness.controller.phases`), every attempt added up.
     """
 
-    outcome: str
     workers: Tuple[WorkerResult, ...]
-    culprits: Tuple[int, ...]
-    diagnosis: str
     duration: float
-    observation: RunObservation = dataclasses.field(repr=False)
-    verdict: Any = dataclasses.field(repr=False, default=None)
-    faults_never_acted: Tuple[Tuple[str, str], ...] = ()
+    observation: RunObservation
+    verdict: "Verdict"
     attempt: int = 0
-    attempts: Tuple["RunResult", ...] = dataclasses.field(default=(), repr=False)
-    phases: Mapping[str, float] = dataclasses.field(default_factory=dict, repr=False)
+    attempts: Tuple["RunResult", ...] = ()
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (f"RunResult(outcome={self.outcome!r}, culprits={self.culprits!r}, "
+                f"duration={self.duration:.1f}, attempt={self.attempt}, "
+                f"workers={self.workers!r})")
+
+    @property
+    def outcome(self) -> str:
+        """The verdict's outcome (see above)."""
+        return self.verdict.outcome
+
+    @property
+    def culprits(self) -> Tuple[int, ...]:
+        """The worker indexes the diagnosis blames, sorted."""
+        return self.verdict.culprits
+
+    @property
+    def diagnosis(self) -> str:
+        """The verdict's text: what to read first."""
+        return self.verdict.text
+
+    @property
+    def faults_never_acted(self) -> Tuple[Tuple[str, str], ...]:
+        """(fault, why) for each fault asked for that never acted."""
+        return self.verdict.faults_never_acted
 
     @property
     def tasks(self) -> dict:
@@ -139,14 +167,14 @@ class RunResult:
     def ambiguous(self) -> bool:
         """True when the diagnosis could not single out a culprit and named
         every candidate (two workers out of step, two disagreeing configs)."""
-        return bool(getattr(self.verdict, "ambiguous", False))
+        return self.verdict.ambiguous
 
     @property
     def replicas(self):
         """The replica check's finding
         (:class:`~harness.diagnosis.observations.ReplicaCheck`), or None when
         it was off or not every worker returned."""
-        return self.observation.replicas if self.observation is not None else None
+        return self.observation.replicas
 
     @property
     def memory(self) -> tuple:
@@ -156,8 +184,6 @@ class RunResult:
         with, and the rate of growth fitted past TensorFlow's warm-up
         (``mib_per_step``, None where there is too little to fit, with
         ``why_none``) and whether it grows steadily (``steady``)."""
-        if self.observation is None:
-            return ()
         from harness.diagnosis.memory import memory_growth
         return memory_growth(self.observation)
 
@@ -171,8 +197,6 @@ class RunResult:
         are too few calls to tell (under 8 of a function), or when the
         ledger was off; a slow link slows every worker alike and names
         none."""
-        if self.observation is None:
-            return ()
         from harness.diagnosis.stragglers import stragglers
         return stragglers(self.observation).stragglers
 
@@ -185,14 +209,14 @@ class RunResult:
     def step(self) -> Optional[int]:
         """Where things went wrong: the step the others wait in for the
         culprit, else the culprit's last step (None when completed)."""
-        return getattr(self.verdict, "step", None)
+        return self.verdict.step
 
     @property
     def error(self) -> Optional[str]:
         """The type name of the root error (``"StepDesyncError"``,
         ``"ReplicaDivergence"``, ``"CollectiveOrderDivergence"``, ...), when
         there is one."""
-        return getattr(self.verdict, "error", None)
+        return self.verdict.error
 
     def report(self) -> str:
         """The diagnosis, then the log tail of each worker that did not
@@ -278,8 +302,6 @@ class RunResult:
         a quarter of every step."""
         __tracebackhide__ = True
         limit = _share(max_wait, "assert_no_straggler(max_wait=...)")
-        if self.observation is None:
-            return self
         from harness.diagnosis.stragglers import stragglers
         report = stragglers(self.observation)
         over = [i for i in report.stragglers
@@ -301,7 +323,7 @@ class RunResult:
         from harness.diagnosis.memory import FLAT_MIB_PER_STEP, growth_text, memory_growth
         limit = _positive(mib_per_step, "assert_memory_flat(mib_per_step=...)")
         limit = FLAT_MIB_PER_STEP if limit is None else limit
-        grown = memory_growth(self.observation) if self.observation is not None else ()
+        grown = memory_growth(self.observation)
         problems = [f"worker {g.worker}: no rate ({g.why_none})" for g in grown
                     if g.mib_per_step is None] or (["no worker's memory was sampled"]
                                                    if not grown else [])

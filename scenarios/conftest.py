@@ -10,8 +10,9 @@
 * After each scenario test's body has passed, none of its completed runs
   may name a straggler unless its ``@scenario(straggler=True)`` says it has
   one: a balanced run names none (``harness.diagnosis.stragglers``).
-* After each scenario test's body has passed, each of its runs' outcome,
-  culprits and text must be its verdict's (one verdict).
+* After each scenario test's body has passed, each of its runs' verdict
+  must name the rule that decided (a row of ``RULES``) and the stages that
+  changed it after (rows of ``STAGES``, in the table's order).
 * After each test, no TensorFlow worker may be left running.
 * Under pytest-xdist's ``--dist loadgroup`` (the default here: pyproject's
   ``addopts``), each scenario file is one group, so a scenario and its
@@ -188,15 +189,20 @@ def _check_deadlocks_only_in_hangs(item, meta) -> None:
                 f"{' or '.join(meta.outcomes)}\n{result.report()}")
 
 
-def _check_one_verdict(item) -> None:
-    """Every run's outcome, culprits and text are its verdict's."""
+def _check_verdict_made_by_the_tables(item) -> None:
+    """Every run's verdict was decided by a rule of the table, and changed
+    after only by stages of the table, in its order."""
+    from harness.diagnosis import RULES, STAGES
+    rules, stages = {r.name for r in RULES} | {"evaluator_only"}, [s.name for s in STAGES]
     for result in _runs(item):
-        v = result.verdict
-        if (result.outcome, tuple(result.culprits), result.diagnosis) != (
-                v.outcome, v.culprits, v.text):
-            raise AssertionError(
-                f"{item.name}: the result says {result.outcome!r} {result.culprits}, its "
-                f"verdict {v.outcome!r} {v.culprits}\n{result.report()}")
+        for attempt in (*result.attempts, result):
+            v = attempt.verdict
+            recorded = [s for s in v.stages if s in stages]
+            if v.rule not in rules or recorded != list(v.stages) or \
+                    sorted(recorded, key=stages.index) != recorded:
+                raise AssertionError(
+                    f"{item.name}: a verdict's rule {v.rule!r} and stages {v.stages} are not "
+                    f"rows of RULES and STAGES in order\n{result.report()}")
 
 
 def _check_no_straggler(item, meta) -> None:
@@ -226,7 +232,7 @@ def pytest_runtest_call(item):
             _check_declared(item, meta)
             _check_no_straggler(item, meta)
             _check_deadlocks_only_in_hangs(item, meta)
-            _check_one_verdict(item)
+            _check_verdict_made_by_the_tables(item)
         elif culprit_check_of(fn) is None and item.name.startswith("test_"):
             raise AssertionError(f"{item.name}: every test in scenarios/ is a @scenario or a "
                                  f"@culprit_check (see scenarios/meta.py)")

@@ -5,7 +5,9 @@
 - ``attempt``: one attempt (start, watch, stop, decide); ``watch``: the
   watch loop; ``memory``: each live worker's memory, sampled as it runs;
   ``teardown``: stacks and the end of every process;
-- ``outcome``: the verdict with unacted faults, and attempts combined;
+- ``outcome``: what the controller alone knows of a verdict (the faults
+  that did not act, the failures a restart cannot mend), handed to the
+  diagnosis's stages, and attempts combined;
 - ``restarts``: what a restart starts again (the whole cluster, or one
   task into its running attempt);
 - ``ledger_view``, ``replicas``: what the workers recorded, and the replica

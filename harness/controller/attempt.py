@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness import plan as plan_module
 from harness.controller.ledger_view import LedgerView
-from harness.controller.outcome import judge, with_task_restarts
+from harness.controller.outcome import attempt_story, judge, with_task_history
 from harness.controller.phases import Clock, worker_phases
 from harness.controller.replicas import compare as compare_replicas
 from harness.controller.request import RunRequest
@@ -158,14 +158,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         exit_on_return=req.exit_on_return, tasks=task_names(req.settings.shape))
     for reader in readers:
         reader.close()
-    if restarter is None:
-        result = attempt_result(obs, plan, tracked, specs, total, attempt)
-    else:
-        incarnations = [restarter.incarnation(i) for i in range(req.settings.workers)]
-        result = with_task_restarts(
-            attempt_result(obs, incarnation_plan(req.plan, incarnations), tracked, specs,
-                           total, attempt, incarnations),
-            restarter.history, restarter.not_restarted, req.plan)
+    result = attempt_result(obs, req.plan, plan, restarter, tracked, specs, total, attempt)
     clock.mark("diagnosis")
     return dataclasses.replace(result, phases={**worker_phases(obs), **clock.phases})
 
@@ -187,20 +180,30 @@ def ended_result(worker: TrackedWorker, spec: protocol.WorkerSpec, incarnation: 
                         observation=w, attempt=incarnation, pid=worker.pid)
 
 
-def attempt_result(obs: RunObservation, plan: Sequence[Fault], tracked: List[TrackedWorker],
-                   specs: Sequence[protocol.WorkerSpec], total: float, attempt: int,
-                   incarnations: Optional[Sequence[int]] = None) -> RunResult:
-    judged = judge(obs, plan)
+def attempt_result(obs: RunObservation, whole_plan: Sequence[Fault], plan: Sequence[Fault],
+                   restarter: Optional[TaskRestarter], tracked: List[TrackedWorker],
+                   specs: Sequence[protocol.WorkerSpec], total: float,
+                   attempt: int) -> RunResult:
+    """The attempt's result: each worker's, and the verdict on what was
+    observed and what the controller knows (the faults of ``plan`` that did
+    not act; under ``restart_policy="task"``, each task's processes)."""
+    if restarter is None:
+        incarnations = [attempt] * len(obs.workers)
+        story = attempt_story(obs, plan)
+    else:
+        incarnations = [restarter.incarnation(i) for i in range(len(obs.workers))]
+        story = attempt_story(obs, incarnation_plan(whole_plan, incarnations),
+                              restarter.history, restarter.not_restarted, whole_plan)
     workers = tuple(
         WorkerResult(index=w.index, return_value=_load_return(t), exception=w.error,
                      exit_code=w.exit_code, log=read_capped(specs[w.index].log_path),
                      last_step=w.last_step, stack=w.stack, observation=w,
-                     attempt=incarnations[w.index] if incarnations else attempt, pid=t.pid)
+                     attempt=incarnations[w.index], pid=t.pid)
         for w, t in zip(obs.workers, tracked))
-    return RunResult(outcome=judged.outcome, workers=workers,
-                     culprits=tuple(judged.verdict.culprits), diagnosis=judged.text,
-                     duration=total, observation=obs, verdict=judged.verdict,
-                     faults_never_acted=judged.never, attempt=attempt)
+    if restarter is not None:
+        workers = with_task_history(workers, restarter.history)
+    return RunResult(workers=workers, duration=total, observation=obs,
+                     verdict=judge(obs, story), attempt=attempt)
 
 
 def task_names(shape) -> tuple:

@@ -17,7 +17,8 @@ from typing import Callable, List, Optional, Sequence
 
 from harness import plan as plan_module
 from harness.controller.attempt import Job, load_value, run_attempt
-from harness.controller.outcome import certain_to_recur, combine_attempts, judge
+from harness.controller.outcome import attempt_story, certain_to_recur, combine_attempts, judge
+from harness.diagnosis.story import NotRestarted
 from harness.controller.phases import Clock
 from harness.controller.replicas import compare_reference
 from harness.controller.request import RunRequest, make_request
@@ -155,7 +156,7 @@ class Cluster:
         if checked is not None:
             clock.add("request", launched - checked)
         attempts: List[RunResult] = []
-        not_restarted: Optional[str] = None
+        not_restarted: Optional[NotRestarted] = None
         with self.launcher.place(n, settings.state_dir) as placement, \
                 request.network.open(n, placement.ports) as network:
             # 0700, holds the logs; removed after the run, and by the
@@ -179,7 +180,7 @@ class Cluster:
                 allowed = POLICIES[settings.restart_policy].cluster_attempts(settings.restarts)
                 for attempt in range(allowed):
                     plan = plan_module.in_attempt(request.plan, attempt)
-                    configs = network.new_attempt(plan_module.configs_under(
+                    configs = network.new_attempt(attempt, plan_module.configs_under(
                         plan, tfconfig.cluster_configs(placement.ports,
                                                        hosts=network.hosts(placement.hosts),
                                                        shape=settings.shape),
@@ -309,8 +310,5 @@ class Cluster:
             lambda k: load_value(os.path.join(ref_files, "worker-0.npz"), k),
             req.reference_tolerance)
         obs = dataclasses.replace(result.observation, reference=check)
-        judged = judge(obs, plan)
-        return dataclasses.replace(result, outcome=judged.outcome, culprits=judged.verdict.culprits,
-                                   diagnosis=judged.text, observation=obs, verdict=judged.verdict,
-                                   faults_never_acted=judged.never)
-
+        return dataclasses.replace(result, observation=obs,
+                                   verdict=judge(obs, attempt_story(obs, plan)))

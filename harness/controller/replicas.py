@@ -81,7 +81,9 @@ def compare_reference(worker, returned, load, ref_outcome: str, ref_text: str, r
                               f"{found.variable} {how} from the single-worker reference "
                               f"(tolerance {tolerance:g})"
                               + ("" if found.max_difference is not None else
-                                 f": {found.detail}"))
+                                 f": {found.detail} " + "; ".join(
+                                     f"{'the run' if 0 in side else 'the reference'}: {layout}"
+                                     for side, layout in zip(found.sides, found.layouts))))
     difference = _returned_difference(returned, ref_returned, tolerance)
     if difference is not None:
         return ReferenceCheck(Outcome.COMPLETED, len(mine), tolerance, "fn's return value", difference,
@@ -103,10 +105,6 @@ def _returned_difference(a, b, tolerance: float) -> Optional[float]:
     return _difference(x, y)
 
 
-def _names(ws: Sequence[int]) -> str:
-    return ("worker " if len(ws) == 1 else "workers ") + ", ".join(map(str, ws))
-
-
 def _sides(groups: List[List[int]]) -> Tuple[Tuple[int, ...], ...]:
     return tuple(tuple(g) for g in sorted(groups, key=lambda g: (-len(g), g)))
 
@@ -124,15 +122,15 @@ def _layout_divergence(prints: Dict[int, Tuple[VariablePrint, ...]]) -> Optional
             groups.setdefault(layout(w), []).append(w)
         if len(groups) == 1:
             continue
-        parts = []
-        for key, ws in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1])):
-            parts.append(f"{_names(ws)}: " + ("none (created fewer variables)" if key is None
-                                              else f"{key[0]!r} shape {key[1]} {key[2]}"))
+        # Each side's variable, in the order of the sides.
+        layouts = tuple("none (created fewer variables)" if key is None
+                        else f"{key[0]!r} shape {key[1]} {key[2]}"
+                        for key, _ in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1])))
         first = next(prints[w][k] for w in workers if k < len(prints[w]))
         return DivergentVariable(
             variable=first.label, sides=_sides(list(groups.values())), max_difference=None,
-            detail=f"the workers created different variables; variable #{k} is "
-                   + "; ".join(parts))
+            detail=f"the workers created different variables; variable #{k} is",
+            layouts=layouts)
     return None
 
 
@@ -171,10 +169,7 @@ def compare(prints: Dict[int, Tuple[VariablePrint, ...]],
         biggest = math.nan if any(map(math.isnan, differences)) else max(differences)
         sides = _sides(groups)
         label = prints[workers[0]][k].label
-        detail = (f"variable {label} differs by up to {biggest:.3g} "
-                  f"(tolerance {tolerance:g}): " + " | ".join(
-                      f"{_names(side)} agree" if len(side) > 1 else f"{_names(side)} alone"
-                      for side in sides))
+        detail = f"variable {label} differs by up to {biggest:.3g} (tolerance {tolerance:g})"
         return ReplicaCheck(counts, tolerance,
                             DivergentVariable(label, sides, biggest, detail), tuple(notes))
     return ReplicaCheck(counts, tolerance, None, tuple(notes))

@@ -15,7 +15,8 @@
   processes are in ``result.workers[i].attempts``; the diagnosis tells the
   restarts first, causes before echoes, and a run that does not complete
   after one is blamed on the task restarted first
-  (:func:`harness.controller.outcome.with_task_restarts`).
+  (the stages ``task_restarts`` and ``task_restart`` of
+  :mod:`harness.diagnosis.stages`).
 
 Which end of one worker a restart follows is :func:`task_outcome`, a plain
 function of its observation.
@@ -28,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from harness.controller.outcome import certain_to_recur
 from harness.diagnosis.observations import Outcome, WorkerObservation
+from harness.diagnosis.story import USED_UP, NotRestarted
 from harness.errors import SettingError
 from harness.result import WorkerResult
 
@@ -101,7 +103,7 @@ class TaskRestarter:
         self._start = start
         self._result_of = result_of
         self.history: Dict[int, List[WorkerResult]] = {i: [] for i in range(num_workers)}
-        self.not_restarted: Dict[int, str] = {}
+        self.not_restarted: Dict[int, NotRestarted] = {}
         self.ended: List[object] = []     # the handles of the processes that ended
 
     def incarnation(self, index: int) -> int:
@@ -116,9 +118,8 @@ class TaskRestarter:
         if self.left[worker.index] <= 0:
             if not self.restarts:
                 return False     # only starts asked for: nothing to say
-            self.not_restarted[worker.index] = (
-                f"worker {worker.index} used its {self.restarts} restart"
-                f"{'s' if self.restarts != 1 else ''}")
+            self.not_restarted[worker.index] = NotRestarted(USED_UP, (worker.index,),
+                                                            restarts=self.restarts)
             return False
         # Its phases so far (the record gets them only when the run ends).
         recur = certain_to_recur([dataclasses.replace(worker.seen, events=tuple(worker.events))])

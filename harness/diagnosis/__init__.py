@@ -2,7 +2,7 @@
 
 :func:`diagnose` reads a :class:`~harness.diagnosis.observations.RunObservation` and nothing
 else (no fault plan, no TensorFlow, no clock, no I/O), so every rule can be
-tested on hand-built or recorded runs.  It works in three parts:
+tested on hand-built or recorded runs.  It works in four parts:
 
 * :mod:`.facts`: what the rules need, worked out once (outcome, steps,
   phases, ``TF_CONFIG`` issues from :mod:`.configs`, root errors, collective
@@ -10,9 +10,14 @@ tested on hand-built or recorded runs.  It works in three parts:
 * :mod:`.rules`: the table of blame rules (the functions in
   ``rules_any``, ``rules_failed`` and ``rules_stuck``); the first that
   applies and answers wins, and the verdict names it (``Verdict.rule``);
-* :mod:`.render`: the text a person reads first.
+* :mod:`.render`: the text a person reads first;
+* :mod:`.stages`: the table of what the harness alone knows, applied after
+  the rules by :func:`conclude` (a fault that never acted, the restarts,
+  the attempts of a run), from a :class:`~.story.Story` the controller
+  gives; the verdict records each stage that changed it (``Verdict.stages``).
 
-Its input is :mod:`.observations`.  It may import :mod:`harness.core` and
+Only this package makes or changes a :class:`Verdict` (``tests/unit/test_layout.py``
+holds the rest of the tree to that).  Its inputs are :mod:`.observations` and :mod:`.story`.  It may import :mod:`harness.core` and
 :mod:`harness.errors` only: no TensorFlow, no clock, no I/O.
 
 Outcome, by strict precedence: ``crashed`` if any worker died (ended without
@@ -36,56 +41,20 @@ failure, crash or hang is then the verdict (``Verdict.rule`` is
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
 
 from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation
 from harness.diagnosis.echoes import is_echo, short_type
 from harness.diagnosis.facts import facts_of
-from harness.diagnosis.render import CULPRIT_MARK, render, worker_line
-from harness.diagnosis.words import name, names, task_labels
+from harness.diagnosis.render import evaluator_text, render
+from harness.diagnosis.words import task_labels
 from harness.diagnosis.rules import RULE, RULES, Blame, Rule, first_blame
 from harness.diagnosis.stacks import summarize_stack
+from harness.diagnosis.stages import STAGES, Stage, conclude
+from harness.diagnosis.story import NotActed, NotRestarted, Story
+from harness.diagnosis.verdict import Verdict
 
-__all__ = ["diagnose", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "STAGES", "staged",
-           "is_echo", "summarize_stack"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """What :func:`diagnose` concluded; ``text`` says it for a person."""
-
-    outcome: Outcome              # equal to its text: "completed", ...
-    culprits: Tuple[int, ...]     # worker indexes blamed, sorted; () when completed
-    text: str                     # multi-line, the first thing a person reads
-    step: Optional[int] = None    # where things went wrong (blocked / diverged / died)
-    error: Optional[str] = None   # type name of the root error, when there is one
-    ambiguous: bool = False       # True when the culprit cannot be decided
-    rule: str = ""                # the rule that decided (see RULES), or "evaluator_only"
-    stages: Tuple[str, ...] = ()  # the stages after the rules that changed it (see STAGES)
-
-
-# What the harness itself knows of a run, applied to the rules' verdict by
-# the controller (harness.controller.outcome), each with the error type it
-# gives (None: it keeps the verdict's).  A result's outcome is always its
-# verdict's: a stage changes both at once, through staged().
-STAGES = {
-    "fault_never_acted": None,   # a fault asked for never acted: the run fails
-    "attempts": None,            # a run with restarts: the last attempt's verdict, told with the others
-    "task_restart": None,        # restart_policy="task": blamed on the task restarted first
-}
-
-
-def staged(verdict: Verdict, stage: str, **changes) -> Verdict:
-    """``verdict`` as stage ``stage`` (of :data:`STAGES`) leaves it: its
-    ``changes`` (outcome, culprits, text, step, ambiguous), the stage's
-    error type where it gives one, and the stage recorded."""
-    if stage not in STAGES:
-        raise ValueError(f"{stage!r} is not a stage of STAGES")
-    if STAGES[stage] is not None:
-        changes["error"] = STAGES[stage]
-    if "culprits" in changes:
-        changes["culprits"] = tuple(sorted(set(changes["culprits"])))
-    return dataclasses.replace(verdict, stages=verdict.stages + (stage,), **changes)
+__all__ = ["diagnose", "conclude", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "STAGES",
+           "Stage", "Story", "NotActed", "NotRestarted", "is_echo", "summarize_stack"]
 
 
 def diagnose(obs: RunObservation) -> Verdict:
@@ -111,23 +80,15 @@ def _with_evaluator(obs: RunObservation, ev: int) -> Verdict:
         tasks=tuple(t for i, t in enumerate(obs.tasks) if i != ev),
         ended_by=EndedBy.ALL_FINISHED if all_done else obs.ended_by)
     v = _verdict(part)
-    line = f"  {name(ev)} (outside the collectives): {worker_line(e, ())}"
-    head, _, rest = v.text.partition("\n")
-    if v.outcome != Outcome.COMPLETED:
-        return dataclasses.replace(v, text="\n".join(filter(None, [head, rest, line])))
-    trouble = (Outcome.CRASHED if e.died else Outcome.FAILED if e.error is not None
-               else Outcome.CRASHED_AT_EXIT if e.died_at_exit
-               else None if e.returned else Outcome.HANG)
+    trouble = None if v.outcome != Outcome.COMPLETED else (
+        Outcome.CRASHED if e.died else Outcome.FAILED if e.error is not None
+        else Outcome.CRASHED_AT_EXIT if e.died_at_exit
+        else None if e.returned else Outcome.HANG)
+    text = evaluator_text(v, obs, e, trouble, [w.index for w in training])
     if trouble is None:
-        head = f"COMPLETED: all {len(obs.workers)} tasks returned in {obs.duration:.1f}s"
-        return dataclasses.replace(v, text="\n".join(filter(None, [head, rest, line])))
-    what = {Outcome.CRASHED: "died", Outcome.FAILED: "raised",
-            Outcome.CRASHED_AT_EXIT: "died at exit", Outcome.HANG: "never returned"}[trouble]
-    head = (f"{trouble.upper()}: the evaluator {what}; the training tasks "
-            f"({names([w.index for w in training])}) completed")
+        return dataclasses.replace(v, text=text)
     error = short_type(e.error.type_name) if e.error is not None else None
-    return Verdict(trouble, (ev,), "\n".join(filter(None, [head, line + CULPRIT_MARK, rest])),
-                   e.last_step, error, False, "evaluator_only")
+    return Verdict(trouble, (ev,), text, e.last_step, error, False, "evaluator_only")
 
 
 def _verdict(obs: RunObservation) -> Verdict:

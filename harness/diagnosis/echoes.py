@@ -130,6 +130,23 @@ def names_unhealthy(message: str) -> bool:
     return "unhealthy" in lower or "heartbeat" in lower
 
 
+# Lines of a TensorFlow error message that say nothing of their own.
+_NOT_TELLING = ("Graph execution error", "Detected at node", "File ", "[[", "The error could")
+# The op TensorFlow names before an eager collective's message.
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}")
+
+
+def telling_line(message: str) -> str:
+    """The first line of an error message that says what went wrong
+    (TensorFlow's often opens with "Graph execution error:")."""
+    lines = [_FUNCTION_NODE.sub("", line).strip() for line in (message or "").strip().splitlines()]
+    lines = [line for line in lines if line]
+    for line in lines:
+        if not line.startswith(_NOT_TELLING) and not line.endswith(":"):
+            return line
+    return lines[0] if lines else ""
+
+
 def exit_text(code: Optional[int]) -> str:
     if code is None:
         return "no exit code"

@@ -268,12 +268,15 @@ class DivergentVariable:
     the tolerance), largest group first; ``max_difference`` is the largest
     absolute difference between any worker's value and the first side's
     (None when the variables do not even have the same shape or are
-    missing on some workers); ``detail`` says it for a person."""
+    missing on some workers); ``detail`` says what differs, naming no
+    worker (the diagnosis names the sides); ``layouts``, when the workers
+    created different variables, each side's variable, side by side."""
 
     variable: str
     sides: Tuple[Tuple[int, ...], ...]
     max_difference: Optional[float]
     detail: str
+    layouts: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,7 +394,8 @@ class RunObservation:
                 **replicas, "variables": tuple(replicas["variables"]),
                 "notes": tuple(replicas.get("notes", ())),
                 "divergence": None if div is None else DivergentVariable(**{
-                    **div, "sides": tuple(tuple(s) for s in div["sides"])})})
+                    **div, "sides": tuple(tuple(s) for s in div["sides"]),
+                    "layouts": tuple(div.get("layouts", ()))})})
         reference = d.get("reference")
         if reference is not None:
             reference = ReferenceCheck(**reference)

@@ -7,13 +7,13 @@ what it is read for, and are never cut."""
 from __future__ import annotations
 
 import collections
-from typing import Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from harness.core import protocol
 from harness.diagnosis.observations import EndedBy, Outcome, WorkerObservation
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
-                                      short_type, tasks_named_unhealthy)
+                                      short_type, tasks_named_unhealthy, telling_line)
 from harness.diagnosis.facts import DIVERGED, Facts, reference_steps, state, where_stopped
 from harness.diagnosis.order import order_lines
 from harness.diagnosis.blame import Blame
@@ -22,7 +22,12 @@ from harness.diagnosis.memory import memory_lines
 from harness.diagnosis.rules_start import never_started
 from harness.diagnosis.stacks import summarize_stack, where_raised
 from harness.diagnosis.stragglers import straggler_lines
-from harness.diagnosis.words import names, steps_text
+from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, BEFORE_FN, NOT_REACHED, RECURRING,
+                                     RESTART_NEVER_CAME, NotActed, NotRestarted, Story)
+from harness.diagnosis.words import name, names, steps_text
+
+if TYPE_CHECKING:
+    from harness.diagnosis.verdict import Verdict
 
 MAX_LINES = 40
 MAX_WIDTH = 300
@@ -211,6 +216,28 @@ def note_lines(f: Facts) -> List[str]:
     return lines + error_lines(f)
 
 
+# How an evaluator ended, by the outcome it gives a run whose training completed.
+EVALUATOR_ENDED = {Outcome.CRASHED: "died", Outcome.FAILED: "raised",
+                   Outcome.CRASHED_AT_EXIT: "died at exit", Outcome.HANG: "never returned"}
+
+
+def evaluator_text(v: "Verdict", obs, e: WorkerObservation, trouble: Optional[str],
+                   training: Sequence[int]) -> str:
+    """The text of a run with an evaluator: the training tasks' verdict
+    ``v`` with the evaluator's line, or, when they completed and the
+    evaluator did not (``trouble``: the outcome it gives), the evaluator's
+    own headline first."""
+    line = f"  {name(e.index)} (outside the collectives): {worker_line(e, ())}"
+    head, _, rest = v.text.partition("\n")
+    if trouble is not None:
+        head = (f"{trouble.upper()}: the evaluator {EVALUATOR_ENDED[trouble]}; the training "
+                f"tasks ({names(training)}) completed")
+        return "\n".join(filter(None, [head, line + CULPRIT_MARK, rest]))
+    if v.outcome == Outcome.COMPLETED:
+        head = f"COMPLETED: all {len(obs.workers)} tasks returned in {obs.duration:.1f}s"
+    return "\n".join(filter(None, [head, rest, line]))
+
+
 def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     lines = [cut(headline(f, blame, culprits))]
     if f.obs.ended_by == EndedBy.DEADLOCK and blame.headline:
@@ -222,3 +249,99 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     if len(lines) > MAX_LINES:
         lines = lines[:MAX_LINES - 1] + [f"... {len(lines) - MAX_LINES + 1} more lines"]
     return "\n".join(lines)
+
+
+# -- what the stages add (harness.diagnosis.stages) ----------------------
+
+AUTOMATIC_STEPS_HINT = ("use ctx.steps(), the Keras callback (ctx.keras_callback()), or "
+                        "automatic steps (each call of a tf.function that launches collectives)")
+WHY_MISSING = "a host lost, or its directory not gathered"
+
+
+def why_not_acted(n: NotActed, story: Story) -> str:
+    """Why the fault ``n`` did not act, for a person."""
+    if n.why == NOT_REACHED:
+        return (f"{name(n.worker)} never reached step {n.step}: "
+                + (f"it reported no steps; {AUTOMATIC_STEPS_HINT}" if n.last_step is None
+                   else f"its last step was {n.last_step}"))
+    if n.why == ATTEMPT_NEVER_RAN:
+        if not story.attempts:
+            return f"attempt {n.attempt} never ran"
+        ended = (f"the run ended after attempt {len(story.attempts) - 1} "
+                 f"({story.attempts[-1].outcome})")
+        if story.not_restarted is not None:
+            ended += f", not restarted: {not_restarted_text(story.not_restarted)}"
+        return f"attempt {n.attempt} never ran: {ended}"
+    if n.why == RESTART_NEVER_CAME:
+        return (f"{name(n.worker)} was restarted {n.restarts} times, so its attempt "
+                f"{n.attempt} never ran")
+    return "did not act (the run ended first)"
+
+
+def never_acted_lines(never: Sequence[Tuple[str, str]]) -> List[str]:
+    """The lines that open the text of a run failed by faults that never acted."""
+    return [f"FAILED: {fault} never acted: {why}" for fault, why in never]
+
+
+def ended_first_lines(ended: Sequence[NotActed], story: Story) -> List[str]:
+    """Notes on the faults that did not act because the run ended first."""
+    return [f"not acted: {n.fault}: {why_not_acted(n, story)}" for n in ended]
+
+
+def not_restarted_text(nr: NotRestarted) -> str:
+    """Why ``nr.workers`` were not started again."""
+    if nr.why == BEFORE_FN:
+        return (f"{names(nr.workers)} raised {nr.error} before fn ran, and a restart brings "
+                f"the same fn, arguments and setup")
+    if nr.why == RECURRING:
+        return f"{names(nr.workers)} raised {nr.error}, which every attempt raises again"
+    return f"{names(nr.workers)} used its {nr.restarts} restart{'s' if nr.restarts != 1 else ''}"
+
+
+def ended_as(w: WorkerObservation) -> str:
+    """How one ended process of a restarted task ended."""
+    step = f" at step {w.last_step}" if w.last_step is not None else ""
+    if w.error is not None:
+        return (f"failed{step} with {short_type(w.error.type_name)}: "
+                f"{telling_line(w.error.message)[:240]}")
+    return f"crashed{step} ({exit_text(w.exit_code)})"
+
+
+def task_story(ended: Sequence[WorkerObservation]) -> str:
+    """The restarts of ``restart_policy="task"``, in the order given."""
+    return "; ".join(f"{name(w.index)} {ended_as(w)} and was restarted" for w in ended)
+
+
+def task_restarts_text(v: "Verdict", ended: Sequence[WorkerObservation],
+                       not_restarted: Sequence[NotRestarted]) -> str:
+    """``v``'s text with the task restarts told first and the tasks not
+    restarted noted after."""
+    head = (f"{v.outcome.upper()} after {len(ended)} task restart"
+            f"{'s' if len(ended) != 1 else ''}: {task_story(ended)}; then:\n" if ended else "")
+    notes = "".join(f"\n{names(nr.workers)} not restarted: {not_restarted_text(nr)}"
+                    for nr in sorted(not_restarted, key=lambda nr: nr.workers))
+    return f"{head}{v.text}{notes}"
+
+
+def attempts_text(v: "Verdict", attempts: Sequence["Verdict"]) -> str:
+    """The text of a run with restarts: its story, the last attempt's
+    verdict ``v``, then each earlier attempt's, last first."""
+    n = len(attempts)
+    story = ", ".join(f"attempt {k} {a.outcome.upper()}" for k, a in enumerate(attempts))
+    parts = [f"{v.outcome.upper()} after {n - 1} restart{'s' if n > 2 else ''}: {story}",
+             f"--- attempt {n - 1} (last) ---", v.text]
+    for k in reversed(range(n - 1)):
+        parts += [f"--- attempt {k} ---", attempts[k].text]
+    return "\n".join(parts)
+
+
+def missing_text(v: "Verdict", missing: Sequence[int], candidates: Sequence[int]) -> str:
+    """``v``'s text, the verdict on the workers that left files, told as
+    "cannot tell" with the ``missing`` ones among the ``candidates``."""
+    head, _, rest = v.text.partition("\n")
+    what = "whether the job completed" if v.outcome == Outcome.COMPLETED else "who is to blame"
+    lines = [f"{v.outcome.upper()}: cannot tell {what}: {names(missing)} left no files "
+             f"({WHY_MISSING}), and what {'it' if len(missing) == 1 else 'they'} did could "
+             f"overturn what the others' files show; candidates: {names(candidates)}",
+             f"  from the others' files alone: {head}"]
+    return "\n".join(lines + ([rest] if rest else []))

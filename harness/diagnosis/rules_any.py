@@ -8,7 +8,7 @@ from harness.core import protocol
 from harness.diagnosis.observations import Outcome, WorkerObservation
 from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.facts import Facts, or_inf, where_stopped
-from harness.diagnosis.words import names
+from harness.diagnosis.words import divergence_text, names
 from harness.diagnosis.blame import Blame, SIMULTANEOUS
 from harness.diagnosis import ledger, order
 
@@ -57,12 +57,12 @@ def replicas(f: Facts) -> Optional[Blame]:
         return Blame(odd, f"holds a different {found.variable} from the majority "
                           f"({names(list(biggest))})",
                      headline=f"replicas diverged; culprit: {names(odd)} against the "
-                              f"majority; {found.detail}")
+                              f"majority; {divergence_text(found)}")
     every = sorted(w for s in sides for w in s)
     return Blame(every, "the workers split with no majority: the check cannot tell which "
                         "side is right", ambiguous=True,
                  headline=f"replicas diverged; cannot tell which of {names(every)}; "
-                          f"{found.detail}")
+                          f"{divergence_text(found)}")
 
 
 def reference(f: Facts) -> Optional[Blame]:

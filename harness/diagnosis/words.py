@@ -75,3 +75,14 @@ def steps_text(steps: Sequence[int], ref: Sequence[int]) -> str:
     if extra and ref:
         text += f", extra step{'s' if len(extra) > 1 else ''} {ranges(extra)}"
     return text
+
+
+def divergence_text(found) -> str:
+    """A :class:`~harness.diagnosis.observations.DivergentVariable` said
+    whole: what differs, then who sides with whom."""
+    if found.layouts:
+        return f"{found.detail} " + "; ".join(
+            f"{names(side)}: {layout}" for side, layout in zip(found.sides, found.layouts))
+    return f"{found.detail}: " + " | ".join(
+        f"{names(side)} agree" if len(side) > 1 else f"{names(side)} alone"
+        for side in found.sides)

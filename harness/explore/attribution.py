@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from typing import FrozenSet, Iterable, Sequence, Tuple
 
+from harness import plan as plan_module
 from harness.diagnosis.observations import Outcome
 
 
@@ -36,20 +37,16 @@ def _results(result) -> Tuple:
 
 
 def acted(result, plan: Iterable) -> Tuple:
-    """The faults of ``plan`` that acted in ``result`` (any of its attempts,
-    any incarnation of a restarted task): each worker reports a fault as it
-    acts, by its printed form."""
-    seen = set()
+    """The faults of ``plan`` that acted in ``result``: in any of its
+    attempts, in any process of a restarted task (:func:`harness.plan.acted`
+    on each one's events)."""
+    events = {}
     for attempt in _results(result):
         for w in attempt.workers:
-            for incarnation in tuple(w.attempts) or (w,):
-                obs = incarnation.observation
-                if obs is not None:
-                    seen.update(e.data for e in obs.events if e.kind == "fault")
-    plan = tuple(plan)
-    step_faults = [f for f in plan if hasattr(f, "step")]
-    # A TF_CONFIG fault acts before any worker starts: it always acts.
-    return tuple(f for f in plan if f not in step_faults or repr(f) in seen)
+            for process in tuple(w.attempts) or (w,):
+                if process.observation is not None:
+                    events.setdefault(w.index, []).extend(process.observation.events)
+    return tuple(f for f in plan if plan_module.acted(f, events.get(f.worker, ())))
 
 
 def truth(result, plan: Iterable) -> FrozenSet[int]:
@@ -65,7 +62,7 @@ def attribute(result, plan: Sequence) -> Attribution:
     if result.outcome == Outcome.COMPLETED:
         return Attribution.SURVIVED
     culprits = set(result.culprits)
-    ambiguous = bool(getattr(result.verdict, "ambiguous", False))
+    ambiguous = result.ambiguous
     if not culprits:
         return Attribution.WRONG
     if ambiguous:

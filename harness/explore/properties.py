@@ -55,9 +55,7 @@ class Check:
 def signature_of(result, plan: Sequence, broken: str = "") -> Signature:
     faulted = truth(result, plan)
     roles = tuple("faulted" if c in faulted else "other" for c in result.culprits)
-    verdict = result.verdict
-    return Signature(str(result.outcome), roles, bool(getattr(verdict, "ambiguous", False)),
-                     getattr(verdict, "error", None), broken)
+    return Signature(str(result.outcome), roles, result.ambiguous, result.error, broken)
 
 
 def headline(result) -> str:
@@ -70,7 +68,7 @@ NEVER_ACTED = Check(None, "a fault never acted")
 
 
 def survives(result, plan: Sequence, invariant: Optional[Callable]) -> Check:
-    if getattr(result, "faults_never_acted", ()):
+    if result.faults_never_acted:
         return NEVER_ACTED
     if result.outcome != Outcome.COMPLETED:
         return Check(signature_of(result, plan), headline(result))
@@ -84,7 +82,7 @@ def survives(result, plan: Sequence, invariant: Optional[Callable]) -> Check:
 
 
 def detected(result, plan: Sequence, invariant: Optional[Callable]) -> Check:
-    if getattr(result, "faults_never_acted", ()):
+    if result.faults_never_acted:
         return NEVER_ACTED
     if attribute(result, plan) != Attribution.WRONG:
         return Check(None)

@@ -63,17 +63,18 @@ class RunNetwork:
         self.namespace = namespace   # None, a Namespace or a Switch
         self.switch: Optional[Switch] = namespace if isinstance(namespace, Switch) else None
         self.plan = tuple(plan)      # for the host names its faults list
-        self.attempt = -1            # the attempt new_attempt last began
+        self.attempt = 0             # the attempt new_attempt last began
 
     def hosts(self, placed: Optional[Tuple[str, ...]]) -> Optional[Sequence[str]]:
         """The workers' addresses in ``TF_CONFIG``: the switch's, or where
         the launcher placed them."""
         return self.switch.hosts if self.switch is not None else placed
 
-    def new_attempt(self, configs: List[Optional[dict]]) -> List[Optional[dict]]:
-        """Every link up and unthrottled again, every host name of the plan
-        unresolved again; each worker's view of the cluster."""
-        self.attempt += 1
+    def new_attempt(self, attempt: int, configs: List[Optional[dict]]) -> List[Optional[dict]]:
+        """Attempt ``attempt`` begins: every link up and unthrottled again,
+        every host name of the plan unresolved again; each worker's view of
+        the cluster."""
+        self.attempt = attempt
         if isinstance(self.namespace, Namespace) and self.namespace.names:
             self.namespace.forget()
         if self.switch is None:

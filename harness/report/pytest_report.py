@@ -36,7 +36,7 @@ def junit_properties(runs: Sequence) -> List[Tuple[str, str]]:
             ("mwms_culprits", ",".join(map(str, last.culprits))),
             ("mwms_step", "" if step is None else str(step)),
             ("mwms_ambiguous", "true" if last.ambiguous else "false"),
-            ("mwms_rule", getattr(last.verdict, "rule", "") or ""),
+            ("mwms_rule", last.verdict.rule),
             ("mwms_duration", f"{last.duration:.2f}"),
             ("mwms_workers", str(len(last.workers))),
             ("mwms_runs", str(len(runs)))]

@@ -78,6 +78,11 @@ class Lane:
     # few words on them (see harness.diagnosis.stragglers).
     waits: Tuple[Span, ...] = ()
     wait_label: str = ""
+    name: str = ""             # as the verdict names it: "chief", "worker 1", "evaluator"
+
+    @property
+    def title(self) -> str:
+        return self.name or f"worker {self.worker}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +163,7 @@ def panel(obs: RunObservation, outcome: str, culprits: Sequence[int], text: str,
     lanes = tuple(dataclasses.replace(
         lane(w, w.index in blamed, obs.duration),
         waits=tuple(Span(t0, t1, "waiting for the last worker") for t0, t1 in spans[w.index]),
-        wait_label=labels[w.index]) for w in obs.workers)
+        wait_label=labels[w.index], name=obs.label(w.index)) for w in obs.workers)
     return Panel(attempt, outcome, (text.splitlines() or [""])[0], obs.duration, lanes,
                  ambiguous)
 
@@ -187,7 +192,7 @@ def chrome_trace(panels: Sequence[Panel]) -> dict:
             mark = " (culprit)" if ln.culprit else ""
             for tid, what in ((2 * ln.worker, "steps"), (2 * ln.worker + 1, "calls")):
                 events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                               "args": {"name": f"worker {ln.worker}{mark}: {what}"}})
+                               "args": {"name": f"{ln.title}{mark}: {what}"}})
                 events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                                "args": {"sort_index": tid}})
             for s in ln.steps:
@@ -299,7 +304,7 @@ def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
         y = y0 + r * ROW
         if ln.culprit:
             out.append(f'<rect x="0" y="{y}" width="{WIDTH}" height="{ROW}" class="culprit-row"/>')
-        name = f"worker {ln.worker}" + (
+        name = ln.title + (
             (" ? candidate" if p.ambiguous else " ← culprit") if ln.culprit else "")
         out.append(f'<text x="8" y="{y + ROW / 2 + 4}" class="{"culprit" if ln.culprit else "worker"}">'
                    f'{escape(name)}</text>')

@@ -10,7 +10,8 @@ import dataclasses
 
 import pytest
 
-from harness.controller.outcome import fail_unacted
+from harness.diagnosis import Story, conclude
+from harness.diagnosis.story import NOT_REACHED, NotActed
 from harness.diagnosis import diagnose
 from harness.diagnosis import rules as R
 from harness.diagnosis.facts import facts_of
@@ -189,9 +190,12 @@ def test_a_death_during_training_outranks_one_at_exit():
 
 
 def test_a_fault_that_never_acted_fails_a_run_that_crashed_only_at_exit():
-    outcome, text = fail_unacted(Outcome.CRASHED_AT_EXIT, "CRASHED_AT_EXIT: ...",
-                                 [("Crash(worker=1, step=50)", "worker 1 ran 10 steps")])
-    assert outcome == Outcome.FAILED and text.startswith("FAILED: Crash(worker=1, step=50)")
+    obs = run(dataclasses.replace(returned(0, 2), exit_code=-6), returned(1, 2))
+    never = NotActed("Crash(worker=1, step=50)", 1, NOT_REACHED, 50, last_step=9)
+    v = conclude(diagnose(obs), obs, Story(not_acted=(never,)))
+    assert diagnose(obs).outcome == Outcome.CRASHED_AT_EXIT and v.outcome == Outcome.FAILED
+    assert v.text.startswith("FAILED: Crash(worker=1, step=50) never acted: worker 1 never "
+                             "reached step 50: its last step was 9")
 
 
 def test_the_log_tail_of_a_worker_that_died_at_exit_is_shown():
@@ -202,7 +206,7 @@ def test_the_log_tail_of_a_worker_that_died_at_exit_is_shown():
     workers = tuple(WorkerResult(w.index, exit_code=w.exit_code, log=f"log of {w.index}\n"
                                  "Fatal Python error: Aborted" if w.index == 0 else "ok",
                                  observation=w) for w in obs.workers)
-    result = RunResult(v.outcome, workers, v.culprits, v.text, 1.0, obs, v)
+    result = RunResult(workers, 1.0, obs, v)
     assert workers[0].died_at_exit and not workers[1].died_at_exit
     assert "--- worker 0 (exit code -6)" in result.report()
     assert "--- worker 1" not in result.report()

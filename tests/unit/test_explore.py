@@ -31,11 +31,11 @@ def fake_result(outcome="completed", culprits=(), ambiguous=False, error=None, a
         events[f.worker].append(Event(0.5, "fault", f.step, repr(f)))
     obs_workers = tuple(types.SimpleNamespace(events=tuple(events[i]), finish_time=0.1 * steps + 0.1)
                         for i in range(workers))
-    ws = tuple(types.SimpleNamespace(attempts=(), last_step=steps - 1,
+    ws = tuple(types.SimpleNamespace(index=i, attempts=(), last_step=steps - 1,
                                      observation=obs_workers[i]) for i in range(workers))
     return types.SimpleNamespace(
         outcome=outcome, culprits=tuple(culprits), attempts=(), workers=ws,
-        verdict=types.SimpleNamespace(ambiguous=ambiguous, error=error),
+        ambiguous=ambiguous, error=error, faults_never_acted=(),
         diagnosis=f"{outcome.upper()}: made up", observation=types.SimpleNamespace(workers=obs_workers))
 
 

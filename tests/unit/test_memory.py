@@ -4,7 +4,7 @@ import random
 import pytest
 
 from harness.core import protocol
-from harness.diagnosis import memory
+from harness.diagnosis import diagnose, memory
 from harness.diagnosis.memory import MIB
 from harness.diagnosis.observations import Event, RunObservation, WorkerObservation
 from harness.controller.memory import MemorySampler, interval
@@ -193,17 +193,16 @@ def test_the_sampler_samples_live_workers_only_when_due():
 
 def _result(obs):
     from harness.result import RunResult
-    return RunResult(outcome="completed", workers=(), culprits=(), diagnosis="COMPLETED: (text)",
-                     duration=1.0, observation=obs)
+    return RunResult(workers=(), duration=1.0, observation=obs, verdict=diagnose(obs))
 
 
 def test_assert_memory_flat_fails_a_leak_with_the_diagnosis_first_and_passes_flat():
     leaking = _result(run(worker(0, flat, steps=100), worker(1, leak, steps=100)))
     with pytest.raises(AssertionError) as raised:
         leaking.assert_memory_flat()
-    assert str(raised.value).startswith("COMPLETED: (text)\n")
+    assert str(raised.value).startswith(leaking.diagnosis + "\n")
     assert "worker 1 grows +1.00 MiB per step" in str(raised.value)
-    assert "worker 0" not in str(raised.value)
+    assert "worker 0" not in str(raised.value)[len(leaking.diagnosis):]
     leaking.assert_memory_flat(mib_per_step=2)
     _result(run(worker(0, flat), worker(1, warmup_then_flat))).assert_memory_flat()
     assert [g.worker for g in leaking.memory] == [0, 1] and leaking.memory[1].steady

@@ -15,8 +15,7 @@ def _result(obs, logs=None):
     workers = tuple(WorkerResult(index=w.index, exit_code=w.exit_code, observation=w,
                                  log=(logs or {}).get(w.index, ""), stack=w.stack)
                     for w in obs.workers)
-    return RunResult(outcome=v.outcome, workers=workers, culprits=v.culprits,
-                     diagnosis=v.text, duration=obs.duration, observation=obs, verdict=v)
+    return RunResult(workers=workers, duration=obs.duration, observation=obs, verdict=v)
 
 
 OK = _result(run(returned(0, 2), returned(1, 2)))

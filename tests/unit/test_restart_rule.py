@@ -13,6 +13,7 @@ from harness.controller.outcome import certain_to_recur
 from harness.controller.request import serialize_call
 from harness.core import serialize
 from harness.diagnosis import diagnose
+from harness.diagnosis.render import not_restarted_text
 from harness.errors import SerializationError
 from harness.result import RunResult
 from observations import died, raised, returned, run
@@ -28,7 +29,7 @@ def _before_fn(i, type_name="SerializationError", message=UNPICKLED):
 
 
 def test_an_error_before_fn_ran_recurs_and_names_every_worker_that_raised_it():
-    why = certain_to_recur(run(_before_fn(0), _before_fn(1)).workers)
+    why = not_restarted_text(certain_to_recur(run(_before_fn(0), _before_fn(1)).workers))
     assert why == ("workers 0,1 raised SerializationError before fn ran, and a restart "
                    "brings the same fn, arguments and setup")
 
@@ -37,13 +38,14 @@ def test_any_error_before_fn_ran_recurs_beside_a_peer_that_died():
     """The harness's own set-up (joining the cluster's namespace) is the
     same in every attempt too."""
     obs = run(died(0, 2, -9, 1.0), _before_fn(1, "HarnessError", "could not join"))
-    assert certain_to_recur(obs.workers).startswith("worker 1 raised HarnessError before fn ran")
+    assert not_restarted_text(certain_to_recur(obs.workers)).startswith(
+        "worker 1 raised HarnessError before fn ran")
 
 
 def test_a_setting_error_recurs_wherever_fn_raised_it():
     obs = run(returned(0, 2), raised(1, 2, "SettingError", "run(...): bad", 1.0))
-    assert certain_to_recur(obs.workers) == ("worker 1 raised SettingError, which every "
-                                             "attempt raises again")
+    assert not_restarted_text(certain_to_recur(obs.workers)) == (
+        "worker 1 raised SettingError, which every attempt raises again")
 
 
 @pytest.mark.parametrize("obs", [
@@ -58,9 +60,7 @@ def test_what_fn_did_or_a_death_may_go_otherwise_next_time(obs):
 
 
 def _result(obs):
-    v = diagnose(obs)
-    return RunResult(outcome=v.outcome, workers=(), culprits=v.culprits, diagnosis=v.text,
-                     duration=obs.duration, observation=obs, verdict=v, attempt=0)
+    return RunResult(workers=(), duration=obs.duration, observation=obs, verdict=diagnose(obs))
 
 
 def test_the_result_says_why_it_was_not_restarted():
@@ -68,9 +68,10 @@ def test_the_result_says_why_it_was_not_restarted():
     why = certain_to_recur(only.observation.workers)
     r = combine_attempts([only], [F.Crash(1, 3, attempt=1)], 1.0, why)
     assert r.restarts == 0 and r.outcome == "failed"
-    assert r.diagnosis.splitlines()[-1] == f"not restarted: {why}"
+    assert r.diagnosis.splitlines()[-1] == f"not restarted: {not_restarted_text(why)}"
     assert r.faults_never_acted[0][1] == (f"attempt 1 never ran: the run ended after attempt 0 "
-                                          f"(failed), not restarted: {why}")
+                                          f"(failed), not restarted: {not_restarted_text(why)}")
+    assert r.verdict.stages == ("attempt_never_ran", "not_restarted")
 
 
 def test_a_run_that_simply_ended_says_nothing_of_restarts():

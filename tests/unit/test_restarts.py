@@ -1,5 +1,6 @@
 """Restarts and preemption without TensorFlow: the fault plan per attempt,
 the settings, and how attempts make one result."""
+import dataclasses
 import signal
 
 import pytest
@@ -83,10 +84,9 @@ def test_the_marker_takes_restarts():
 # ---------------------------------------------------------------- attempts
 
 def _result(obs, attempt, never=()):
-    v = diagnose(obs)
-    return RunResult(outcome=v.outcome, workers=(), culprits=v.culprits, diagnosis=v.text,
-                     duration=obs.duration, observation=obs, verdict=v,
-                     faults_never_acted=never, attempt=attempt)
+    v = dataclasses.replace(diagnose(obs), faults_never_acted=never)
+    return RunResult(workers=(), duration=obs.duration, observation=obs, verdict=v,
+                     attempt=attempt)
 
 
 CRASHED = run(returned(0, 2), died(1, 2, 1, 3.0))

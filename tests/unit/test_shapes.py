@@ -190,13 +190,12 @@ def test_a_crash_of_the_evaluator_alone_is_the_evaluator_s_and_training_complete
 def test_results_name_tasks_as_tf_config_does():
     obs = _skip_on_worker_1(returned(3, 4, steps=[]))
     v = diagnose(obs)
-    result = RunResult(v.outcome, tuple(WorkerResult(i) for i in range(4)), v.culprits, v.text,
-                       1.0, obs, v)
+    result = RunResult(tuple(WorkerResult(i) for i in range(4)), 1.0, obs, v)
     assert result.culprit_tasks == (("worker", 1),)
     assert list(result.tasks) == list(SHAPE.tasks)
     assert result.tasks[("worker", 1)] is result.workers[2]
     plain = run(returned(0, 2), returned(1, 2))
-    two = RunResult("completed", (WorkerResult(0), WorkerResult(1)), (), "", 1.0, plain)
+    two = RunResult((WorkerResult(0), WorkerResult(1)), 1.0, plain, diagnose(plain))
     assert list(two.tasks) == [("worker", 0), ("worker", 1)] and two.culprit_tasks == ()
 
 

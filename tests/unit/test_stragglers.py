@@ -44,8 +44,7 @@ def simulated(n, calls=20, work=lambda i, k: 0.010, collective=lambda k: 0.008,
 
 def result_of(obs):
     v = diagnose(obs)
-    return RunResult(outcome=v.outcome, workers=(), culprits=v.culprits, diagnosis=v.text,
-                     duration=obs.duration, observation=obs, verdict=v)
+    return RunResult(workers=(), duration=obs.duration, observation=obs, verdict=v)
 
 
 def sleeper(last, seconds=0.030):

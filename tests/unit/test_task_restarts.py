@@ -6,11 +6,15 @@ import types
 import pytest
 
 from harness import faults as F
-from harness.controller.outcome import judge, task_story, telling_line, with_task_restarts
+from harness.controller.outcome import attempt_story, judge, with_task_history
 from harness.controller.request import make_request
 from harness.controller.restarts import (POLICIES, TaskRestarter, check_restart_on,
                                          incarnation_plan, task_outcome)
+from harness.diagnosis.echoes import telling_line
 from harness.diagnosis.observations import Outcome
+from harness.diagnosis.render import not_restarted_text, task_story
+from harness.diagnosis.stages import restart_order
+from harness.diagnosis.story import USED_UP, NotRestarted
 from harness.errors import SettingError
 from harness.result import RunResult, WorkerResult
 from harness.settings import OPTION, RunSettings, parse_marker, read_settings
@@ -79,11 +83,13 @@ def test_the_restarter_counts_per_worker_and_says_why_not():
     assert not r.wants(_tracked(raised(1, 2, "ValueError", "x", 1.0)))   # fail not asked for
     r.left[1] = 0
     assert not r.wants(_tracked(died(1, 2, 1, 1.0)))
-    assert r.not_restarted == {1: "worker 1 used its 1 restart"}
+    assert r.not_restarted == {1: NotRestarted(USED_UP, (1,), restarts=1)}
+    assert not_restarted_text(r.not_restarted[1]) == "worker 1 used its 1 restart"
     # an error raised before fn ran comes back in every process
     r2 = TaskRestarter(2, 3, frozenset({Outcome.FAILED}), start=None, result_of=None)
     early = dataclasses.replace(raised(0, 2, "SerializationError", "x", 1.0), events=())
-    assert not r2.wants(_tracked(early)) and "before fn ran" in r2.not_restarted[0]
+    assert not r2.wants(_tracked(early)) and "before fn ran" in not_restarted_text(
+        r2.not_restarted[0])
 
 
 def test_a_faults_attempt_is_its_workers_restart_count():
@@ -97,12 +103,13 @@ def _ended(obs, attempt=0):
                         last_step=obs.last_step, observation=obs, attempt=attempt)
 
 
-def _result(obs_run, plan=()):
-    judged = judge(obs_run, plan)
+def _result(obs_run, plan=(), history=None, not_restarted=None, whole_plan=()):
+    story = attempt_story(obs_run, plan, history, not_restarted or {}, whole_plan)
     workers = tuple(WorkerResult(index=w.index, exception=w.error, exit_code=w.exit_code,
                                  last_step=w.last_step, observation=w) for w in obs_run.workers)
-    return RunResult(judged.outcome, workers, judged.verdict.culprits, judged.text, 1.0,
-                     obs_run, judged.verdict, judged.never)
+    if history is not None:
+        workers = with_task_history(workers, history)
+    return RunResult(workers, 1.0, obs_run, judge(obs_run, story))
 
 
 def test_the_story_puts_the_cause_before_the_echoes_whatever_the_order_heard():
@@ -110,9 +117,9 @@ def test_the_story_puts_the_cause_before_the_echoes_whatever_the_order_heard():
     echo = _ended(raised(2, 3, "tensorflow.UnavailableError",
                          "Graph execution error:\n\nCollective ops is aborted by: "
                          "recvmsg:Connection reset by peer", 1.9))
-    story, order = task_story({0: [], 1: [crash], 2: [echo]})
-    assert order == (1, 2)
-    assert story == ("worker 1 crashed at step 3 (exit code 1) and was restarted; worker 2 "
+    order = restart_order([echo.observation, crash.observation])
+    assert [w.index for w in order] == [1, 2]
+    assert task_story(order) == ("worker 1 crashed at step 3 (exit code 1) and was restarted; worker 2 "
                      "failed at step 3 with UnavailableError: Collective ops is aborted by: "
                      "recvmsg:Connection reset by peer and was restarted")
     assert telling_line("Graph execution error:\n\nDetected at node x\n" + INCARNATION) == \
@@ -125,14 +132,15 @@ def test_a_run_that_fails_after_a_restart_is_blamed_on_the_task_restarted_first(
     last = run(raised(0, 2, "tensorflow.AbortedError", INCARNATION, 3.0),
                returned(1, 2, steps=()))
     crash = _ended(died(1, 2, 1, 1.0, steps=range(9)))
-    result = with_task_restarts(_result(last), {0: [], 1: [crash]}, {0: "worker 0 used its 0"},
-                                ())
+    result = _result(last, history={0: [], 1: [crash]},
+                     not_restarted={0: NotRestarted(USED_UP, (0,), restarts=0)})
     assert result.outcome == Outcome.FAILED and result.culprits == (1,)
     assert (result.verdict.culprits, result.verdict.step, result.verdict.ambiguous) == \
         ((1,), 8, False)
     assert result.diagnosis.startswith("FAILED after 1 task restart: worker 1 crashed at step 8 "
                                        "(exit code 1) and was restarted; then:\nFAILED")
-    assert result.diagnosis.endswith("\nworker 0 not restarted: worker 0 used its 0")
+    assert result.diagnosis.endswith("\nworker 0 not restarted: worker 0 used its 0 restarts")
+    assert result.verdict.stages == ("task_restarts", "task_restart")
     assert [len(w.attempts) for w in result.workers] == [1, 2]
     assert result.workers[1].attempts[0] is crash and result.workers[1].restarts == 1
 
@@ -145,17 +153,16 @@ def test_an_error_of_its_own_after_the_restart_keeps_its_culprit():
     judged = _result(last)
     assert judged.culprits == (2,) and not judged.verdict.ambiguous
     crash = _ended(died(1, 3, 1, 1.0, steps=range(2)))
-    result = with_task_restarts(judged, {0: [], 1: [crash], 2: []}, {}, ())
+    result = _result(last, history={0: [], 1: [crash], 2: []})
     assert result.outcome == Outcome.FAILED and result.culprits == (2,)
     assert result.diagnosis.startswith("FAILED after 1 task restart: worker 1 crashed")
 
 
 def test_without_a_restart_the_result_is_the_attempts_and_a_fault_never_reached_fails():
     done = run(returned(0, 2), returned(1, 2))
-    plain = with_task_restarts(_result(done), {0: [], 1: []}, {}, ())
+    plain = _result(done, history={0: [], 1: []})
     assert plain.outcome == Outcome.COMPLETED and plain.diagnosis == _result(done).diagnosis
     assert [w.restarts for w in plain.workers] == [0, 0]
-    unreached = with_task_restarts(_result(done), {0: [], 1: []}, {},
-                                   (F.Crash(1, 2, attempt=1),))
+    unreached = _result(done, history={0: [], 1: []}, whole_plan=(F.Crash(1, 2, attempt=1),))
     assert unreached.outcome == Outcome.FAILED
     assert "attempt 1 never ran" in unreached.diagnosis

@@ -17,8 +17,8 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 def _result(obs, attempt=0):
     v = diagnose(obs)
-    return RunResult(outcome=v.outcome, workers=(), culprits=v.culprits, diagnosis=v.text,
-                     duration=obs.duration, observation=obs, verdict=v, attempt=attempt)
+    return RunResult(workers=(), duration=obs.duration, observation=obs, verdict=v,
+                     attempt=attempt)
 
 
 def _skip_hang():

@@ -1,0 +1,167 @@
+"""The stages after the rules, as a table: each is a small function of the
+verdict, the observation and the :class:`~harness.diagnosis.story.Story`
+(what the controller alone knows: the faults that did not act, the
+restarts) that answers the changes it makes, or passes (None).  Every row
+that answers applies, in the table's order, and the verdict records its
+name (``Verdict.stages``), as it records the rule that decided.
+
+A run's verdict is its attempt's (the rules, then these stages with the
+attempt's story), then, for a run with restarts of the cluster, these
+stages again with the run's story (the attempts, the faults of attempts
+that never ran).  Each row reads only the story's part of its level, so a
+row applies once whatever the level.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence, Tuple
+
+from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text, never_acted_lines, not_restarted_text, task_restarts_text, why_not_acted)
+from harness.diagnosis.echoes import is_echo
+from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
+from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,
+                                     NotActed, Story)
+from harness.diagnosis.verdict import Verdict
+from harness.diagnosis.words import task_labels
+
+Changes = Optional[dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str
+    change: Callable[[Verdict, RunObservation, Story], Changes]
+
+
+def _failed_by(v: Verdict, story: Story, never: Sequence[NotActed]) -> Changes:
+    """A run that asked for the faults ``never`` and did not get them fails
+    when it completed, hung or crashed only at exit, and the text says
+    which first: the test would believe its job survives what never
+    happened."""
+    if not never:
+        return None
+    pairs = tuple((n.fault, why_not_acted(n, story)) for n in never)
+    failed = v.outcome in (Outcome.COMPLETED, Outcome.HANG, Outcome.CRASHED_AT_EXIT)
+    return dict(outcome=Outcome.FAILED if failed else v.outcome,
+                text="\n".join(never_acted_lines(pairs) + [v.text]),
+                faults_never_acted=v.faults_never_acted + pairs)
+
+
+def fault_never_acted(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """A fault whose worker finished without reaching it, or whose task's
+    restart never came."""
+    return _failed_by(v, story, [n for n in story.not_acted
+                                 if n.why in (NOT_REACHED, RESTART_NEVER_CAME)])
+
+
+def attempt_never_ran(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """A fault planned for an attempt of the cluster that never ran."""
+    return _failed_by(v, story, [n for n in story.not_acted if n.why == ATTEMPT_NEVER_RAN])
+
+
+def faults_ended_first(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """A fault whose step never came because the run ended first is noted."""
+    ended = [n for n in story.not_acted if not n.fails_the_run]
+    if not ended:
+        return None
+    return dict(text="\n".join([v.text] + ended_first_lines(ended, story)))
+
+
+def restart_order(ended: Sequence[WorkerObservation]) -> Tuple[WorkerObservation, ...]:
+    """The ended processes of restarted tasks, a process that ended of its
+    own cause before those that reported a peer's failure (an echo), then
+    by time: the parent hears of the two within a millisecond, in either
+    order."""
+    def when(w: WorkerObservation):
+        t = w.finish_time if w.error is not None else w.exit_time
+        return is_echo(w.error), t if t is not None else 0.0
+    return tuple(sorted(ended, key=when))
+
+
+def task_restarts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """Under ``restart_policy="task"``, the restarts are told first, and
+    the tasks that failed and were not restarted noted after."""
+    if not story.restarted and not story.tasks_not_restarted:
+        return None
+    return dict(text=task_restarts_text(v, restart_order(story.restarted),
+                                               story.tasks_not_restarted))
+
+
+def own_cause(v: Verdict, obs: RunObservation) -> Optional[int]:
+    """The one worker ``v`` names, when it raised an error of its own (not
+    TensorFlow reporting a peer's failure or restart); else None."""
+    if v.ambiguous or len(v.culprits) != 1:
+        return None
+    error = obs.workers[v.culprits[0]].error
+    return None if error is None or is_echo(error) else v.culprits[0]
+
+
+def task_restart(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """A run that did not complete after a task restart is blamed on the
+    task restarted first: what the others did after is what its failure and
+    its restart led to, unless the verdict names one worker by an error of
+    its own."""
+    if not story.restarted or v.outcome == Outcome.COMPLETED or own_cause(v, obs) is not None:
+        return None
+    first = restart_order(story.restarted)[0]
+    return dict(culprits=(first.index,), ambiguous=False, step=first.last_step)
+
+
+def not_restarted(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """Why the last attempt was not started again though restarts were left."""
+    if story.not_restarted is None:
+        return None
+    return dict(text=f"{v.text}\nnot restarted: {not_restarted_text(story.not_restarted)}")
+
+
+def attempts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """A run with restarts of the cluster: the last attempt's verdict, told
+    after the story of every attempt and before theirs; the faults that
+    never acted in any attempt kept."""
+    if len(story.attempts) < 2:
+        return None
+    earlier = tuple(pair for a in story.attempts[:-1] for pair in a.faults_never_acted)
+    return dict(text=attempts_text(v, story.attempts),
+                faults_never_acted=earlier + v.faults_never_acted)
+
+
+def missing_workers(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """A recorded job some of whose workers left no files: the verdict on
+    the others, in the job's numbering, widened to "cannot tell" with the
+    missing ones among the candidates.  What they did could overturn what
+    the others' files show; a confident wrong culprit is the worst answer."""
+    if not story.missing:
+        return None
+    positions = story.positions or tuple(range(len(obs.workers)))
+    candidates = tuple(sorted({positions[c] for c in v.culprits} | set(story.missing)))
+    with task_labels(None):   # the job's own numbering, not the observation's
+        text = missing_text(v, story.missing, candidates)
+    return dict(culprits=candidates, ambiguous=True, text=text)
+
+
+STAGES: Tuple[Stage, ...] = (
+    Stage("fault_never_acted", fault_never_acted),
+    Stage("faults_ended_first", faults_ended_first),
+    Stage("task_restarts", task_restarts),
+    Stage("task_restart", task_restart),
+    Stage("attempt_never_ran", attempt_never_ran),
+    Stage("not_restarted", not_restarted),
+    Stage("attempts", attempts),
+    Stage("missing_workers", missing_workers),
+)
+
+STAGE = {stage.name: stage for stage in STAGES}
+
+
+def conclude(v: Verdict, obs: RunObservation, story: Story) -> Verdict:
+    """``v`` once every stage of :data:`STAGES` that answers to ``story``
+    has changed it, in order, each recorded in ``v.stages``."""
+    with task_labels(obs.labels()):
+        for stage in STAGES:
+            changes = stage.change(v, obs, story)
+            if changes is None:
+                continue
+            if "culprits" in changes:
+                changes["culprits"] = tuple(sorted(set(changes["culprits"])))
+            v = dataclasses.replace(v, stages=v.stages + (stage.name,), **changes)
+    return v
