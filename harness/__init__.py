@@ -2,10 +2,10 @@
 cluster of real TensorFlow processes, inject faults, and tell completion from
 a hang, an error or a crash, naming the culprit.
 
-What a user touches (the documentation's "How it works" draws the rest):
-``harness.context()`` inside a worker, :mod:`harness.faults`, the results
-(``RunResult``, ``WorkerResult``), the errors below, and
-:mod:`harness.workloads` (known-good MWMS jobs to try the harness on).
+The public line is this package's ``__all__`` (``Cluster``, ``context()``
+inside a worker, the results, the errors) and the modules of
+:data:`_PUBLIC`; every other module is the internal engine, which may change
+between versions (docs/api.md, "The public line").
 
 Importing this package imports nothing else: each name loads its module
 when first used, so that the pytest plugin costs a session that does not
@@ -21,6 +21,7 @@ _HOME = {
     "context": "harness.worker.context", "WorkerContext": "harness.worker.context",
     "WorkerError": "harness.core.protocol",
     "Cluster": "harness.controller", "Progress": "harness.controller.watch",
+    "Steer": "harness.controller.watch", "guarded_manager": "harness.launch.manager",
     "RunResult": "harness.result", "WorkerResult": "harness.result",
     "Verdict": "harness.diagnosis",
     "ClusterShape": "harness.core.tfconfig",
@@ -37,15 +38,21 @@ _HOME = {
         "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError",
         "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed")},
 }
-# Modules of the public line.
-_MODULES = ("faults", "strategies", "workloads", "compat")
+# Modules of the public line, each loaded as ``harness.<name>`` when first used.
+_MODULES = ("faults", "strategies", "workloads", "compat", "record", "errors")
+# Every public module: those above, and the ones users import from a public
+# package (harness.compat's stand-ins for TensorFlow's modules).  Each has
+# an __all__; what a docs page renders or tells users to import is on this
+# line (tests/unit/test_docs.py holds both).
+_PUBLIC = ("harness", *(f"harness.{m}" for m in _MODULES),
+           "harness.compat.multi_process_runner", "harness.compat.multi_worker_test_base")
 
 __all__ = sorted([*_HOME, *_MODULES, "__version__"])
 
 if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr__
-    from harness import compat, faults, strategies, workloads  # noqa: F401
+    from harness import compat, errors, faults, record, strategies, workloads  # noqa: F401
     from harness.controller import Cluster  # noqa: F401
-    from harness.controller.watch import Progress  # noqa: F401
+    from harness.controller.watch import Progress, Steer  # noqa: F401
     from harness.core.protocol import WorkerError  # noqa: F401
     from harness.core.tfconfig import ClusterShape  # noqa: F401
     from harness.diagnosis import Verdict  # noqa: F401
@@ -56,6 +63,7 @@ if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr
     from harness.diagnosis.order import OrderDivergence  # noqa: F401
     from harness.explore.search import BreakingPlan, Exploration  # noqa: F401
     from harness.diagnosis.stragglers import StragglerReport, WorkerArrival  # noqa: F401
+    from harness.launch.manager import guarded_manager  # noqa: F401
     from harness.errors import (  # noqa: F401
         ExplorationFailed, FaultError, HarnessError, InjectedFault, NotInWorkerError,
         PreloadWarning,

@@ -5,12 +5,16 @@ to do about it; none needs TensorFlow to import.
 
 Errors that the diagnosis reads back from a worker carry their data as
 attributes (``StepDesyncError.steps``), which travel to the parent as
-:attr:`harness.core.protocol.WorkerError.fields`, never parsed out of the text.
+:attr:`harness.WorkerError.fields`, never parsed out of the text.
 """
 from __future__ import annotations
 
 import collections
 from typing import Optional, Sequence, Tuple
+
+__all__ = ["HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
+           "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError",
+           "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed"]
 
 
 class HarnessError(Exception):

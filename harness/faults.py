@@ -294,8 +294,19 @@ class ResetPeers(StepFault):
 
 @_fault_class
 class BadTFConfig(Fault):
-    """The worker's ``TF_CONFIG`` is wrong from the start (see
-    :func:`harness.core.tfconfig.apply_bad_config` for each ``kind``)."""
+    """The worker's ``TF_CONFIG`` is wrong from the start, by ``kind``:
+
+    * ``missing``: no ``TF_CONFIG`` at all (the worker forms a 1-replica
+      "cluster" of its own);
+    * ``wrong_size``: its cluster list has one extra worker, where nobody
+      listens;
+    * ``duplicate_index``: it claims the index of another worker (worker
+      0's, or worker 1's when it is worker 0);
+    * ``swapped``: its cluster list is in reverse order, so it takes the
+      address of another worker as its own;
+    * ``wrong_port``: its own address in its cluster list has a port where
+      no peer looks for it.
+    """
     kind: str
 
     def check(self, num_workers: int, restarts: int = 0) -> None:
@@ -351,3 +362,8 @@ FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preem
                Bandwidth, Latency, ResetPeers, BadTFConfig,
                StartDelay,
                UnresolvedHost)
+
+# The vocabulary a plan is written in; checking and resolving a plan is
+# harness.plan's, internal.
+__all__ = ["Fault", "StepFault", *(cls.__name__ for cls in FAULT_TYPES), "FAULT_TYPES",
+           "CRASH_HOW", "BAD_CONFIG_KINDS"]

@@ -32,6 +32,8 @@ from hypothesis.errors import InvalidArgument
 
 from harness import faults as F
 
+__all__ = ["faults", "plans", "KINDS", "STEP_KINDS"]
+
 # How long a pause or a delay that a job should survive lasts, seconds:
 # well under any sensible hang timeout.
 SHORT_SECONDS = (0.2, 0.5, 1.0)

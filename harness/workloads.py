@@ -31,6 +31,12 @@ from typing import Callable, Iterable, List
 
 from harness import NotInWorkerError, context
 
+__all__ = ["allreduce_loop", "variable_loop", "seed_training_loop", "steps", "Steps",
+           # the seed loop's pieces, to build variants
+           "make_data", "build_model", "make_training", "make_loss_object", "replica_gradients",
+           "make_train_step", "shuffled_dataset", "distributed_dataset", "is_chief", "train_loop",
+           "FEATURES", "CLASSES", "GLOBAL_BATCH_SIZE"]
+
 # The seed article's constants: MNIST's 784 features and 10 classes.
 FEATURES = 784
 CLASSES = 10

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import shutil
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from harness import plan as plan_module
 from harness.controller.attempt import Job, load_value, run_attempt
@@ -27,21 +27,50 @@ from harness.controller.scripts import script_main
 from harness.controller.watch import Progress
 from harness.core import tfconfig
 from harness.diagnosis.observations import Outcome
-from harness.errors import hide_in_setup_errors
+from harness.errors import SettingError, hide_in_setup_errors
 from harness.launch.backends import DEFAULT_BACKEND, launcher_for
 from harness.launch.base import Launcher
 from harness.launch import scratch
 from harness.launch.devices import worker_environments
 from harness.result import RunResult
-from harness.settings import RunSettings
+from harness.settings import OPTION, OPTIONS, RunSettings, finish
 from harness.validators import DEFAULT_RESTART_ON
 
 # pytest leaves this module's frames out of a setup error's traceback.
 __tracebackhide__ = hide_in_setup_errors
 
+# What Cluster(...) takes by keyword: every option by its field name, but
+# the reports', which the plugin and `harness run` write (a result draws
+# its own: RunResult.timeline()).
+KEYWORDS = {o.field: o for o in OPTIONS if o.name not in ("report-dir", "report")}
+
+
+def settings_of(options: dict) -> RunSettings:
+    """``Cluster(**options)``'s settings: each of :data:`KEYWORDS` as given,
+    the rest at the option's default, checked as the plugin checks them; a
+    bad one is a :class:`~harness.errors.SettingError` naming ``Cluster(name=...)``."""
+    unknown = sorted(set(options) - set(KEYWORDS))
+    if unknown:
+        raise SettingError(f"Cluster: unknown option(s) {', '.join(unknown)}; "
+                           f"allowed: {', '.join(KEYWORDS)}")
+    values = {}
+    for field, option in KEYWORDS.items():
+        value = option.parse(options.get(field, option.default), f"Cluster({field}=...)")
+        values[field] = os.path.abspath(value) if option.directory and value else value
+    return finish(RunSettings(**values), lambda name: f"Cluster({OPTION[name].field}=...)")
+
 
 class Cluster:
-    """The ``mwms_cluster`` fixture: runs functions on an N-worker MWMS cluster.
+    """Runs functions on an N-worker MWMS cluster: the ``mwms_cluster``
+    fixture, or one made with ``Cluster(workers=3, timeout=10)``.
+
+    It takes the options of docs/options.md by their field names
+    (``workers``, ``cluster``, ``timeout``, ``grace``, ``devices``,
+    ``start_method``, ``preload``, ``restarts``, ``restart_policy``,
+    ``network``, ``backend``, ``ray_address``, ``ray_nodes``,
+    ``state_dir``), each checked as the plugin checks it, the rest at their
+    defaults; the fixture's is made from pytest's options and the test's
+    ``mwms`` marker.
 
     ``num_workers`` is N.  :meth:`run` calls ``fn(*args, **kwargs)`` in each
     of N fresh worker processes whose ``TF_CONFIG`` makes them one cluster,
@@ -51,7 +80,18 @@ class Cluster:
     ``runs`` lists the results of every call so far.
     """
 
-    def __init__(self, settings: RunSettings, launcher: Optional[Launcher] = None):
+    def __init__(self, settings: Optional[RunSettings] = None,
+                 launcher: Optional[Launcher] = None, **options: Any):
+        # settings: the plugin's and the command line's way in, every
+        # option read and checked already.
+        if settings is None:
+            settings = settings_of(options)
+        elif not isinstance(settings, RunSettings):
+            raise SettingError(f"Cluster: give the options by keyword (Cluster(workers=3)), "
+                               f"not {settings!r}")
+        elif options:
+            raise SettingError(f"Cluster: options by keyword ({', '.join(sorted(options))}) "
+                               f"or a RunSettings, not both")
         self.settings = settings
         self.launcher = launcher or launcher_for(settings)
         self.runs: List[RunResult] = []
@@ -67,74 +107,66 @@ class Cluster:
                 + (f", backend={s.backend!r})" if s.backend != DEFAULT_BACKEND else ")"))
 
     def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
-            timeout: Optional[float] = None, faults: Sequence = (),
-            grace: Optional[float] = None, sync_check: bool = False,
-            env: Optional[dict] = None, ledger=True,
-            step_fn: Optional[str] = None, restarts: Optional[int] = None,
-            restart_on=DEFAULT_RESTART_ON, restart_policy: Optional[str] = None,
-            check_replicas=False, reference=False, on_return: str = "stay",
+            env: Optional[dict] = None, step_fn: Optional[str] = None, on_return: str = "stay",
+            faults: Sequence = (),
+            cluster=None, timeout: Optional[float] = None, grace: Optional[float] = None,
+            restarts: Optional[int] = None, restart_on=DEFAULT_RESTART_ON,
+            restart_policy: Optional[str] = None,
+            sync_check: bool = False, ledger=True, check_replicas=False, reference=False,
             progress: Optional[Callable[[Progress], None]] = None,
-            cluster=None, end_when_certain: bool = False) -> RunResult:
+            end_when_certain: bool = False) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         Every argument is checked before any process starts; a bad one is a
-        :class:`~harness.errors.SettingError` naming it.
+        :class:`~harness.errors.SettingError` naming it.  Past the call's
+        own (``fn``, ``args``, ``kwargs``) every argument is keyword-only, in
+        the groups below; docs/api.md, "Arguments, by example", says more.
 
-        - ``args``, ``kwargs``: pickled once, with dill, for every worker.
-          A manager's proxies work in the workers, and so do locks and
-          events of a ``spawn`` or ``forkserver`` context; what only a
-          forked child could use is refused before any process starts,
-          naming the manager's counterpart (:mod:`harness.core.serialize`).
-        - ``timeout``: the hang timeout (seconds without progress) for this run.
-        - ``grace``: how long peers get once one worker has raised or died.
+        What runs:
+
+        - ``fn``, ``args``, ``kwargs``: pickled once, with dill, for every
+          worker (a manager's proxies work there).
+        - ``env``: environment variables for the workers only.
+        - ``step_fn``: where ``fn`` reports no steps of its own, each call
+          of a ``tf.function`` that launches collectives is a step;
+          ``step_fn`` names the one whose calls are (``"train_step"``).
+        - ``on_return``: ``"stay"`` keeps a worker whose ``fn`` returned in
+          the cluster until the run is decided; ``"exit"`` ends it, as a
+          script ends (a peer still in a collective sees it leave).
+
+        The faults:
+
         - ``faults``: a plan of :mod:`harness.faults` values.
-        - ``sync_check=True``: every ``steps()`` boundary all-reduces the
-          workers' step numbers, so a divergence fails at once with
-          ``StepDesyncError`` naming the worker (one tiny all-reduce per step).
-        - ``env``: environment variables for the workers only (each starts
-          from the parent's environment as it is at the call).
-        - ``ledger``: the collective ledger's level (:mod:`harness.worker.ledger`):
-          ``True``/``"calls"`` (the default: which call of which ``tf.function``
-          each worker is in), ``"collectives"`` (also which collective is
-          pending), or ``False`` (step boundaries only).
-        - ``step_fn``: where ``fn`` reports no steps of its own
-          (``context().steps()``, the Keras callback), each call of a
-          ``tf.function`` that launches collectives is a step (needs the
-          ledger); ``step_fn`` names the one function whose calls are steps
-          (``"train_step"``; Keras's ``fit`` runs ``"train_function"`` or
-          ``"one_step_on_iterator"``).
-        - ``restarts=K`` (default ``--mwms-restarts``): a run that ends in an
-          outcome ``restart_on`` names (``"crash,fail"``; add ``hang``) is
-          started again, whole, up to K times, as a cluster manager would
-          (the same ports and ``TF_CONFIG``); ``fn`` reads
-          ``context().attempt``, a fault acts in the attempt it names, and
-          the result is the last attempt's (all in ``RunResult.attempts``).
-          An attempt that failed as every attempt would is not restarted.
-          With ``restart_policy="task"`` only the worker that crashed or
-          failed is (see docs/api.md, "Restarts").
-        - ``check_replicas``: ``True`` (1e-6) or a tolerance (``atol`` and
-          ``rtol``; ``0``: bit for bit) fingerprints the mirrored variables
-          on every worker when ``fn`` returns; workers that disagree fail
-          the run with ``ReplicaDivergence`` (:mod:`harness.controller.replicas`).
-        - ``reference``: ``True`` (1e-3, as Keras's correctness tests use)
-          or a tolerance runs ``fn`` once more, when the run completed, on
-          one worker standing in for the cluster, and compares its variables
-          and return value with worker 0's (``ReferenceMismatch``).  ``fn``
-          takes its global batch from ``context().global_batch_size(per_worker)``.
-        - ``on_return``: ``"stay"`` keeps a worker whose ``fn`` returned in the
-          cluster until the run is decided; ``"exit"`` ends it at once, as a
-          script ends (a peer still in a collective then sees it leave).
-        - ``progress``: a callable given a :class:`Progress` every half second
-          (``harness run``'s status line), in the watch loop: a quick one.
-        - ``end_when_certain=True``: once a worker that raised, died, or is
-          stopped for good provably holds every other up for ever, the run
-          ends, without the grace or the hang timeout: the same verdict,
-          without the peers' own errors (``explore`` runs its plans so).
-        - ``cluster``: this run's shape (``{"chief": 1, "worker": 2}``, see
-          the ``cluster`` option), in place of the cluster's.
 
-        Each run's workers share a network namespace of their own when the
-        ``network`` setting allows it: see :mod:`harness.network`.
+        The cluster, for this run, in place of the option of the same name:
+
+        - ``cluster``: the shape (``{"chief": 1, "worker": 2}``).
+        - ``timeout``: the hang timeout (seconds without progress).
+        - ``grace``: how long peers get once one worker has raised or died.
+        - ``restarts=K``: a run that ends in an outcome ``restart_on`` names
+          (``"crash,fail"``; add ``hang``) starts again, up to K times,
+          whole or, with ``restart_policy="task"``, the failed worker only;
+          ``RunResult.attempts`` holds every attempt.
+
+        The checks:
+
+        - ``sync_check=True``: every step boundary compares the workers'
+          step numbers (``StepDesyncError`` names the one out of step).
+        - ``ledger``: the collective ledger's level: ``True``/``"calls"``
+          (which call of which ``tf.function`` each worker is in),
+          ``"collectives"`` (also the collective pending), or ``False``.
+        - ``check_replicas``: ``True`` (1e-6) or a tolerance: workers whose
+          mirrored variables disagree when ``fn`` returns fail the run.
+        - ``reference``: ``True`` (1e-3) or a tolerance: a completed run is
+          compared with ``fn`` run once more on one worker standing in for
+          the cluster.
+
+        Watching the run:
+
+        - ``progress``: a callable given a :class:`Progress` every half
+          second; it may return a new hang timeout, or a :class:`Steer`.
+        - ``end_when_certain=True``: a run that provably can never complete
+          ends at once, without the grace or the hang timeout.
         """
         checked = time.monotonic()
         request = make_request(
@@ -208,12 +240,12 @@ class Cluster:
                                 clock.phases)
 
     def run_script(self, path=None, argv: Sequence[str] = (), *, module: Optional[str] = None,
-                   env: Optional[dict] = None, faults: Sequence = (),
-                   timeout: Optional[float] = None, grace: Optional[float] = None,
-                   ledger=True, restarts: Optional[int] = None,
-                   restart_on=DEFAULT_RESTART_ON, restart_policy: Optional[str] = None,
-                   check_replicas=False, reference=False, on_return: str = "exit",
-                   cluster=None) -> RunResult:
+                   env: Optional[dict] = None, on_return: str = "exit",
+                   faults: Sequence = (),
+                   cluster=None, timeout: Optional[float] = None, grace: Optional[float] = None,
+                   restarts: Optional[int] = None, restart_on=DEFAULT_RESTART_ON,
+                   restart_policy: Optional[str] = None,
+                   ledger=True, check_replicas=False, reference=False) -> RunResult:
         """Run a script on every worker as ``python path argv...`` would, or
         ``python -m module argv...`` with ``module=``; see
         :mod:`harness.controller.scripts`.

@@ -1,14 +1,12 @@
-"""The recorder for MWMS jobs that run outside pytest, and the analyzer for
-what it leaves: the harness's diagnosis on a real job.
+"""The recorder, for MWMS jobs that run outside pytest: the harness's
+diagnosis on a real job (docs/recorder.md).
 
-- ``harness record --dir DIR [--timeout S] [--] train.py ARGS...`` (or
-  ``-m package.train``) runs the job's script in this process with the
-  recorder on; :func:`install` turns it on from inside code that cannot
-  change its command.  Each task writes its files into ``DIR``
-  (:mod:`harness.record.files` documents them).
-- ``harness analyze DIR [DIR...]`` reads the files of every task (one
-  directory, or one per host) and prints the verdict a test would get
-  (:mod:`harness.record.analyze`).
+This package is public: :func:`install` turns the recorder on from inside
+code that cannot change its command (``harness record --dir DIR -- train.py``
+does it for a command), and returns the process's :class:`Recorder`.  Its
+modules are the internal engine: the recorder (``recorder``), the files
+each task writes (``files``) and ``harness analyze``'s reading of them
+(``analyze``).
 
 Importing this package does not import TensorFlow; :func:`install` does.
 """

@@ -1,11 +1,14 @@
 """The documentation stays true, with no TensorFlow and no cluster: the
 generated options table matches its one declaration, the reference
 docstrings name every fault, argument and field, every relative link in
-README.md and docs/ leads somewhere, and README.md keeps what .ci/run reads
-from it.  (The scenario table has its own check, in test_catalogue.py;
-``mkdocs build --strict`` checks the rendered site.)"""
+README.md and docs/ leads somewhere, every page keeps to the public line,
+and README.md keeps what .ci/run reads from it.  (The scenario table has
+its own check, in test_catalogue.py; ``mkdocs build --strict`` checks the
+rendered site.)"""
 import ast
 import dataclasses
+import importlib
+import importlib.util
 import inspect
 import re
 import unicodedata
@@ -17,6 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 README_MAX_LINES = 200
+# Pages about the internal engine, for contributors: how the harness works,
+# how to change it, and how its figures were measured (those two name the
+# code they time).  Their prose may name internal modules; every other
+# page's names only the public line.  On every page, what a ::: directive
+# renders and what a Python block imports is public.
+INTERNALS_PAGES = ("contributors.md", "how-it-works.md", "benchmark.md", "accuracy.md")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,6 +94,13 @@ def test_every_fault_class_is_documented():
         if "members:" in options:
             assert re.search(rf"\b{cls.__name__}\b", options), (
                 f"docs/faults.md renders harness.faults without {cls.__name__}")
+
+
+def test_bad_tf_config_s_docstring_names_every_kind():
+    from harness import faults
+    doc = inspect.getdoc(faults.BadTFConfig)
+    missing = [k for k in faults.BAD_CONFIG_KINDS if f"``{k}``" not in doc]
+    assert not missing, f"BadTFConfig's docstring does not say what {missing} do"
 
 
 # ------------------------------------------------------------------ run() and RunResult
@@ -213,16 +229,13 @@ def test_readme_keeps_the_commands_ci_and_newcomers_run():
         "pip install -e '.[test]' && pip install \"$(python -m harness keras2)\" && pytest scenarios/"
 
 
-def test_the_api_page_documents_the_public_line_and_only_it():
-    """docs/api.md names every public name (harness.__all__), and its
-    reference directives point at public names only."""
+def test_the_api_page_names_the_public_line():
+    """docs/api.md names every public name (harness.__all__) and module."""
     import harness
-    text = (ROOT / "docs" / "api.md").read_text()
-    missing = [n for n in harness.__all__ if not re.search(rf"\b{re.escape(n)}\b", text)]
+    text = _read(DOCS / "api.md")
+    missing = [n for n in [*harness.__all__, *PUBLIC]
+               if not re.search(rf"\b{re.escape(n)}\b", text)]
     assert not missing, f"docs/api.md does not name {missing}"
-    public = {f"harness.{n}" for n in harness.__all__} | {"harness.errors"}
-    internal = [t for t in re.findall(r"^::: (\S+)", text, re.M) if t not in public]
-    assert not internal, f"docs/api.md documents internal names {internal}"
     for name in harness.__all__:
         assert getattr(harness, name) is not None
 
@@ -244,3 +257,158 @@ def test_the_timeline_picture_is_what_today_s_harness_draws_of_its_run():
         "docs/timeline.svg is stale: run  python -m harness.bench.picture"
     assert json.loads((ROOT / "docs" / "timeline.trace.json").read_text()) == \
         json.loads(json.dumps(trace))
+
+
+# ------------------------------------------------------------------ the public line
+
+def _public_modules() -> tuple:
+    import harness
+    return harness._PUBLIC
+
+
+PUBLIC = _public_modules()
+
+
+def _exports(module: str) -> set:
+    """What a public module offers: its __all__ (without one, which
+    test_every_public_module_has_all fails, its names without an underscore)."""
+    mod = importlib.import_module(module)
+    names = getattr(mod, "__all__", None)
+    return set(names) if names is not None else {n for n in vars(mod) if not n.startswith("_")}
+
+
+def _on_the_line(dotted: str) -> bool:
+    """Whether ``harness.a.b...`` is public: a public module, a name of one's
+    ``__all__``, or an attribute of such a name."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        module = ".".join(parts[:i])
+        if module in PUBLIC:
+            rest = parts[i:]
+            return not rest or rest[0] == "__all__" or rest[0] in _exports(module)
+    return False
+
+
+def _resolve(dotted: str):
+    """The object ``harness.a.b...`` names."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(dotted)
+
+
+def _python_blocks(text: str):
+    return re.findall(r"^```(?:python|py)\n(.*?)^```", text, re.M | re.S)
+
+
+def _harness_names(text: str):
+    """Every dotted ``harness.x...`` the text names, but the module a command
+    runs (``python -m harness.bench``: a program, not an import)."""
+    return re.findall(r"(?<![\w./-])(?<!-m )harness(?:\.\w+)+", text)
+
+
+@pytest.mark.parametrize("module", PUBLIC)
+def test_every_public_module_has_all(module):
+    mod = importlib.import_module(module)
+    assert hasattr(mod, "__all__"), f"{module} is public and has no __all__"
+    # A package's __all__ may name its submodules (``from package import *``
+    # imports them).
+    missing = [n for n in mod.__all__ if not hasattr(mod, n)
+               and importlib.util.find_spec(f"{module}.{n}") is None]
+    assert not missing, f"{module}.__all__ names {missing}, which it does not have"
+
+
+def test_the_errors_module_and_the_package_offer_the_same_errors():
+    import harness
+    from harness import errors
+    assert {n for n in harness.__all__ if harness._HOME.get(n) == "harness.errors"} == \
+        set(errors.__all__)
+
+
+def test_every_fault_class_is_public():
+    from harness import faults
+    assert {cls.__name__ for cls in faults.FAULT_TYPES} <= set(faults.__all__)
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_page_renders_and_imports_public_names_only(page):
+    text = _read(page)
+    internal = [t for t in re.findall(r"^::: (\S+)", text, re.M) if not _on_the_line(t)]
+    assert not internal, f"{page.name} renders internal {internal}"
+    for block in _python_blocks(text):
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.Import):
+                taken = [a.name for a in node.names if a.name.split(".")[0] == "harness"]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness"):
+                taken = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            internal = [t for t in taken if t not in PUBLIC and not _on_the_line(t)]
+            assert not internal, f"{page.name} tells users to import internal {internal}"
+
+
+@pytest.mark.parametrize("page", [p for p in _pages() if p.name not in INTERNALS_PAGES],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_user_s_page_names_the_public_line_only(page):
+    internal = sorted({n for n in _harness_names(_read(page)) if not _on_the_line(n)})
+    assert not internal, (f"{page.name} names internal {internal}; name the public line, or "
+                          f"say it in a page for contributors ({', '.join(INTERNALS_PAGES)})")
+
+
+def _directive_paragraphs(text: str):
+    """Each ::: directive's target, and the paragraph just before it."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        found = re.match(r"^::: (\S+)", line)
+        if found:
+            end = i
+            while end > 0 and not lines[end - 1].strip():
+                end -= 1
+            start = end
+            while start > 0 and lines[start - 1].strip():
+                start -= 1
+            yield found.group(1), lines[start:end]
+
+
+@pytest.mark.parametrize("page", [p for p in _pages() if "\n::: " in _read(p)],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_sentence_and_a_link_before_each_rendered_reference(page):
+    """Read as a file (on GitHub), a page shows a ::: line as it is: a
+    sentence before it says what comes there and links its source file (or
+    a section); a source file linked is the one the object is defined in."""
+    for target, paragraph in _directive_paragraphs(_read(page)):
+        assert paragraph and not re.match(r"#|:::|\s|```", paragraph[0]), (
+            f"{page.name}: no sentence before ::: {target}")
+        links = re.findall(r"\]\(([^)\s]+)\)", _prose("\n".join(paragraph)))
+        assert links, f"{page.name}: the sentence before ::: {target} links nothing"
+        source = Path(inspect.getsourcefile(inspect.unwrap(_resolve(target)))).resolve()
+        for link in links:
+            if link.endswith(".py"):
+                assert (page.parent / link).resolve() == source, (
+                    f"{page.name}: the sentence before ::: {target} links {link}; "
+                    f"it is defined in {source.relative_to(ROOT)}")
+
+
+def test_cluster_takes_every_option_but_the_reports_by_name_and_says_so():
+    from harness.controller.cluster import KEYWORDS, Cluster
+    from harness.settings import OPTIONS
+    assert set(KEYWORDS) == {o.field for o in OPTIONS} - {"report_dir", "report"}
+    missing = [k for k in KEYWORDS if k not in _code_words(inspect.getdoc(Cluster))]
+    assert not missing, f"Cluster's docstring does not name {missing}"
+
+
+def test_run_s_docstring_names_its_arguments_in_the_signature_s_order():
+    """The signature's order is the docstring's groups (what runs, the
+    faults, the cluster, the checks, watching the run): a new argument goes
+    in its group in both."""
+    params, doc = _cluster_run()
+    spans = [set(re.findall(r"[A-Za-z_]\w*", s)) for s in re.findall(r"`+([^`]+)`+", doc)]
+    first = {p: next(i for i, words in enumerate(spans) if p in words) for p in params}
+    order = sorted(params, key=lambda p: (first[p], params.index(p)))
+    assert order == params, f"Cluster.run's docstring names them in the order {order}"
