@@ -23,7 +23,7 @@ _HOME = {
     "Cluster": "harness.controller", "Progress": "harness.controller.watch",
     "Steer": "harness.controller.watch", "guarded_manager": "harness.launch.manager",
     "RunResult": "harness.result", "WorkerResult": "harness.result",
-    "Verdict": "harness.diagnosis",
+    "Verdict": "harness.diagnosis.verdict",
     "ClusterShape": "harness.core.tfconfig",
     "StragglerReport": "harness.diagnosis.stragglers",
     "WorkerArrival": "harness.diagnosis.stragglers",
@@ -55,7 +55,7 @@ if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr
     from harness.controller.watch import Progress, Steer  # noqa: F401
     from harness.core.protocol import WorkerError  # noqa: F401
     from harness.core.tfconfig import ClusterShape  # noqa: F401
-    from harness.diagnosis import Verdict  # noqa: F401
+    from harness.diagnosis.verdict import Verdict  # noqa: F401
     from harness.diagnosis.memory import MemoryGrowth  # noqa: F401
     from harness.diagnosis.observations import (  # noqa: F401
         Collective, CollectiveOp, DivergentVariable, Outcome, ReferenceCheck, ReplicaCheck,
