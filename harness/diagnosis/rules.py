@@ -1,48 +1,55 @@
 """The blame rules, as a table: each is a small function of the run's facts
 that answers (a :class:`Blame`) or passes (None).  The first row that
 applies to the run's situation and answers wins, as with pytest's
-``firstresult`` hooks.  Adding a rule is one function (in ``rules_any``, ``rules_failed`` or
-``rules_stuck``, by the situations it reads) plus one row.
+``firstresult`` hooks.  Adding a rule is one function, in the module of
+the situations it reads (``rules_any``: any run gone wrong; ``rules_failed``:
+a worker raised; ``rules_stuck``: a hang, or errors that name no worker;
+``rules_start``: a worker that joined late; ``rules_names``: an address
+that did not resolve), plus one row.
 
-The order of the table is the order of trust:
+The order of the table is the order of trust (``tests/unit/test_rules.py``
+holds this list to the table's order):
 
+* nothing went wrong: nobody to blame (``nothing_to_blame``);
 * every worker returned, and their collectives reduce the same tensors in
   another order (``collective_order``), before what that does to their
-  replicas (``replicas``);
+  replicas (``replicas``), before the single-worker reference's verdict on
+  the job as a whole (``reference``);
 * a worker that started late, or never, while every other worker ended
   waiting for the cluster to form in strategy creation, is the cause of
   whatever they raised or died of (``late_start``);
-* a death is a cause whatever else happened (``crash``), unless a worker
-  found stopped had stopped before anyone died (``stopped_before_deaths``),
-  or every worker exited alike, which names no one (``coordinated_exit``),
-  or the dead died of TensorFlow aborting a timed-out collective, which
-  names no one either (``timed_out_abort``), nor does every worker dying of
-  such an abort at once, blocked in its collectives (``aborted_together``);
-* a worker whose address in ``TF_CONFIG`` did not resolve, as the errors
-  or the workers' own lookups say, explains a failure or a hang
-  (``unresolved_address``);
-* a ``TF_CONFIG`` that disagrees explains a failure or a hang (``config``);
+* a death is a cause whatever else happened, unless a worker found
+  stopped had stopped before anyone died (``stopped_before_deaths``), or
+  every worker exited alike, which names no one (``coordinated_exit``), or
+  the dead died of TensorFlow aborting a timed-out collective, which names
+  no one either (``timed_out_abort``), nor does every worker dying of such
+  an abort at once, blocked in its collectives (``aborted_together``);
+  else the dead (``crash``);
 * every worker returned its value, and one or more of them then died at
   exit: those (``died_at_exit``);
-* in a hang, or a failure whose errors are all echoes, a worker that
-  returned and left (its process ended) while the others still needed it
-  in a collective, before the circumstantial evidence below (``left_early``);
+* a worker whose address in ``TF_CONFIG`` did not resolve, as the errors
+  or the workers' own lookups say, explains a failure or a hang
+  (``unresolved_address``); so does a ``TF_CONFIG`` that disagrees
+  (``config``);
 * in a failure, a collective whose shapes differ names the odd shape
   (``shape_mismatch`` from the errors, ``collective_shapes`` from the
   ledgers, which every worker has, from 3 workers up), the sync check
-  names who is out of step
-  (``sync_check``), else the root error does (``root_error``);
+  names who is out of step (``sync_check``), else the root error does
+  (``root_error``);
 * in a hang, or a failure whose errors name no worker (every one an echo,
   or a collective mismatch: the members of a collective disagree, and the
-  error does not say which is wrong), the evidence goes
-  from direct to circumstantial: a stopped process; the collective ledgers
+  error does not say which is wrong), the evidence goes from direct to
+  circumstantial: a stopped process (``stopped``); a worker that returned
+  and left (its process ended) while the others still needed it in a
+  collective (``left_early``); the collective ledgers
   (``collective_counts``: who launched a collective the others did not, or
   did not launch one they did); the odd one out by state among three or
-  more (``majority``); the one behind, when it waits outside TensorFlow; a
-  split with no majority (``split``, ambiguous); the task the heartbeat
-  errors name; a worker stuck mid-loop outside TensorFlow while the others
-  wait in it; and last, nobody stands out (``no_evidence``, ambiguous; who
-  raised first is not evidence).
+  more (``majority``); the one behind, when it waits outside TensorFlow
+  (``behind``); a split with no majority (``split``, ambiguous); the task
+  the heartbeat errors name (``heartbeat``); a worker stuck mid-loop
+  outside TensorFlow while the others wait in it (``outside_tensorflow``);
+  and last, nobody stands out (``no_evidence``, ambiguous; who raised
+  first is not evidence).
 
 A confident wrong culprit is the worst answer: where the evidence is
 symmetric (two workers, one finished and one blocked, say: a collective

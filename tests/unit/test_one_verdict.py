@@ -177,3 +177,10 @@ def test_no_module_outside_the_diagnosis_builds_or_changes_a_verdict():
 ])
 def test_the_check_finds_a_verdict_built_or_changed(source):
     assert list(verdict_edits(ast.parse(source)))
+
+
+def test_the_api_page_names_every_stage_in_the_tables_order():
+    import re
+    text = (ROOT / "docs" / "api.md").read_text()
+    named = [n for n in re.findall(r"`(\w+)`", text) if n in STAGE_NAMES]
+    assert list(dict.fromkeys(named)) == STAGE_NAMES

@@ -511,3 +511,13 @@ def test_a_worker_a_retrace_ahead_launched_no_fewer_collectives_in_its_step():
                   *(first if i != 2 else first[8:])) for i in range(4)]
     v = diagnose(run(*ws, ended_by="hang"))
     assert v.culprits != (2,) and v.rule != "collective_counts", v.text
+
+
+def test_the_tables_docstring_lists_every_rule_in_the_tables_order():
+    """The docstring of harness.diagnosis.rules says the order of trust; it
+    must be the table's, every row named once."""
+    import re
+
+    from harness.diagnosis import rules
+    named = [n for n in re.findall(r"``(\w+)``", rules.__doc__) if n in rules.RULE]
+    assert named == [r.name for r in rules.RULES]
