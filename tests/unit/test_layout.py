@@ -1,16 +1,26 @@
 """The package's shape, as issue-free code review would check it: imports
-run one way, no module or function too long to read, each subpackage says
-what it holds, backends are named only by their table."""
+run one way, a module or function past the size guide says why, each
+subpackage says what it holds, backends are named only by their table."""
 import ast
 import pathlib
+import warnings
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "harness"
-MAX_MODULE_LINES = 450
-MAX_FUNCTION_LINES = 80
+# Sizes are a guide, not a cap: modules split where their roles part.  One
+# past the guide warns, asking for a reason (LONG_BY_REASON) or a split;
+# past the limit, no reason will do.
+MODULE_GUIDE, MODULE_LIMIT = 450, 900
+FUNCTION_GUIDE, FUNCTION_LIMIT = 80, 150
+# "module" or "module:function" -> why it is one piece past the guide.
+LONG_BY_REASON: dict = {}
 MAX_TOP_LEVEL = 12
+
+
+class SizeWarning(UserWarning):
+    """A module or function past the size guide with no reason given."""
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -22,8 +32,13 @@ MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")
            if "bench" not in p.relative_to(PACKAGE).parts}
 
 
+_TREES: dict = {}
+
+
 def _tree(name: str) -> ast.Module:
-    return ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    if _TREES.get(name) is None:
+        _TREES[name] = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    return _TREES[name]
 
 
 def _is_package(name: str) -> bool:
@@ -141,15 +156,47 @@ def test_every_subpackage_says_what_it_holds_and_may_import():
             assert "import" in doc, f"{name}'s docstring does not say what it may import"
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_modules_and_functions_are_short(name):
-    lines = MODULES[name].read_text().count("\n")
-    assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines"
+def sizes(name: str):
+    """(key, lines, guide, limit) for the module ``name`` and each of its functions."""
+    yield name, MODULES[name].read_text().count("\n"), MODULE_GUIDE, MODULE_LIMIT
     for node in ast.walk(_tree(name)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            length = node.end_lineno - start + 1
-            assert length <= MAX_FUNCTION_LINES, f"{name}:{node.lineno} {node.name}: {length} lines"
+            yield (f"{name}:{node.name}", node.end_lineno - start + 1, FUNCTION_GUIDE,
+                   FUNCTION_LIMIT)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_module_or_function_past_the_size_guide_says_why(name):
+    for key, lines, guide, limit in sizes(name):
+        assert lines <= limit, f"{key}: {lines} lines, past {limit}: split it where its roles part"
+        if lines > guide and key not in LONG_BY_REASON:
+            warnings.warn(SizeWarning(
+                f"{key}: {lines} lines, past the guide of {guide}: split it where its roles "
+                f"part, or say in tests/unit/test_layout.py's LONG_BY_REASON why it is one"))
+
+
+def test_every_reason_for_a_size_is_still_needed():
+    long = {key for name in MODULES for key, lines, guide, _ in sizes(name) if lines > guide}
+    stale = sorted(set(LONG_BY_REASON) - long)
+    assert not stale, f"within the guide now (drop their reasons): {stale}"
+
+
+def test_the_size_check_warns_and_fails_as_it_says(monkeypatch, tmp_path):
+    path = tmp_path / "long.py"
+    path.write_text("def f():\n" + "    x = 1\n" * 100)
+    monkeypatch.setitem(MODULES, "harness.long", path)
+    monkeypatch.setitem(_TREES, "harness.long", None)
+    with pytest.warns(SizeWarning, match="harness.long:f: 101 lines"):
+        test_a_module_or_function_past_the_size_guide_says_why("harness.long")
+    monkeypatch.setitem(LONG_BY_REASON, "harness.long:f", "a table of one hundred rows")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SizeWarning)
+        test_a_module_or_function_past_the_size_guide_says_why("harness.long")
+    path.write_text("def f():\n" + "    x = 1\n" * 200)
+    _TREES["harness.long"] = None
+    with pytest.raises(AssertionError, match="past 150"):
+        test_a_module_or_function_past_the_size_guide_says_why("harness.long")
 
 
 def test_only_the_launch_package_names_a_backend():
