@@ -28,7 +28,15 @@ TensorFlow lazily; nothing else in :mod:`harness` imports it.  What is
 supported, and what is not and why: ``docs/compat.md``.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 __all__ = ["install", "multi_process_runner", "multi_worker_test_base"]
+# The stand-in modules, imported on first use (as ``harness.compat.multi_process_runner``).
+_MODULES = ("multi_process_runner", "multi_worker_test_base")
+
+if TYPE_CHECKING:
+    from harness.compat import multi_process_runner, multi_worker_test_base  # noqa: F401
 
 
 def install() -> None:
@@ -43,6 +51,12 @@ def install() -> None:
     import (:mod:`harness.compat.routes`)."""
     from harness.compat import routes
     routes.install()
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f"harness.compat.{name}")
+    raise AttributeError(f"module 'harness.compat' has no attribute {name!r}")
 
 
 def _absl_flags_at_their_defaults() -> None:

@@ -358,3 +358,13 @@ def test_absls_own_parse_still_reads_its_command_line():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["y"]
+
+
+def test_the_packages_public_names_are_install_and_the_two_stand_ins():
+    import harness.compat
+    assert harness.compat.__all__ == ["install", "multi_process_runner",
+                                      "multi_worker_test_base"]
+    assert [getattr(harness.compat, name) for name in harness.compat.__all__] == [
+        harness.compat.install, mpr, mwtb]
+    with pytest.raises(AttributeError, match="routing"):
+        harness.compat.routing
