@@ -318,3 +318,28 @@ def test_tensorflows_combinations_run_on_the_harness_with_pytests_options(pytest
     result.assert_outcomes(passed=1 if chief else 2, skipped=2)
     assert "required GPUs are available" in out, out
     assert "belong to ParameterServerStrategy" in out, out
+
+
+def test_a_file_importing_the_runner_from_harness_compat_runs_under_pytests_options(pytester):
+    """A file that imports ``multi_process_runner`` and ``multi_worker_test_base``
+    from ``harness.compat``, without ``install()``, under ``pytest -q -x -rfEs
+    -k ... --junitxml``: TensorFlow's ``combinations`` read an absl flag in the
+    test process, and absl once parsed pytest's options from ``sys.argv``
+    there (``UnrecognizedFlagError: Unknown command line flag 'q'``)."""
+    import xml.etree.ElementTree as ET
+    with open(os.path.join(CASES, "import_case.py")) as f:
+        pytester.makepyfile(import_case=f.read())
+    result = pytester.runpytest_subprocess(
+        "-q", "-x", "-rfEs", "-n", "0", "-p", "no:cacheprovider", "-k", "not deselected",
+        "--junitxml=report.xml", "import_case.py", timeout=200)
+    out = result.stdout.str()
+    assert "UnrecognizedFlagError" not in out, out
+    # tf.test.TestCase's test_session skips ("Not a test"), in -rs's summary
+    result.assert_outcomes(passed=3, skipped=1, deselected=1)
+    assert "SKIPPED [1]" in out and "Not a test" in out, out
+    cases = ET.parse(pytester.path / "report.xml").getroot().iter("testcase")
+    reported = {case.get("name"): [child.tag for child in case] for case in cases}
+    assert reported == {"test_all_reduce_after_the_barrier_test_mode_eager": [],
+                        "test_cluster_spec_in_each_mode_test_mode_eager": [],
+                        "test_cluster_spec_in_each_mode_test_mode_graph": [],
+                        "test_session": ["skipped"]}, reported

@@ -22,16 +22,27 @@ message opening with the harness's verdict.
 
 It may import :mod:`harness.controller`, :mod:`harness.settings`,
 :mod:`harness.result`, :mod:`harness.errors`, :mod:`harness.core` and
-:mod:`harness.launch.scratch` (the session's temp directory), and
+:mod:`harness.launch.scratch` (the session's temp directory), absl's
+flags (marked parsed on import: pytest's options are not absl's) and
 TensorFlow lazily; nothing else in :mod:`harness` imports it.  What is
 supported, and what is not and why: ``docs/compat.md``.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
+__all__ = ["install", "multi_process_runner", "multi_worker_test_base"]
+# The stand-in modules, imported on first use (as ``harness.compat.multi_process_runner``).
+_MODULES = ("multi_process_runner", "multi_worker_test_base")
+
+if TYPE_CHECKING:
+    from harness.compat import multi_process_runner, multi_worker_test_base  # noqa: F401
+
 
 def install() -> None:
     """Make every way TensorFlow's test utilities start multi-worker
-    processes run on the harness, and keep pytest's options from absl's
-    flags: call it once, from a ``conftest.py``, before the tests run.
+    processes run on the harness: call it once, from a ``conftest.py``,
+    before the tests run.
 
     ``tf.__internal__.distribute.multi_process_runner`` becomes this
     package's ``multi_process_runner`` (tf-keras's tests reach the runner
@@ -40,3 +51,29 @@ def install() -> None:
     import (:mod:`harness.compat.routes`)."""
     from harness.compat import routes
     routes.install()
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        return importlib.import_module(f"harness.compat.{name}")
+    raise AttributeError(f"module 'harness.compat' has no attribute {name!r}")
+
+
+def _absl_flags_at_their_defaults() -> None:
+    """absl's flags, unparsed, are marked parsed at their defaults, in every
+    process that imports this package (the test process, by either way in,
+    and each task): TensorFlow's wrapper of the flags parses ``sys.argv``
+    the first time a flag is read unparsed (``combinations``' TPU check
+    reads one), and under pytest ``sys.argv`` is pytest's command line,
+    whose options absl refuses.  TensorFlow's runner gives its tasks the
+    same (``absl.app.run`` with the program name only); ``absl.app.run``
+    (``test_main()``) still parses its own command line."""
+    try:
+        from absl import flags
+    except ImportError:
+        return
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+_absl_flags_at_their_defaults()

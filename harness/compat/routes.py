@@ -1,6 +1,5 @@
 """What :func:`harness.compat.install` changes in TensorFlow, so that every
-way its test utilities start multi-worker processes runs on the harness,
-and pytest's command line stays pytest's.
+way its test utilities start multi-worker processes runs on the harness.
 
 TensorFlow's test utilities bind ``multi_process_runner`` (and
 ``multi_worker_test_base``) at import: ``combinations`` (which starts the
@@ -17,13 +16,6 @@ binds the harness's.
 a preset the harness does not run (parameter servers) skips with the reason,
 as a preset whose GPUs are missing skips under TensorFlow's runner, instead
 of failing on the refusal.
-
-absl's flags read ``sys.argv`` on their first use (TensorFlow's wrapper of
-them parses it when a flag is read before parsing, as ``combinations``'
-TPU check does): under pytest, ``sys.argv`` is pytest's command line, and
-absl refuses its options.  :func:`keep_argv_from_absl` marks the flags
-parsed with their defaults, which is what TensorFlow's runner gives each
-task (``absl.app.run`` with the program name only).
 """
 from __future__ import annotations
 
@@ -111,17 +103,6 @@ FOR_COMBINATIONS = ForCombinations()
 FOR_TEST_BASE = ForTestBase()
 
 
-def keep_argv_from_absl() -> None:
-    """absl's flags, unparsed, are marked parsed with their defaults: pytest's
-    options in ``sys.argv`` are never read as absl's."""
-    try:
-        from absl import flags
-    except ImportError:
-        return
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
-
-
 def route_runner() -> None:
     """Point every bound reference of TensorFlow's to the harness's runner."""
     for name in API_TREES:
@@ -162,7 +143,6 @@ def route_imports() -> None:
 
 def install() -> None:
     originals.installed = install
-    keep_argv_from_absl()
     if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is not None:
         route_runner()
         route_imports()

@@ -68,17 +68,6 @@ def task_index(order: Tuple[Tuple[str, int], ...] = ()) -> int:
     return int(task["index"])
 
 
-def _absl_flags_at_their_defaults() -> None:
-    """TensorFlow's runner starts each task through ``absl.app.run`` with the
-    program name only: the flags are parsed, at their defaults.  Left
-    unparsed, TensorFlow's wrapper would parse this process's command line
-    the first time a flag is read."""
-    with contextlib.suppress(ImportError):
-        from absl import flags
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
-
-
 def _share_barrier_with_tensorflow(barrier) -> None:
     """TensorFlow's own ``get_barrier()`` hands out the same barrier: code
     reaches it as ``tf.__internal__.distribute.multi_process_runner`` too,
@@ -126,7 +115,6 @@ def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
     if shared.grpc_fail_fast is not None:
         os.environ["GRPC_FAIL_FAST"] = str(shared.grpc_fail_fast)
     _log_like_tensorflow()
-    _absl_flags_at_their_defaults()
     if shared.on_start is not None:
         shared.on_start()
     if module:

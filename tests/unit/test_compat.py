@@ -316,20 +316,55 @@ import sys
 sys.argv = ["pytest", "-q", "-x", "-k", "not slow", "-n", "2", "--mwms-workers=3"]
 from absl import flags
 flags.DEFINE_string("tpu", "", "as TensorFlow's TPU tests define it")
-from harness.compat import routes
-routes.keep_argv_from_absl()
+IMPORT
 flags.DEFINE_string("zone", "z", "defined after")
 print(repr(flags.FLAGS.tpu), repr(flags.FLAGS.zone), sys.argv[1])
 """
 
 
-def test_absls_flags_never_read_pytests_command_line():
+@pytest.mark.parametrize("line", ["from harness.compat import multi_process_runner",
+                                  "from harness.compat import multi_worker_test_base",
+                                  "import harness.compat"])
+def test_absls_flags_never_read_pytests_command_line(line):
     """TensorFlow's wrapper of absl's flags parses ``sys.argv`` when a flag is
     read unparsed (``combinations``' TPU check reads one): pytest's options
-    there made absl raise UnrecognizedFlagError."""
+    there made absl raise UnrecognizedFlagError.  Importing the stand-ins
+    (the drop-in by import) or the package (``install()``) marks the flags
+    parsed at their defaults."""
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", ABSL_UNDER_PYTEST], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", ABSL_UNDER_PYTEST.replace("IMPORT", line)],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["''", "'z'", "-q"]
+
+
+ABSL_APP = """
+import sys
+sys.argv = ["job", "--zone=y"]
+import harness.compat
+from absl import app, flags
+flags.DEFINE_string("zone", "z", "")
+app.run(lambda argv: print(flags.FLAGS.zone))
+"""
+
+
+def test_absls_own_parse_still_reads_its_command_line():
+    """``test_main()`` under ``__main__`` parses the command line through
+    ``absl.app.run``, flags marked parsed or not."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", ABSL_APP], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["y"]
+
+
+def test_the_packages_public_names_are_install_and_the_two_stand_ins():
+    import harness.compat
+    assert harness.compat.__all__ == ["install", "multi_process_runner",
+                                      "multi_worker_test_base"]
+    assert [getattr(harness.compat, name) for name in harness.compat.__all__] == [
+        harness.compat.install, mpr, mwtb]
+    with pytest.raises(AttributeError, match="routing"):
+        harness.compat.routing
