@@ -246,7 +246,8 @@ def _job(parser: argparse.ArgumentParser, argv: Sequence[str],
                            where="SCRIPT", module_where=f"-m {module}")
     except HarnessError as e:
         parser.error(str(e))   # prints the usage, exits 2
-    return _Job(ns, settings, cluster, main, f"-m {module}" if module else script, script_args)
+    return _Job(ns, settings, cluster, main, f"-m {module}" if module else str(script),
+                script_args)
 
 
 def run_command(argv: Sequence[str], prog: str = PROG) -> int:

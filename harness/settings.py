@@ -296,7 +296,7 @@ def read_settings(lookup: Callable[[Option], Tuple[Any, str]],
                   machine)
 
 
-def parse_marker(kwargs: dict, args: tuple = ()) -> dict:
+def parse_marker(kwargs: Mapping[str, Any], args: tuple = ()) -> Dict[str, Any]:
     """``@pytest.mark.mwms(...)``'s arguments, checked: the overrides (a
     tuple of values for an option the marker may list)."""
     if args:
@@ -315,7 +315,7 @@ def parse_marker(kwargs: dict, args: tuple = ()) -> dict:
             else BY_FIELD[k].parse(v, BY_FIELD[k].where("marker")) for k, v in kwargs.items()}
 
 
-def marker_instances(kwargs: dict) -> List[Dict[str, Any]]:
+def marker_instances(kwargs: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """The test instances a marker asks for: one per combination of the
     values it lists (``workers=[2, 3]``: ``[{"workers": 2}, {"workers": 3}]``),
     none when it lists nothing."""
@@ -331,7 +331,7 @@ def instance_id(instance: Mapping[str, Any]) -> str:
     return "-".join(f"{value}{field}" for field, value in instance.items())
 
 
-def apply_marker(settings: RunSettings, kwargs: dict, args: tuple = (),
+def apply_marker(settings: RunSettings, kwargs: Mapping[str, Any], args: tuple = (),
                  instance: Optional[Mapping[str, Any]] = None) -> RunSettings:
     """``settings`` as one test's ``@pytest.mark.mwms(...)`` changes them;
     ``instance``: this test's value of each option the marker lists
