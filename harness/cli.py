@@ -1,69 +1,87 @@
-"""The command line, for people outside pytest: ``python -m harness run``.
+"""The command line, for people outside pytest: ``harness run`` (or
+``python -m harness run``).
 
 ::
 
-    python -m harness run -n 3 --timeout 30 --fault "Crash(worker=1, step=5)" train.py -- --epochs 2
-    python -m harness run -m package.train -- --epochs 2
-    python -m harness explore -n 3 --restarts 1 --budget 120 train.py -- --epochs 2
-    python -m harness record --dir DIR -- train.py --epochs 2
-    python -m harness analyze DIR [DIR ...]
-    pip install "$(python -m harness keras2)"
+    harness run -n 3 --timeout 30 --fault "Crash(worker=1, step=5)" train.py -- --epochs 2
+    harness run -m package.train -- --epochs 2
+    harness explore -n 3 --restarts 1 --budget 120 train.py -- --epochs 2
+    harness record --dir DIR -- train.py --epochs 2
+    harness analyze DIR [DIR ...]
+    pip install "$(harness keras2)"
 
-starts one cluster, runs the script (or module) on every worker as
-``Cluster.run_script`` does, prints the diagnosis (and, unless the run
-completed, each failing worker's log tail), then one line saying where the
-run went; ``explore`` searches for a plan of faults the script does
-not survive (:meth:`harness.controller.cluster.Cluster.explore`), and exits
-1 when it found one, printed as a ``faults=[...]`` line; ``record`` and ``analyze`` are the job recorder's
-(:mod:`harness.record.commands`); ``keras2`` prints what gives Keras 2 beside the installed
-TensorFlow (tf_keras of the same minor; on 2.15 its own ``keras``).  ``run`` exits 0 only when the outcome is the one ``--expect`` names
-(``completed`` by default), 1 when it is another, and 2 for a usage error
-(a bad option value, a bad fault, a missing script), before any process
-starts.
+``run`` starts one cluster, runs the script (or module) on every worker as
+``Cluster.run_script`` does, prints what each worker wrote (each attempt's
+apart, with its time, when the run restarted), the diagnosis, then one
+line saying how the run ended and how long it and each attempt took.
+``explore`` searches for a plan of faults the script does not survive
+(:meth:`harness.controller.cluster.Cluster.explore`), with a live status
+line, and exits 1 when it found one, printed as a ``faults=[...]`` line;
+``record`` and ``analyze`` are the job recorder's
+(:mod:`harness.record.commands`); ``keras2`` prints what gives Keras 2
+beside the installed TensorFlow (tf_keras of the same minor; on 2.15 its
+own ``keras``).  ``run`` exits 0 only when the outcome is the one
+``--expect`` names (``completed`` by default), 1 when it is another, and 2
+for a usage error (a bad option value, a bad fault, a missing script),
+before any process starts.
 
 The options are the pytest plugin's, declared once in
 :data:`harness.settings.OPTIONS`, without the ``mwms-`` prefix (``--workers``
 or ``-n``, ``--timeout``, and so on for each), with the same defaults and
-the same checks.  ``--fault``
+the same checks; an error names the flag as given here.  ``--fault``
 takes a fault of :mod:`harness.faults` as its constructor call (the form a
 fault prints as), read by :func:`parse_fault`, which evaluates nothing.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
 from harness import plan as plan_module
 from harness import faults_text
 from harness.diagnosis.observations import OUTCOMES, Outcome
 from harness.errors import HarnessError, UsageError
+from harness.record.commands import ANALYZE_USAGE, RECORD_USAGE
+from harness.report.console import StatusLine, format_search, output_lines, timing
 from harness.report.pytest_report import timeline_stem, wants_timeline
 from harness.settings import OPTIONS, Option, RunSettings, read_settings
 from harness.validators import parse_choice
 
 PROG = "python -m harness"
+SCRIPT_USAGE = "[options] (SCRIPT | -m MODULE) [--] [ARG ...]"
 # Options of `run` that take a value: the scan that finds where the script
 # starts skips their values.
 _VALUE_FLAGS = {"-n", "--fault", "--expect", "--budget", "--shrink-budget", "--property",
-                "--kinds", "--max-faults", "--seed",
-                *(o.flag.replace("--mwms-", "--") for o in OPTIONS)}
+                "--kinds", "--max-faults", "--seed", *(o.where("cli") for o in OPTIONS)}
 
 
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command: what follows its name on the usage line, and what it does."""
 
-def output_lines(result) -> List[str]:
-    """What each worker printed (stdout and stderr, TensorFlow's own logging
-    included), each line after its worker's tag, ``[w0]``, as torchrun's
-    ``--tee`` does: on every outcome, since the logs go with the run."""
-    out = []
-    for w in result.workers:
-        kind, index = result.observation.task(w.index)
-        tag = f"[w{index}]" if kind == "worker" else f"[{kind}]"
-        out += [f"{tag} {line}" for line in w.log.rstrip("\n").splitlines()]
-    return out
+    usage: str
+    summary: str
+
+
+COMMANDS: Dict[str, Command] = {
+    "run": Command(SCRIPT_USAGE, "run a script (or module) on an N-worker "
+                                 "MultiWorkerMirroredStrategy cluster; print the diagnosis"),
+    "explore": Command(SCRIPT_USAGE, "search for a fault the script does not survive"),
+    "record": Command(RECORD_USAGE, "run one task of a real job with the recorder on"),
+    "analyze": Command(ANALYZE_USAGE, "read the recorder's files of a job; print the verdict"),
+    "keras2": Command("", "print what gives Keras 2 beside the installed TensorFlow"),
+}
+
+
+def program_name(argv0: str) -> str:
+    """How the user started the command line: ``harness`` (the console
+    script) or ``python -m harness``, for the usage lines and the replay
+    command."""
+    return "harness" if os.path.basename(argv0) == "harness" else PROG
 
 
 def _size(settings: RunSettings) -> str:
@@ -78,10 +96,10 @@ def parse_fault(text: str) -> faults_module.Fault:
     return faults_text.parse(text, "--fault")
 
 
-def _parser(command: str = "run") -> argparse.ArgumentParser:
+def _parser(command: str = "run", prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=f"{PROG} {command}", allow_abbrev=False,
-        usage=f"{PROG} {command} [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
+        prog=f"{prog} {command}", allow_abbrev=False,
+        usage=f"{prog} {command} {COMMANDS[command].usage}",
         description=DESCRIPTIONS[command])
     _cluster_options(p)
     if command == "explore":
@@ -113,17 +131,17 @@ def _explore_options(p: argparse.ArgumentParser) -> None:
                    help="survives: every plan's run completes (after --restarts); detected: "
                         "every run that does not complete names a faulted worker "
                         "(default survives)")
-    p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--budget", default="60", metavar="SECONDS",
                    help="seconds of search (default 60)")
-    p.add_argument("--shrink-budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--shrink-budget", default=None, metavar="SECONDS",
                    help="seconds to shrink a failing plan (default: the budget)")
     p.add_argument("--kinds", default=None, metavar="KIND,KIND",
                    help="the fault kinds to draw, e.g. Crash,Pause (default: for survives "
                         "Crash,RaiseError,Delay,Pause,Preempt; for detected every "
                         "step-keyed kind)")
-    p.add_argument("--max-faults", type=int, default=1, metavar="N",
+    p.add_argument("--max-faults", default="1", metavar="N",
                    help="the most faults in one plan (default 1)")
-    p.add_argument("--seed", type=int, default=None, metavar="N",
+    p.add_argument("--seed", default=None, metavar="N",
                    help="draw the same plans as a search with this seed (default: a fresh "
                         "seed, printed)")
 
@@ -142,11 +160,9 @@ def _run_options(p: argparse.ArgumentParser) -> None:
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:
     for o in OPTIONS:
-        flags = ["-n", "--workers"] if o.name == "workers" else []
-        flags = flags or [o.flag.replace("--mwms-", "--")]
-        p.add_argument(*flags, dest=o.field, metavar=o.metavar,
-                       default=None,
-                       help=f"{o.help} (default {o.default_text})".replace("%", "%%"))
+        flags = ["-n"] if o.name == "workers" else []
+        p.add_argument(*flags, o.where("cli"), dest=o.field, metavar=o.metavar, default=None,
+                       help=f"{o.help_for('cli')} (default {o.default_text})".replace("%", "%%"))
 
 
 def split_command(argv: Sequence[str]) -> Tuple[List[str], Optional[str], Optional[str],
@@ -195,84 +211,65 @@ def settings_from_args(ns: argparse.Namespace) -> RunSettings:
     return read_settings(lookup)
 
 
-# A status line on a terminal is redrawn at every report; elsewhere (a log,
-# a CI job) a plain line is printed at most this often.
-PLAIN_EVERY = 5.0
+@dataclasses.dataclass
+class _Job:
+    """What ``run`` and ``explore`` have once their arguments are checked."""
+
+    ns: argparse.Namespace
+    settings: RunSettings
+    cluster: Any
+    main: Any
+    what: str                  # the script, or -m MODULE
+    script_args: List[str]
 
 
-def format_progress(p) -> str:
-    """One line from a :class:`~harness.controller.Progress`:
-    ``attempt 0 | 12.3s | w0 step 41, w1 step 41, w2 returned | idle 0.2s of 30s``."""
-    workers = ", ".join(
-        f"w{i} " + (state if state != "running" else
-                    "started" if step is None else f"step {step}")
-        for i, (step, state) in enumerate(zip(p.steps, p.states)))
-    return (f"harness: attempt {p.attempt} | {p.elapsed:.1f}s | {workers} | "
-            f"idle {p.idle:.1f}s of {p.timeout:g}s")
-
-
-class StatusLine:
-    """``run(progress=...)`` for the command line: on a terminal, one line
-    redrawn in place (so a run that may hang shows it is alive); otherwise
-    a plain line every :data:`PLAIN_EVERY` seconds."""
-
-    def __init__(self, stream=None, clock=time.monotonic):
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.clock = clock
-        self.shown = 0        # the width drawn on the terminal
-        self.last_plain = None
-
-    def __call__(self, progress) -> None:
-        text = format_progress(progress)
-        if self.tty:
-            self.stream.write("\r" + text.ljust(self.shown))
-            self.shown = len(text)
-        elif self.last_plain is None or self.clock() - self.last_plain >= PLAIN_EVERY:
-            self.stream.write(text + "\n")
-            self.last_plain = self.clock()
-        self.stream.flush()
-
-    def close(self) -> None:
-        """Wipe the terminal's line before the verdict is printed."""
-        if self.tty and self.shown:
-            self.stream.write("\r" + " " * self.shown + "\r")
-            self.stream.flush()
-            self.shown = 0
-
-
-def run_command(argv: Sequence[str]) -> int:
-    parser = _parser()
+def _job(parser: argparse.ArgumentParser, argv: Sequence[str],
+         check: Callable[[argparse.Namespace, RunSettings], None]) -> _Job:
+    """The command's arguments checked, its cluster made and its script
+    found, before any worker starts; a usage error exits 2 (argparse's
+    ``error``), naming the flag or the SCRIPT as given."""
     try:
         options, script, module, script_args = split_command(argv)
         ns = parser.parse_args(options)   # --help exits 0 here; bad syntax exits 2
         if script is None and ns.module is None and module is None:
-            raise UsageError("give a script to run, or -m MODULE")
+            raise UsageError("give a script, or -m MODULE")
         module = module or ns.module
         settings = settings_from_args(ns)
-        expect = parse_choice(ns.expect, "--expect", OUTCOMES)
-        plan = [parse_fault(f) for f in ns.fault]
-        try:
-            plan_module.validate(plan, settings.workers, settings.restarts, settings.shape)
-        except faults_module.FaultError as e:
-            raise UsageError(f"--fault: {e}") from None
+        check(ns, settings)
         from harness.launch.state_dir import check_state_dir
         check_state_dir(settings.state_dir, "--state-dir")
         from harness.controller.cluster import Cluster
         from harness.controller.scripts import script_main
         cluster = Cluster(settings)
         main = script_main(script, script_args, module=module,
-                           start_method=cluster.launcher.start_method)
+                           start_method=cluster.launcher.start_method,
+                           where="SCRIPT", module_where=f"-m {module}")
     except HarnessError as e:
         parser.error(str(e))   # prints the usage, exits 2
-    what = f"-m {module}" if module else script
+    return _Job(ns, settings, cluster, main, f"-m {module}" if module else str(script),
+                script_args)
+
+
+def run_command(argv: Sequence[str], prog: str = PROG) -> int:
+    plan: list = []
+
+    def check(ns: argparse.Namespace, settings: RunSettings) -> None:
+        ns.expect = parse_choice(ns.expect, "--expect", OUTCOMES)
+        plan.extend(parse_fault(f) for f in ns.fault)
+        try:
+            plan_module.validate(plan, settings.workers, settings.restarts, settings.shape)
+        except faults_module.FaultError as e:
+            raise UsageError(f"--fault: {e}") from None
+
+    job = _job(_parser("run", prog), argv, check)
+    settings, what = job.settings, job.what
     print(f"harness: running {what} on {_size(settings)} (timeout {settings.timeout:g} s, "
           f"{settings.start_method}, {settings.devices})", flush=True)
     status = StatusLine()
     try:
         # A worker whose script ended exits, as a job's process does.
-        result = cluster.run(main, faults=plan, check_replicas=ns.check_replicas,
-                             on_return="exit", progress=status)
+        result = job.cluster.run(job.main, faults=plan, check_replicas=job.ns.check_replicas,
+                                 on_return="exit", progress=status)
     except KeyboardInterrupt:
         status.close()
         print("harness: interrupted; every worker was stopped", file=sys.stderr)
@@ -288,72 +285,72 @@ def run_command(argv: Sequence[str]) -> int:
     if settings.report_dir and wants_timeline(result, settings.report):
         for path in result.timeline(timeline_stem(settings.report_dir, what, 1)):
             print(f"harness: timeline: {path}")
-    ok = result.outcome == expect
-    print(f"harness: {what} on {_size(settings)}: {result.outcome} in "
-          f"{result.duration:.1f} s from the call, start-up included (the run itself: "
-          f"{result.observation.duration:.1f} s); expected {expect}: "
-          f"{'ok' if ok else 'NOT OK'}", flush=True)
+    ok = result.outcome == job.ns.expect
+    print(f"harness: {what} on {_size(settings)}: {result.outcome} in {timing(result)}; "
+          f"expected {job.ns.expect}: {'ok' if ok else 'NOT OK'}", flush=True)
     return 0 if ok else 1
 
 
-def explore_command(argv: Sequence[str]) -> int:
+def _flag(name: str) -> str:
+    """explore's setting ``name`` as this command line spells it: ``--shrink-budget``."""
+    return "--" + name.replace("_", "-")
+
+
+def explore_command(argv: Sequence[str], prog: str = PROG) -> int:
     """``harness explore``: :meth:`Cluster.explore` over a script."""
-    parser = _parser("explore")
+    from harness.explore import check_kinds, check_settings
+    search: Dict[str, Any] = {}
+
+    def check(ns: argparse.Namespace, settings: RunSettings) -> None:
+        search.update(check_settings(dict(property=ns.property, budget=ns.budget,
+                                          shrink_budget=ns.shrink_budget,
+                                          max_faults=ns.max_faults, seed=ns.seed), _flag))
+        search["kinds"] = check_kinds(ns.kinds, search["property"], "--kinds") \
+            if ns.kinds else None
+
+    job = _job(_parser("explore", prog), argv, check)
+    settings, what = job.settings, job.what
+    print(f"harness: exploring {what} on {_size(settings)} for {search['budget']:g} s "
+          f"(property {search['property']}, restarts {settings.restarts})", flush=True)
+    status = StatusLine(format=format_search)
     try:
-        options, script, module, script_args = split_command(argv)
-        ns = parser.parse_args(options)
-        if script is None and ns.module is None and module is None:
-            raise UsageError("give a script to explore, or -m MODULE")
-        module = module or ns.module
-        settings = settings_from_args(ns)
-        kinds = ns.kinds.split(",") if ns.kinds else None
-        from harness.launch.state_dir import check_state_dir
-        check_state_dir(settings.state_dir, "--state-dir")
-        from harness.controller.cluster import Cluster
-        from harness.controller.scripts import script_main
-        cluster = Cluster(settings)
-        main = script_main(script, script_args, module=module,
-                           start_method=cluster.launcher.start_method)
-    except HarnessError as e:
-        parser.error(str(e))
-    what = f"-m {module}" if module else script
-    print(f"harness: exploring {what} on {_size(settings)} for {ns.budget:g} s "
-          f"(property {ns.property}, restarts {settings.restarts})", flush=True)
-    try:
-        found = cluster.explore(
-            main, property=ns.property, kinds=kinds, max_faults=ns.max_faults,
-            restarts=settings.restarts, budget=ns.budget, shrink_budget=ns.shrink_budget,
-            seed=ns.seed, check=False, key=f"script {what} {' '.join(script_args)}",
-            on_return="exit")
+        found = job.cluster.explore(
+            job.main, restarts=settings.restarts, check=False, on_return="exit",
+            key=f"script {what} {' '.join(job.script_args)}", progress=status, **search)
     except KeyboardInterrupt:
+        status.close()
         print("harness: interrupted; every worker was stopped", file=sys.stderr)
         return 130
     except HarnessError as e:
+        status.close()
         print(f"harness: error: {e}", file=sys.stderr)
         return 2
+    status.close()
     print(found.summary())
     if found.failure is not None:
         print("the run of that plan:\n" + found.failure.result.diagnosis)
-        print(f"harness: replay it with: {PROG} run -n {settings.workers} --restarts "
+        print(f"harness: replay it with: {prog} run -n {settings.workers} --restarts "
               f"{settings.restarts} "
               + " ".join(f'--fault "{f!r}"' for f in found.failure.plan) + f" {what}"
-              + (" -- " + " ".join(script_args) if script_args else ""))
+              + (" -- " + " ".join(job.script_args) if job.script_args else ""))
     return 1 if found.failure is not None else 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _top_parser(prog: str) -> argparse.ArgumentParser:
+    usage = "\n       ".join(f"{prog} {name} {c.usage}".rstrip() for name, c in COMMANDS.items())
+    listing = "\n".join(f"  {name:<9}{c.summary}" for name, c in COMMANDS.items())
+    return argparse.ArgumentParser(
+        prog=prog, usage=usage, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"pytest-mwms outside pytest.\n\ncommands:\n{listing}\n\n"
+                    f"`{prog} COMMAND --help` lists a command's options.")
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """The command line: ``argv`` (``sys.argv[1:]``) as ``prog`` (how it
+    was started: :func:`program_name`) says it."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    top = argparse.ArgumentParser(
-        prog=PROG, usage=f"{PROG} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]",
-        description="pytest-mwms outside pytest. `run` runs a script on an N-worker "
-                    "MultiWorkerMirroredStrategy cluster; `run --help` lists its options. "
-                    "`explore` searches for a fault the script does not survive "
-                    "(`explore --help`). "
-                    "`record` runs a job's training script with the recorder on, "
-                    "`analyze` reads what the recorder left and prints the verdict "
-                    "(`record --help`, `analyze --help`). "
-                    "`keras2` prints what gives Keras 2 beside the installed TensorFlow "
-                    "(tf_keras of its minor).")
+    prog = prog or program_name(sys.argv[0])
+    top = _top_parser(prog)
     if not argv or argv[0] in ("-h", "--help"):
         top.print_help()
         return 0 if argv else 2
@@ -362,13 +359,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[0] in ("record", "analyze"):
         from harness.record import commands
         return (commands.record_command if argv[0] == "record"
-                else commands.analyze_command)(argv[1:])
+                else commands.analyze_command)(argv[1:], prog)
     if argv[0] == "explore":
-        return explore_command(argv[1:])
+        return explore_command(argv[1:], prog)
     if argv[0] != "run":
-        top.error(f"unknown command {argv[0]!r}; the commands are `run`, `explore`, "
-                  f"`record`, `analyze` and `keras2`")
-    return run_command(argv[1:])
+        top.error(f"unknown command {argv[0]!r}; the commands are "
+                  f"{', '.join(COMMANDS)}")
+    return run_command(argv[1:], prog)
 
 
 def keras2_command() -> int:

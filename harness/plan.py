@@ -17,9 +17,12 @@ import copy
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from harness.core import protocol, tfconfig
-from harness.errors import FaultError
+from harness.errors import FaultError, hide_in_setup_errors
 from harness.faults import (FAULT_TYPES, UNRESOLVED, BadTFConfig, Fault, StartDelay, StepFault,
                             UnresolvedHost)
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 
 def resolve(fault: Fault, shape: "tfconfig.ClusterShape") -> Fault:

@@ -7,9 +7,11 @@ all of this with no conftest import.
 The options, their ini keys, defaults, trade-offs and checks are declared
 once, in :data:`harness.settings.OPTIONS`; ``pytest --help`` and the
 documentation's table are made from there.  The marker
-``@pytest.mark.mwms(...)`` overrides the options marked for it for one test.
-Every bad value is a usage error naming where it was set, raised before any
-test runs.
+``@pytest.mark.mwms(...)`` overrides the options marked for it for one test;
+``workers=[2, 3]`` runs the test once per size (``test_x[2workers]``).  A
+bad option or ini value is a usage error naming where it was set, raised
+before any test runs; a bad marker fails its own test, in one line, as
+pytest's own ``skipif`` does with a bad condition.
 
 Loading the plugin costs a session that does not use the harness nothing:
 this module imports the standard library, pytest and the options table
@@ -26,18 +28,24 @@ from typing import Any, Tuple
 import pytest
 
 from harness.errors import SettingError, StateDirError
-from harness.settings import MARKER_KEYS, OPTIONS, Option, RunSettings, apply_marker, read_settings
+from harness.settings import (MARKER_KEYS, OPTIONS, Option, RunSettings, apply_marker,
+                              instance_id, marker_instances, read_settings)
 from harness.validators import DEFAULT_BACKEND
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 RUNS_KEY = pytest.StashKey[list]()     # every run's summary this session, for the summary
 TEST_SECONDS_KEY = pytest.StashKey[dict]()   # the tests' time by file, for --durations
+ITEM_SETTINGS_KEY = pytest.StashKey[RunSettings]()   # one test's, with its marker
+# The fixture a marker's list of values parametrizes (workers=[2, 3]): one
+# test instance per value, its value in the id.
+INSTANCE = "_mwms_instance"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mwms", "MultiWorkerMirroredStrategy fault-injection harness")
     for option in OPTIONS:
-        help_text = f"{option.help}; ini: {option.ini} (default {option.default_text})"
+        help_text = (f"{option.help_for('command line')}; ini: {option.ini} "
+                     f"(default {option.default_text})")
         help_text = help_text.replace("%", "%%")   # argparse formats help with %
         group.addoption(option.flag, dest=option.ini, metavar=option.metavar, default=None,
                         help=help_text)
@@ -105,19 +113,48 @@ def network_known() -> bool:
 
 
 def _item_settings(item: pytest.Item) -> RunSettings:
+    """The session's settings as this test's marker (and its instance of
+    the marker's list, ``workers=[2, 3]``) changes them."""
     settings = item.config.stash[SETTINGS_KEY]
     marker = item.get_closest_marker("mwms")
-    return settings if marker is None else apply_marker(settings, marker.kwargs, marker.args)
+    if marker is None:
+        return settings
+    callspec = getattr(item, "callspec", None)
+    instance = callspec.params.get(INSTANCE) if callspec is not None else None
+    return apply_marker(settings, marker.kwargs, marker.args, instance)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``@pytest.mark.mwms(workers=[2, 3])``: the test once per size, its
+    size in its id (``test_x[2workers]``), so ``-k`` and ``--collect-only``
+    see each.  A bad list leaves the one test, whose setup says why."""
+    marker = metafunc.definition.get_closest_marker("mwms")
+    if marker is None or INSTANCE not in metafunc.fixturenames:
+        return
+    try:
+        instances = marker_instances(marker.kwargs)
+    except SettingError:
+        return
+    if instances:
+        metafunc.parametrize(INSTANCE, instances, ids=[instance_id(i) for i in instances])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A bad ``mwms`` marker fails its own test, in one line, before its
+    fixtures are set up; the session's other tests run."""
+    if item.get_closest_marker("mwms") is None:
+        return
+    try:
+        item.stash[ITEM_SETTINGS_KEY] = _item_settings(item)
+        return
+    except SettingError as e:
+        problem = str(e)
+    pytest.fail(problem, pytrace=False)   # outside the except: no chained traceback
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
-    uses_cluster = False
-    for item in items:
-        try:
-            _item_settings(item)
-        except SettingError as e:
-            raise pytest.UsageError(f"{item.nodeid}: {e}") from None
-        uses_cluster = uses_cluster or "mwms_cluster" in getattr(item, "fixturenames", ())
+    uses_cluster = any("mwms_cluster" in getattr(item, "fixturenames", ()) for item in items)
     settings = config.stash.get(SETTINGS_KEY, None)
     if uses_cluster and settings is not None and not config.option.collectonly:
         from harness.launch.backends import backend_of
@@ -146,7 +183,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
-def mwms_cluster(request: pytest.FixtureRequest):
+def _mwms_instance():
+    """This test's value of each option its marker lists: parametrized by
+    :func:`pytest_generate_tests`; None for a test with no list."""
+    return None
+
+
+@pytest.fixture
+def mwms_cluster(request: pytest.FixtureRequest, _mwms_instance):
     """An N-worker MultiWorkerMirroredStrategy cluster for this test: a
     :class:`harness.controller.Cluster` with the session's settings and the
     test's ``mwms`` marker.  ``mwms_cluster.run(fn, ...)`` runs ``fn`` on N
@@ -155,7 +199,8 @@ def mwms_cluster(request: pytest.FixtureRequest):
     way; ``num_workers`` is N.
     """
     from harness.controller import Cluster
-    yield Cluster(_item_settings(request.node))
+    settings = request.node.stash.get(ITEM_SETTINGS_KEY, None)
+    yield Cluster(settings if settings is not None else _item_settings(request.node))
 
 
 @pytest.fixture

@@ -13,13 +13,15 @@ Pure functions: no TensorFlow, no pytest.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Tuple
+import itertools
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from harness.core.tfconfig import ClusterShape
 from harness.errors import SettingError, hide_in_setup_errors
 from harness.validators import (BACKEND_NAMES, DEFAULT_BACKEND, DEFAULT_RESTART_POLICY, DEVICES,
                                 NETWORK_MODES, REPORT_MODES, RESTART_POLICIES, START_METHODS,
-                                parse_backend,
+                                parse_backend, parse_each,
                                 parse_cluster, parse_devices, parse_directory, parse_grace,
                                 parse_modules, parse_network, parse_ray_address,
                                 parse_ray_nodes, parse_report, parse_restart_policy,
@@ -53,6 +55,8 @@ class Option:
     parse: Callable[[Any, str], Any] = parse_directory   # (value, where) -> checked value
     marker: bool = False     # settable per test by @pytest.mark.mwms(...)
     directory: bool = False  # a path: relative ones are resolved by the source
+    # The marker may give a list (workers=[2, 3]): the test runs once per value.
+    marker_list: bool = False
 
     @property
     def flag(self) -> str:
@@ -76,6 +80,16 @@ class Option:
         return {"command line": self.flag, "ini": f"ini {self.ini}",
                 "marker": f"@pytest.mark.mwms({self.field}=...)", "cli": f"--{self.name}"}[place]
 
+    def help_for(self, place: str) -> str:
+        """The help text with each option it mentions (written as pytest's
+        ``--mwms-<name>``) named as it is set in ``place``: ``--<name>`` for
+        ``harness run``."""
+        return _FLAG.sub(lambda m: OPTION[m.group(1)].where(place), self.help)
+
+
+# An option's flag as the help texts mention it.
+_FLAG = re.compile(r"--mwms-([a-z]+(?:-[a-z]+)*)")
+
 
 OPTIONS = (
     Option("workers", "N", "2", "2",
@@ -83,7 +97,7 @@ OPTIONS = (
            "RAM, at most 64)",
            "More workers than cores works (the workers mostly wait on each other), but "
            "start-up and steps slow down.",
-           parse=parse_workers, marker=True),
+           parse=parse_workers, marker=True, marker_list=True),
     Option("cluster", "chief:1,worker:N,evaluator:1", "", "workers only",
            "the cluster's shape by task type: a `chief` (MWMS numbers it first), `worker` "
            "tasks and an `evaluator` (outside the collectives); each task gets the "
@@ -180,6 +194,7 @@ OPTIONS = (
            parse=parse_directory, directory=True),
 )
 OPTION = {o.name: o for o in OPTIONS}
+BY_FIELD = {o.field: o for o in OPTIONS}
 MARKER_KEYS = tuple(o.field for o in OPTIONS if o.marker)
 
 
@@ -281,8 +296,9 @@ def read_settings(lookup: Callable[[Option], Tuple[Any, str]],
                   machine)
 
 
-def parse_marker(kwargs: dict, args: tuple = ()) -> dict:
-    """``@pytest.mark.mwms(...)``'s arguments, checked: the overrides."""
+def parse_marker(kwargs: Mapping[str, Any], args: tuple = ()) -> Dict[str, Any]:
+    """``@pytest.mark.mwms(...)``'s arguments, checked: the overrides (a
+    tuple of values for an option the marker may list)."""
     if args:
         raise SettingError(f"@pytest.mark.mwms takes keyword arguments only "
                            f"({', '.join(MARKER_KEYS)}), got positional {args!r}")
@@ -290,13 +306,39 @@ def parse_marker(kwargs: dict, args: tuple = ()) -> dict:
     if unknown:
         raise SettingError(f"@pytest.mark.mwms: unknown argument(s) {', '.join(unknown)}; "
                            f"allowed: {', '.join(MARKER_KEYS)}")
-    by_field = {o.field: o for o in OPTIONS}
-    return {k: by_field[k].parse(v, by_field[k].where("marker")) for k, v in kwargs.items()}
+    listed = [k for k, v in kwargs.items()
+              if BY_FIELD[k].marker_list and isinstance(v, (list, tuple))]
+    if listed and "cluster" in kwargs:
+        raise SettingError(f"@pytest.mark.mwms: {listed[0]}={kwargs[listed[0]]!r} and "
+                           f"cluster=... both set the cluster's size; give one")
+    return {k: parse_each(v, BY_FIELD[k].parse, BY_FIELD[k].where("marker")) if k in listed
+            else BY_FIELD[k].parse(v, BY_FIELD[k].where("marker")) for k, v in kwargs.items()}
 
 
-def apply_marker(settings: RunSettings, kwargs: dict, args: tuple = ()) -> RunSettings:
-    """``settings`` as one test's ``@pytest.mark.mwms(...)`` changes them."""
+def marker_instances(kwargs: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The test instances a marker asks for: one per combination of the
+    values it lists (``workers=[2, 3]``: ``[{"workers": 2}, {"workers": 3}]``),
+    none when it lists nothing."""
+    listed = {k: v for k, v in parse_marker(kwargs).items()
+              if BY_FIELD[k].marker_list and isinstance(v, tuple)}
+    if not listed:
+        return []
+    return [dict(zip(listed, values)) for values in itertools.product(*listed.values())]
+
+
+def instance_id(instance: Mapping[str, Any]) -> str:
+    """A test instance's part of its id: ``2workers``, which ``-k`` selects."""
+    return "-".join(f"{value}{field}" for field, value in instance.items())
+
+
+def apply_marker(settings: RunSettings, kwargs: Mapping[str, Any], args: tuple = (),
+                 instance: Optional[Mapping[str, Any]] = None) -> RunSettings:
+    """``settings`` as one test's ``@pytest.mark.mwms(...)`` changes them;
+    ``instance``: this test's value of each option the marker lists
+    (:func:`marker_instances`; without one, a listed option is unchanged)."""
     overrides = parse_marker(kwargs, args)
+    overrides.update({k: (instance or {}).get(k) for k, v in overrides.items()
+                      if BY_FIELD[k].marker_list and isinstance(v, tuple)})
     if not overrides:
         return settings
     return finish(settings.with_overrides(**overrides),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from harness.core.tfconfig import TASK_TYPES, ClusterShape
 from harness.errors import SettingError, hide_in_setup_errors
@@ -242,6 +242,35 @@ def parse_ray_address(value: Any, option: str = "--mwms-ray-address") -> Optiona
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise SettingError(f"{option}: {text!r} is not auto or HOST:PORT")
     return text
+
+
+def parse_whole(value: Any, option: str, least: int = 0) -> int:
+    """A whole number, ``least`` or more, with no upper bound (a seed, a
+    number of faults in one plan)."""
+    n = _whole(value)
+    if n is None or n < least:
+        raise SettingError(f"{option}: {value!r} is not a whole number {least} or more")
+    return n
+
+
+def parse_seed(value: Any, option: str = "explore(seed=...)") -> Optional[int]:
+    """A seed, or None (unset: a fresh one)."""
+    return None if value is None or value == "" else parse_whole(value, option, 0)
+
+
+def parse_each(values: Any, parse: Callable[[Any, str], Any], option: str) -> tuple:
+    """A list of values for one setting (``@pytest.mark.mwms(workers=[2, 3])``):
+    at least one, each checked by ``parse``, none twice."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise SettingError(f"{option}: {values!r} is not a list of values")
+    if not values:
+        raise SettingError(f"{option}: the list is empty; give at least one value, "
+                           f"such as [2, 3]")
+    out = tuple(parse(v, option) for v in values)
+    twice = sorted({v for v in out if out.count(v) > 1}, key=str)
+    if twice:
+        raise SettingError(f"{option}: {twice[0]!r} is given twice in {list(values)!r}")
+    return out
 
 
 def parse_directory(value: Any, option: str = "--mwms-state-dir") -> Optional[str]:

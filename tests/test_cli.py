@@ -1,9 +1,11 @@
-"""The command line: `python -m harness run [options] SCRIPT [--] ARGS`.
+"""The command line: `python -m harness run [options] SCRIPT [--] ARGS`,
+`explore`, and the usage.
 
 Real runs go through a subprocess, as a user's shell would start them (each
 starts its own forkserver: about 3 s of TensorFlow import); parsing is
 tested in-process.
 """
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +30,7 @@ STEPS_PY = textwrap.dedent('''\
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
+    print(f"started attempt {harness.context().attempt}", flush=True)
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
@@ -45,10 +48,10 @@ STEPS_PY = textwrap.dedent('''\
 ''')
 
 
-def harness_cli(tmp_path, *args, timeout=90):
+def harness_cli(tmp_path, *args, timeout=90, command="run"):
     """Run `python -m harness run ARGS` in tmp_path; return the CompletedProcess."""
     (tmp_path / "steps.py").write_text(STEPS_PY)
-    return subprocess.run([sys.executable, "-m", "harness", "run", *args], cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "harness", command, *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -110,8 +113,34 @@ def test_restarts_recover_a_crash_and_the_replicas_are_checked(tmp_path):
     proc = harness_cli(tmp_path, "--grace", "1", "--restarts", "1", "--check-replicas",
                        "--fault", "Crash(worker=1, step=2)", "steps.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "COMPLETED after 1 restart: attempt 0 CRASHED, attempt 1 COMPLETED" in proc.stdout
-    assert "replicas:" in proc.stdout
+    out = proc.stdout
+    assert "COMPLETED after 1 restart: attempt 0 CRASHED, attempt 1 COMPLETED" in out
+    assert "replicas:" in out
+    # Each attempt's output, after a line with its outcome and time.
+    order = [out.index(text) for text in (
+        "harness: attempt 0: crashed in ", "[w1] started attempt 0",
+        "harness: attempt 1: completed in ", "[w1] started attempt 1", "[w1] trained 8 steps")]
+    assert order == sorted(order), out
+    # The total, and each attempt's part of it: the attempts ran one after
+    # the other within the call, and the crash's run lasted its grace.
+    last = out.strip().splitlines()[-1]
+    times = re.search(r"completed in ([\d.]+) s from the call, start-up included, over 2 "
+                      r"attempts \(attempt 0 crashed: ([\d.]+) s, the run itself ([\d.]+) s; "
+                      r"attempt 1 completed: ([\d.]+) s, the run itself ([\d.]+) s\)", last)
+    assert times, last
+    total, first, first_run, second, second_run = map(float, times.groups())
+    assert total >= first + second - 0.2 and first >= first_run >= 1.0
+    assert second >= second_run > 0
+
+
+@pytest.mark.timeout(120)
+def test_a_task_restarted_alone_shows_each_of_its_processes_output(tmp_path):
+    proc = harness_cli(tmp_path, "--grace", "1", "--restarts", "1", "--restart-policy", "task",
+                       "--fault", "Crash(worker=1, step=2)", "steps.py")
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr   # a verdict, either way
+    out = proc.stdout
+    assert out.index("[w1] started attempt 0") < out.index("[w1 restart 1] started attempt 1")
+    assert "harness: attempt 1:" not in out   # one attempt of the cluster
 
 
 @pytest.mark.timeout(30)
@@ -151,9 +180,11 @@ def test_malicious_fault_is_refused_and_not_run(tmp_path):
 @pytest.mark.timeout(30)
 def test_missing_script_and_unknown_option_exit_2(tmp_path):
     proc = harness_cli(tmp_path, "nope.py", timeout=30)
-    assert proc.returncode == 2 and "no such file" in proc.stderr
+    assert proc.returncode == 2 and "error: SCRIPT: 'nope.py': no such file" in proc.stderr
     proc = harness_cli(tmp_path, "-m", "no_such_module_here", timeout=30)
-    assert proc.returncode == 2 and "no module named" in proc.stderr
+    assert proc.returncode == 2
+    assert "error: -m no_such_module_here: no module named" in proc.stderr
+    assert "run_script" not in proc.stderr
     proc = harness_cli(tmp_path, "--bogus", "steps.py", timeout=30)
     assert proc.returncode == 2 and "--bogus" in proc.stderr
     proc = harness_cli(tmp_path, "--fault", "Crash(worker=7, step=1)", "steps.py", timeout=30)
@@ -168,3 +199,47 @@ def test_help_lists_the_plugin_options(tmp_path):
     for o in OPTIONS:
         assert o.flag.replace("--mwms-", "--") in proc.stdout
     assert "-n N" in proc.stdout and "--fault" in proc.stdout and "--expect" in proc.stdout
+    assert "--mwms-" not in proc.stdout
+
+
+def _console_script():
+    """The `harness` command pip installed beside this Python, or, where the
+    package is not installed, the same call its wrapper makes."""
+    installed = os.path.join(os.path.dirname(sys.executable), "harness")
+    if os.path.exists(installed):
+        return [installed]
+    return [sys.executable, "-c", "import sys; from harness.cli import main; "
+            "sys.argv[0] = '/venv/bin/harness'; sys.exit(main())"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["python -m harness", "harness"])
+def test_the_top_level_usage_lists_every_command(tmp_path, how):
+    from harness.cli import COMMANDS
+    command = [sys.executable, "-m", "harness"] if how != "harness" else _console_script()
+    proc = subprocess.run([*command, "--help"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    usage = proc.stdout.split("\n\n", 1)[0].splitlines()
+    assert [line.split(how + " ", 1)[1].split()[0] for line in usage] == list(COMMANDS)
+    assert usage[0] == f"usage: {how} run [options] (SCRIPT | -m MODULE) [--] [ARG ...]"
+
+
+@pytest.mark.timeout(150)
+def test_explore_shows_a_live_status_and_prints_the_plan_that_breaks_the_job(tmp_path):
+    # Without restarts, any crash breaks "survives": found at once, then shrunk.
+    proc = harness_cli(tmp_path, "--grace", "1", "--budget", "40", "--seed", "0",
+                       "--kinds", "Crash", "steps.py", "--steps", "4", command="explore",
+                       timeout=140)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # not a terminal: plain status lines, the first at once
+    status = [ln for ln in proc.stderr.splitlines() if ln.startswith("harness: explore, ")]
+    assert status and status[0] == ("harness: explore, the fault-free run | 0 runs, 0/min | "
+                                    "running (no faults) | 40s left"), proc.stderr
+    out = proc.stdout
+    assert re.search(r"^faults=\[Crash\(worker=\d, step=\d, how='\w+'\)\]$", out, re.M), out
+    assert "  signature: crashed; culprit: a worker the plan faulted" in out
+    assert re.search(r"hang timeout \d+(\.\d)? s, seed 0", out), out
+    assert re.search(r"harness: replay it with: python -m harness run -n 2 --restarts 0 "
+                     r"--fault \"Crash\(worker=\d, step=\d, how='\w+'\)\" steps.py -- "
+                     r"--steps 4$", out, re.M), out

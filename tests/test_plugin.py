@@ -1,4 +1,5 @@
 """The plugin as a user meets it: options, marker, entry point, side-by-side runs."""
+import re
 import sys
 import textwrap
 
@@ -47,16 +48,92 @@ def test_gpu_without_gpus_is_a_usage_error(pytester, monkeypatch):
     assert "no GPU is visible" in result.stderr.str()
 
 
-def test_marker_with_unknown_key_is_a_usage_error(pytester):
-    pytester.makepyfile("""
-        import pytest
-        @pytest.mark.mwms(wokers=3)
-        def test_x(mwms_cluster): pass
-    """)
-    result = pytester.runpytest_subprocess()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    err = result.stderr.str()
-    assert "test_x" in err and "unknown argument(s) wokers" in err
+BAD_MARKER = """
+    import pytest
+
+    def test_before():
+        pass
+
+    @pytest.mark.mwms(workers=99)
+    def test_too_many(mwms_cluster):
+        pass
+
+    @pytest.mark.mwms(wokers=3)
+    def test_misspelt():
+        pass
+
+    def test_after():
+        pass
+"""
+
+
+def test_a_bad_marker_fails_its_own_test_in_one_line_and_the_others_run(pytester):
+    pytester.makepyfile(test_marked=BAD_MARKER)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rE")
+    result.assert_outcomes(passed=2, errors=2)
+    out = result.stdout.str()
+    limit = max_workers()
+    # The error is the message alone: no traceback, no harness frames.
+    for test, message in [
+            ("test_too_many", f"@pytest.mark.mwms(workers=...): 99 is out of range; this "
+                              f"machine holds 1 to {limit} workers"),
+            ("test_misspelt", "@pytest.mark.mwms: unknown argument(s) wokers; allowed: ")]:
+        section = out.split(f"ERROR at setup of {test} _", 1)[1].split("\n_", 1)[0]
+        body = [line for line in section.split("=" * 10, 1)[0].splitlines()[1:] if line]
+        assert len(body) == 1 and body[0].startswith(message), section
+    assert "Traceback" not in out and "harness/" not in out
+    # Deselected, the bad tests are never checked.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "before or after")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+
+
+SIZES = """
+    import pytest
+
+    def replicas():
+        import tensorflow as tf
+        return tf.distribute.MultiWorkerMirroredStrategy().num_replicas_in_sync
+
+    @pytest.mark.mwms(workers=[2, 3])
+    def test_sizes(mwms_cluster):
+        result = mwms_cluster.run(replicas).assert_completed()
+        assert result.return_values == [mwms_cluster.num_workers] * mwms_cluster.num_workers
+        print(f"ran at {mwms_cluster.num_workers}")
+
+    @pytest.mark.mwms(workers=[])
+    def test_empty(mwms_cluster):
+        pass
+
+    @pytest.mark.mwms(workers=[2, "three"])
+    def test_not_a_number(mwms_cluster):
+        pass
+
+    @pytest.mark.mwms(workers=[2, 1000])
+    def test_too_many(mwms_cluster):
+        pass
+"""
+
+
+def test_a_list_of_workers_runs_the_test_once_per_size_and_a_bad_list_fails_its_test(pytester):
+    pytester.makepyfile(test_sizes=SIZES)
+    collected = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q")
+    assert [line for line in collected.stdout.lines if "::" in line] == [
+        "test_sizes.py::test_sizes[2workers]", "test_sizes.py::test_sizes[3workers]",
+        "test_sizes.py::test_empty", "test_sizes.py::test_not_a_number",
+        "test_sizes.py::test_too_many"]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "-rE")
+    result.assert_outcomes(passed=2, errors=3)
+    out = result.stdout.str()
+    assert "ran at 2" in out and "ran at 3" in out
+    for test, message in [("test_empty", "the list is empty"),
+                          ("test_not_a_number", "'three' is not a whole number"),
+                          ("test_too_many", "1000 is out of range")]:
+        assert re.search(rf"ERROR at setup of {test} _+\n@pytest\.mark\.mwms\(workers=\.\.\.\): "
+                         rf".*{re.escape(message)}", out), out
+    only = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "3workers", "-s")
+    only.assert_outcomes(passed=1)
+    assert "ran at 3" in only.stdout.str() and "ran at 2" not in only.stdout.str()
 
 
 def test_ini_option_and_marker_override(pytester):

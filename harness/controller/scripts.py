@@ -108,14 +108,13 @@ def check_import_time_env(env: Optional[Mapping], start_method: Optional[str],
             f"imports TensorFlow itself, or set it in the environment pytest starts with.")
 
 
-def _find_module(name: str, cwd: str, where: str = "run_script") -> str:
+def _find_module(name: str, cwd: str, where: str) -> str:
     """Where ``python -m name`` run in ``cwd`` would find ``name``: its file.
 
     Walks the dotted name with the import system's finders, without
     importing (running) any package on the way, the current directory first
     as ``python -m`` puts it.  Raises SettingError when it is not there.
     """
-    where = f"{where}(module={name!r})"
     parts = name.split(".")
     if not name or not all(p.isidentifier() for p in parts):
         raise SettingError(f"{where}: not a dotted module name")
@@ -159,17 +158,18 @@ def check_argv(argv, where: str = "run_script") -> Tuple[str, ...]:
 
 
 def script_main(path=None, argv: Sequence[str] = (), *, module: Optional[str] = None,
-                env: Optional[Mapping] = None,
-                start_method: Optional[str] = None) -> ScriptMain:
+                env: Optional[Mapping] = None, start_method: Optional[str] = None,
+                where: str = "run_script", module_where: Optional[str] = None) -> ScriptMain:
     """Check a script run up front and return the :class:`ScriptMain` to run.
 
 
     Raises :class:`~harness.errors.SettingError` for: neither or both of
     ``path`` and ``module``; a path that is missing or not a file; a module
     that cannot be found; ``argv`` not a sequence of str; ``env`` naming a
-    variable TensorFlow reads at import under the forkserver.
+    variable TensorFlow reads at import under the forkserver.  ``where``
+    and ``module_where`` name the script and the module in an error as the
+    caller took them (``harness run``'s SCRIPT and ``-m``).
     """
-    where = "run_script"
     argv = check_argv(argv)
     cwd = os.getcwd()
     if (path is None) == (module is None):
@@ -177,7 +177,7 @@ def script_main(path=None, argv: Sequence[str] = (), *, module: Optional[str] = 
     if module is not None:
         if not isinstance(module, str):
             raise SettingError(f"{where}(module=...): a dotted module name, got {module!r}")
-        _find_module(module, cwd)
+        _find_module(module, cwd, module_where or f"{where}(module={module!r})")
         main = ScriptMain(argv=argv, module=module, cwd=cwd)
     else:
         try:

@@ -16,17 +16,20 @@ object it is handed, never :mod:`harness.controller`, which imports it.
 """
 from __future__ import annotations
 
-import math
-from typing import Callable, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from harness import faults as F
 from harness import plan as plan_module
 from harness.errors import ExplorationFailed, SettingError
 from harness.explore.properties import PROPERTIES
-from harness.explore.search import Exploration, BreakingPlan, SavedPlans
+from harness.explore.search import Exploration, BreakingPlan, SavedPlans, SearchProgress
 from harness.explore.search import explore as run_search
+from harness.validators import (parse_choice, parse_restarts, parse_seconds, parse_seed,
+                                parse_whole)
 
-__all__ = ["Exploration", "BreakingPlan", "explore_cluster", "DEFAULT_KINDS"]
+__all__ = ["Exploration", "BreakingPlan", "SearchProgress", "explore_cluster", "DEFAULT_KINDS",
+           "SETTINGS", "check_settings", "check_kinds"]
 
 # The kinds a plan draws from when explore is given none: for "survives",
 # what a job can be expected to survive (a crash, an error, a preemption
@@ -39,31 +42,50 @@ DEFAULT_KINDS = {
 }
 
 
-def _number(value, name: str, least: float, none: bool = False):
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= least:
-        raise SettingError(f"explore({name}={value!r}): a number of seconds above {least:g}")
-    return float(value)
+def _optional_seconds(value: Any, where: str) -> Optional[float]:
+    return None if value is None else parse_seconds(value, where)
 
 
-def _whole(value, name: str, least: int, none: bool = False):
-    if value is None and none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise SettingError(f"explore({name}={value!r}): a whole number, {least} or more")
-    return value
+# explore's own settings, one validator each, (value, where) -> the value
+# checked; ``where`` names how the caller set it: ``explore(budget=...)``,
+# or ``--budget`` from ``harness explore``.
+SETTINGS: Dict[str, Callable[[Any, str], Any]] = {
+    "property": lambda value, where: parse_choice(value, where, tuple(PROPERTIES)),
+    "max_faults": lambda value, where: parse_whole(value, where, 1),
+    "restarts": parse_restarts,
+    "budget": parse_seconds,
+    "shrink_budget": _optional_seconds,
+    "seed": parse_seed,
+    "timeout": _optional_seconds,
+}
 
 
-def _kinds(kinds, property: str) -> tuple:
+def check_settings(values: Dict[str, Any], where: Callable[[str], str]) -> Dict[str, Any]:
+    """``values`` by setting name, each checked by :data:`SETTINGS`;
+    ``where(name)`` names the setting in an error."""
+    return {name: SETTINGS[name](value, where(name)) for name, value in values.items()}
+
+
+def check_kinds(kinds: Any, property: str, where: str = "explore(kinds=...)") -> tuple:
+    """The fault kinds to draw: names of :data:`harness.strategies.KINDS`,
+    as a list or comma-separated; None: :data:`DEFAULT_KINDS` of ``property``."""
     from hypothesis.errors import InvalidArgument
 
     from harness import strategies
+    if isinstance(kinds, str):
+        kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+    unknown = [k for k in kinds or () if isinstance(k, str) and k not in strategies.STEP_KINDS]
+    if unknown:
+        raise SettingError(f"{where}: {unknown[0]!r} is not a kind of fault explore draws; "
+                           f"name one or more of {', '.join(strategies.STEP_KINDS)}")
     try:
         return strategies.chosen_kinds(DEFAULT_KINDS[property] if kinds is None else kinds)
     except InvalidArgument as e:
-        raise SettingError(f"explore(kinds=...): {e}") from None
+        raise SettingError(f"{where}: {e}") from None
+
+
+def _api(name: str) -> str:
+    return f"explore({name}=...)"
 
 
 def job_key(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) -> str:
@@ -82,22 +104,25 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
                     restarts: int = 0, restart_policy: Optional[str] = None,
                     budget: float = 60, shrink_budget: Optional[float] = None,
                     seed: Optional[int] = None, timeout: Optional[float] = None,
-                    check: bool = True, key: Optional[str] = None, **run_options) -> Exploration:
-    """See :meth:`harness.controller.cluster.Cluster.explore`."""
+                    check: bool = True, key: Optional[str] = None,
+                    progress: Optional[Callable[[SearchProgress], None]] = None,
+                    **run_options) -> Exploration:
+    """See :meth:`harness.controller.cluster.Cluster.explore`; ``progress``
+    hears of each plan's run as it starts and ends, and of the running
+    plan's own progress (a :class:`SearchProgress` whose ``run`` is the
+    run's :class:`~harness.controller.Progress`), for a live status line."""
     from harness import strategies
-    if property not in PROPERTIES:
-        raise SettingError(f"explore(property={property!r}): one of {', '.join(PROPERTIES)}")
+    v = check_settings(dict(property=property, max_faults=max_faults, restarts=restarts,
+                            budget=budget, shrink_budget=shrink_budget, seed=seed,
+                            timeout=timeout), _api)
+    property, max_faults, restarts, seed, timeout = (
+        v["property"], v["max_faults"], v["restarts"], v["seed"], v["timeout"])
+    budget = v["budget"]
+    shrink_budget = budget if v["shrink_budget"] is None else v["shrink_budget"]
     if invariant is not None and not callable(invariant):
         raise SettingError(f"explore(invariant={invariant!r}): a function of the run's result "
                            f"that raises when the job's promise is broken, or None")
-    chosen = _kinds(kinds, property)
-    max_faults = _whole(max_faults, "max_faults", 1)
-    restarts = _whole(restarts, "restarts", 0)
-    budget = _number(budget, "budget", 0)
-    shrink_budget = budget if shrink_budget is None else _number(shrink_budget,
-                                                                 "shrink_budget", 0)
-    seed = _whole(seed, "seed", 0, none=True)
-    timeout = _number(timeout, "timeout", 0, none=True)
+    chosen = check_kinds(kinds, property)
     if not isinstance(check, bool):
         raise SettingError(f"explore(check={check!r}): True or False")
     settings = cluster.settings
@@ -109,6 +134,8 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     # Which collective a worker waits on proves more deadlocks certain (an
     # extra collective's), for a fraction of a millisecond per collective.
     run_options.setdefault("ledger", "collectives")
+    if progress is not None:
+        progress, run_options["progress"] = _with_run_progress(progress)
 
     def run(plan, plan_timeout):
         result = cluster.run(fn, args, kwargs, faults=plan, restarts=restarts,
@@ -135,11 +162,29 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     saved = SavedPlans(f"{key or job_key(fn, args, kwargs)} property={property} "
                        f"workers={settings.workers} restarts={restarts}")
     found = run_search(run, judge, strategy_for=strategy_for, kinds=chosen, property=property,
-                   budget=budget, shrink_budget=shrink_budget, seed=seed, timeout=timeout,
-                   most_timeout=settings.timeout, saved=saved, is_valid=is_valid)
+                       budget=budget, shrink_budget=shrink_budget, seed=seed, timeout=timeout,
+                       most_timeout=settings.timeout, saved=saved, is_valid=is_valid,
+                       progress=progress)
     if found.failure is not None:
         cluster.runs.append(found.failure.result)
         if check:
             raise ExplorationFailed(found.summary() + "\n\nthe run of that plan:\n"
                                     + found.failure.result.diagnosis, found)
     return found
+
+
+def _with_run_progress(progress: Callable[[SearchProgress], None]):
+    """(the search's callback, the runs' callback): between the search's
+    reports, each run's own progress reaches ``progress`` as the latest
+    report made that much later, so a status line keeps its clock."""
+    latest: list = []
+
+    def on_search(p: SearchProgress) -> None:
+        latest[:] = [(p, time.monotonic())]
+        progress(p)
+
+    def on_run(p) -> None:
+        if latest:
+            seen, at = latest[0]
+            progress(seen.later(time.monotonic() - at, p))
+    return on_search, on_run

@@ -20,7 +20,10 @@ both come here.  Its steps:
    ``shrink_budget`` seconds: each simpler plan whose run fails with the
    same signature (:mod:`harness.explore.properties`) takes its place.
 
-Runs are never repeated: a plan drawn twice is judged once.
+Runs are never repeated: a plan drawn twice is judged once.  A
+``progress`` callback hears of each run as it starts and as it ends
+(:class:`SearchProgress`), for a live status line; the search prints
+nothing.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import collections
 import dataclasses
 import random
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults_text
 from harness.explore.properties import NEVER_ACTED, Check, Signature, headline, signature_of
@@ -41,6 +44,64 @@ LEAST_TIMEOUT = 3.0
 # A plan's hang timeout is this many times the longest wait between steps
 # of the fault-free run.
 TIMEOUT_FACTOR = 5.0
+
+
+# What a signature's culprit roles (harness.explore.properties) mean, in words.
+ROLES = {"faulted": "a worker the plan faulted",
+         "other": "a worker the plan did not fault"}
+
+
+def describe(signature: Signature) -> str:
+    """A failure's signature for people: ``crashed; culprit: a worker the
+    plan faulted; error UnavailableError``."""
+    said = [signature.outcome]
+    if signature.culprits:
+        roles = ", ".join(ROLES.get(c, c) for c in signature.culprits)
+        said.append(f"cannot tell, candidates: {roles}" if signature.ambiguous
+                    else f"culprit{'s' if len(signature.culprits) > 1 else ''}: {roles}")
+    if signature.error:
+        said.append(f"error {signature.error}")
+    if signature.broken:
+        said.append(signature.broken)
+    return "; ".join(said)
+
+
+def seconds_text(seconds: float) -> str:
+    """Seconds to a tenth, without a trailing ``.0``: ``3.4``, ``30``."""
+    return f"{seconds:.1f}".removesuffix(".0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchProgress:
+    """Where a search is, for a live status line: its ``stage`` (one of
+    :data:`STAGES`), ``runs`` the plans run so far (the shrink's
+    included), ``elapsed`` seconds since it began, ``left`` seconds left of
+    the stage's budget, ``running`` the plan now running (None between
+    runs) and ``run`` that run's own progress when the caller passes it on
+    (:meth:`later`), ``last`` the plan run last and ``ended`` how it
+    ended (its count in ``Exploration.outcomes``)."""
+
+    stage: str
+    runs: int
+    elapsed: float
+    left: float
+    running: Optional[Plan] = None
+    last: Optional[Plan] = None
+    ended: str = ""
+    run: Any = None
+
+    @property
+    def runs_per_minute(self) -> float:
+        return 60.0 * self.runs / self.elapsed if self.elapsed > 0 else 0.0
+
+    def later(self, seconds: float, run: Any = None) -> "SearchProgress":
+        """The same search ``seconds`` later, with the running plan's own progress."""
+        return dataclasses.replace(self, elapsed=self.elapsed + seconds,
+                                   left=max(0.0, self.left - seconds), run=run)
+
+
+# A search's stages, in order.
+STAGES = ("fault-free run", "saved plans", "search", "shrink")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +151,7 @@ class Exploration:
         seen = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
         head = (f"explore ({self.property}): {self.runs} runs in {self.search_seconds:.1f} s "
                 f"({self.runs_per_minute:.0f}/min; {seen}); {self.steps} steps, hang timeout "
-                f"{self.timeout:g} s, seed {self.seed}"
+                f"{seconds_text(self.timeout)} s, seed {self.seed}"
                 + ("; every plan was run" if self.exhausted else ""))
         f = self.failure
         if f is None:
@@ -98,7 +159,7 @@ class Exploration:
         return "\n".join([
             f"{f.line}",
             f"  breaks '{self.property}': {f.how}",
-            f"  signature: {f.signature}",
+            f"  signature: {describe(f.signature)}",
             f"  found as {faults_text.plan_line(f.found)}; shrunk in {f.shrink_runs} runs "
             f"({f.shrink_seconds:.1f} s)",
             "  " + head])
@@ -188,31 +249,72 @@ class Search:
 
     def __init__(self, run: Callable[[Plan, float], object],
                  judge: Callable[[object, Plan], Check], budget: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 progress: Optional[Callable[[SearchProgress], None]] = None):
         self.run, self.judge, self.budget, self.clock = run, judge, budget, clock
+        self.progress = progress
         self.judged: Dict[Plan, _Judged] = {}
         self.outcomes: Dict[str, int] = collections.Counter()
         self.seconds: List[float] = []
         self.timeout = 0.0
         self.started = clock()
+        self.stage, self.stage_started, self.stage_budget = STAGES[0], self.started, budget
+        self.last: Optional[Tuple[Plan, str]] = None
 
     def left(self, since: float, budget: float) -> bool:
         return self.clock() - since < budget
+
+    def enter(self, stage: str, budget: Optional[float] = None) -> None:
+        """Start ``stage``; its budget counts from now (the search's
+        stages share the search's budget, from its start)."""
+        self.stage = stage
+        if budget is not None:
+            self.stage_started, self.stage_budget = self.clock(), budget
+
+    def report(self, running: Optional[Plan] = None) -> None:
+        if self.progress is None:
+            return
+        now = self.clock()
+        last, ended = self.last if self.last is not None else (None, "")
+        self.progress(SearchProgress(
+            self.stage, len(self.judged), now - self.started,
+            max(0.0, self.stage_budget - (now - self.stage_started)), running, last, ended))
 
     def try_plan(self, plan: Plan, count: bool = True) -> _Judged:
         """Run ``plan`` once (a plan seen before gives its first answer)."""
         if plan in self.judged:
             return self.judged[plan]
+        self.report(running=plan)
         t0 = self.clock()
         result = self.run(plan, self.timeout)
         judged = _Judged(result, self.judge(result, plan), self.clock() - t0)
         self.judged[plan] = judged
+        self.last = (plan, _tally(result, judged.check))
         if judged.check.signature is None and plan:
             judged.result = None   # only failures are kept whole: a search runs hundreds
         if count:
             self.seconds.append(judged.seconds)
-            self.outcomes[_tally(result, judged.check)] += 1
+            self.outcomes[self.last[1]] += 1
+        self.report()
         return judged
+
+    def saved_first(self, saved: SavedPlans, is_valid: Callable[[Plan], bool]) -> Optional[Plan]:
+        """Run the plans saved by earlier searches, within the budget: the
+        first that still fails; one that no longer fits the job, or no
+        longer fails (the bug was fixed), is dropped."""
+        self.enter("saved plans")
+        for line in saved.lines():
+            if not self.left(self.started, self.budget):
+                break
+            try:
+                plan = faults_text.parse_plan(line)
+            except Exception:
+                plan = None
+            if plan is not None and is_valid(plan) \
+                    and self.try_plan(plan).check.signature is not None:
+                return plan
+            saved.drop(line)
+        return None
 
     def shrink(self, plan: Plan, target: Signature, kinds: Sequence[str],
                budget: float) -> Tuple[Plan, int, float]:
@@ -251,13 +353,15 @@ def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan]
             timeout: Optional[float], most_timeout: float,
             saved: Optional[SavedPlans] = None,
             is_valid: Callable[[Plan, int], bool] = lambda plan, steps: True,
-            clock: Callable[[], float] = time.monotonic) -> Exploration:
+            clock: Callable[[], float] = time.monotonic,
+            progress: Optional[Callable[[SearchProgress], None]] = None) -> Exploration:
     """See the module docstring.  ``strategy_for(steps)`` is the plans'
     strategy once the job's steps are known; ``is_valid(plan, steps)``
     says whether a saved plan still fits the cluster and the job (one that
-    does not is dropped)."""
+    does not is dropped); ``progress(SearchProgress)`` is called as each
+    run starts and ends."""
     seed = random.SystemRandom().randrange(2 ** 32) if seed is None else seed
-    search = Search(run, judge, budget, clock)
+    search = Search(run, judge, budget, clock, progress)
     search.timeout = most_timeout
     clean = search.try_plan(())
     steps = job_steps(clean.result)
@@ -278,22 +382,10 @@ def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan]
             "explore: the job reported no steps in its fault-free run, so no step-keyed fault "
             "can act; report them with harness.context().steps(n), the Keras callback, or "
             "step_fn= (see run())")
-    for line in (saved.lines() if saved is not None and found is None else ()):
-        if not search.left(search.started, budget):
-            break
-        try:
-            plan = faults_text.parse_plan(line)
-        except Exception:
-            plan = None
-        if plan is None or not is_valid(plan, steps):
-            saved.drop(line)
-            continue
-        if search.try_plan(plan).check.signature is not None:
-            found = plan
-            break
-        saved.drop(line)   # it no longer fails: the bug was fixed
-
+    if found is None and saved is not None:
+        found = search.saved_first(saved, lambda plan: is_valid(plan, steps))
     if found is None:
+        search.enter("search")
         stop: List[Plan] = []
 
         def visit(plan: Plan) -> None:
@@ -313,6 +405,7 @@ def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan]
     failure = None
     if found is not None:
         target = search.judged[found].check.signature
+        search.enter("shrink", shrink_budget)
         plan, runs, seconds = search.shrink(found, target, kinds, shrink_budget)
         best = search.judged[plan]
         failure = BreakingPlan(plan, best.result, target, best.check.how, found, runs, seconds)

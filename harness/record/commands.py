@@ -18,13 +18,15 @@ from typing import List, Optional, Sequence, Tuple
 from harness.errors import SettingError
 
 PROG = "python -m harness"
+# What follows each command's name on its usage line (and the top-level one's).
+RECORD_USAGE = "--dir DIR [--timeout S] (SCRIPT | -m MODULE) [--] [ARG ...]"
+ANALYZE_USAGE = "[--require-all] [--timeline PATH] DIR [DIR ...]"
 
 
-def _record_parser() -> argparse.ArgumentParser:
+def _record_parser(prog: str = PROG) -> argparse.ArgumentParser:
     from harness.record.recorder import DEFAULT_TIMEOUT
     p = argparse.ArgumentParser(
-        prog=f"{PROG} record", allow_abbrev=False,
-        usage=f"{PROG} record --dir DIR [--timeout S] (SCRIPT | -m MODULE) [--] [ARG ...]",
+        prog=f"{prog} record", allow_abbrev=False, usage=f"{prog} record {RECORD_USAGE}",
         description="Run a training script in this process, as `python SCRIPT` would, with "
                     "the recorder on: this task's steps, calls of collective-launching "
                     "functions, TF_CONFIG and, on a dump, every thread's stack go to files "
@@ -72,22 +74,26 @@ def _user_frames(tb):
     return tb
 
 
-def record_command(argv: Sequence[str]) -> int:
+def record_command(argv: Sequence[str], prog: str = PROG) -> int:
     from harness.record.recorder import install
     from harness.record import files
+    from harness.record.settings import check_dir, check_timeout
     from harness.worker.main import worker_error
     from harness.worker.script import ScriptMain, exit_ok
     options, script, module, args = split_record(argv)
-    parser = _record_parser()
+    parser = _record_parser(prog)
     ns = parser.parse_args(options)
     if script is None and module is None:
         parser.error("a script (or -m MODULE) to run is needed")
     if script is not None and not os.path.isfile(script):
-        parser.error(f"no such script: {script}")
+        parser.error(f"SCRIPT: {script!r}: no such file (looked for "
+                     f"{os.path.abspath(script)!r})")
     try:
-        recorder = install(ns.dir, ns.timeout)
+        recorder = install(check_dir(ns.dir, "--dir"), check_timeout(ns.timeout, "--timeout"))
     except SettingError as e:
         parser.error(str(e))
+    except OSError as e:
+        parser.error(f"--dir: cannot make {e.filename or ns.dir}: {e.strerror}")
     main = ScriptMain(path=os.path.abspath(script) if script else None, argv=tuple(args),
                       module=module, cwd=os.getcwd())
     try:
@@ -106,9 +112,9 @@ def record_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def _analyze_parser() -> argparse.ArgumentParser:
+def _analyze_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=f"{PROG} analyze", allow_abbrev=False,
+        prog=f"{prog} analyze", allow_abbrev=False, usage=f"{prog} analyze {ANALYZE_USAGE}",
         description="Read the recorder's files of every task of a job (one directory, or "
                     "one per host) and print the verdict the harness gives in a test: who, "
                     "which step, which call each worker is blocked in, their stacks. Exit "
@@ -124,10 +130,10 @@ def _analyze_parser() -> argparse.ArgumentParser:
     return p
 
 
-def analyze_command(argv: Sequence[str]) -> int:
+def analyze_command(argv: Sequence[str], prog: str = PROG) -> int:
     from harness.diagnosis.observations import Outcome
     from harness.record import analyze, files, judge
-    ns = _analyze_parser().parse_args(list(argv))
+    ns = _analyze_parser(prog).parse_args(list(argv))
     tasks, problems = files.read_dirs(ns.dirs)
     analysis = analyze.observe(tasks, ns.require_all) if not problems else None
     problems += list(analysis.problems) if analysis else []

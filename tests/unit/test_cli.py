@@ -1,15 +1,22 @@
-"""The command line's parsing: faults from their text, where the script starts,
-the status line.  In-process, no TensorFlow; real runs are tests/test_cli.py."""
+"""The command line's parsing, usage and errors: faults from their text,
+where the script starts, the status lines, what a run with restarts prints.
+In-process, no TensorFlow; real runs are tests/test_cli.py."""
 import dataclasses
 import io
+import re
+import types
 
 import pytest
 
 from harness import faults as F
-from harness.cli import (PLAIN_EVERY, StatusLine, UsageError, _parser, format_progress,
-                         parse_fault, settings_from_args, split_command)
+from harness.cli import (COMMANDS, UsageError, _parser, explore_command, main, parse_fault,
+                         program_name, settings_from_args, split_command)
 from harness.controller import Progress
 from harness.errors import SettingError
+from harness.explore import SearchProgress
+from harness.report.console import (PLAIN_EVERY, StatusLine, format_progress, format_search,
+                                    output_lines, timing)
+from harness.settings import OPTIONS
 
 
 @pytest.mark.parametrize("fault", [
@@ -117,7 +124,11 @@ def test_explore_takes_the_cluster_options_and_its_own():
     options, script, module, args = split_command(argv)
     assert (script, module, args) == ("train.py", None, ["--epochs", "2"])
     ns = _parser("explore").parse_args(options)
-    assert (ns.budget, ns.kinds, ns.seed, ns.property) == (120.0, "Crash,Pause", 7, "detected")
+    from harness.explore import check_kinds, check_settings
+    checked = check_settings(dict(budget=ns.budget, seed=ns.seed, property=ns.property),
+                             lambda name: "--" + name)
+    assert checked == dict(budget=120.0, seed=7, property="detected")
+    assert check_kinds(ns.kinds, "detected", "--kinds") == ("Crash", "Pause")
     assert settings_from_args(ns).restarts == 1
     with pytest.raises(SystemExit):
         _parser("explore").parse_args(["--property", "fast"])
@@ -142,3 +153,124 @@ def test_a_plan_line_that_is_not_a_list_of_faults_is_refused(line):
     from harness import faults_text
     with pytest.raises(UsageError):
         faults_text.parse_plan(line)
+
+
+# -- what `run` prints of a run with restarts ------------------------------------------
+
+def _worker(index, log, attempt=0, attempts=()):
+    return types.SimpleNamespace(index=index, log=log, attempt=attempt, attempts=attempts)
+
+
+def _attempt(number, outcome, duration, itself, workers):
+    return types.SimpleNamespace(
+        attempt=number, outcome=outcome, duration=duration, workers=tuple(workers),
+        observation=types.SimpleNamespace(duration=itself, task=lambda i: ("worker", i)),
+        attempts=())
+
+
+def test_a_run_with_restarts_shows_each_attempt_s_output_and_time():
+    first = _attempt(0, "crashed", 5.5, 5.1, [_worker(0, "a0 w0\n"), _worker(1, "a0 w1\n")])
+    second = _attempt(1, "completed", 1.3, 0.9, [_worker(0, "a1 w0\n", 1),
+                                                 _worker(1, "a1 w1\n", 1)])
+    run = _attempt(1, "completed", 7.2, 0.9, second.workers)
+    run.attempts = (first, second)
+    assert output_lines(run) == [
+        "harness: attempt 0: crashed in 5.5 s, start-up included (the run itself: 5.1 s)",
+        "[w0] a0 w0", "[w1] a0 w1",
+        "harness: attempt 1: completed in 1.3 s, start-up included (the run itself: 0.9 s)",
+        "[w0] a1 w0", "[w1] a1 w1"]
+    assert timing(run) == ("7.2 s from the call, start-up included, over 2 attempts "
+                           "(attempt 0 crashed: 5.5 s, the run itself 5.1 s; "
+                           "attempt 1 completed: 1.3 s, the run itself 0.9 s)")
+
+
+def test_a_run_without_restarts_prints_as_before():
+    run = _attempt(0, "completed", 3.0, 0.4, [_worker(0, "hi\n"), _worker(1, "")])
+    run.attempts = (run,)
+    assert output_lines(run) == ["[w0] hi"]
+    assert timing(run) == "3.0 s from the call, start-up included (the run itself: 0.4 s)"
+
+
+def test_a_task_restarted_alone_shows_each_of_its_processes():
+    ended = _worker(1, "first process\n", 0)
+    last = _worker(1, "second process\n", 1)
+    run = _attempt(0, "completed", 4.0, 2.0, [
+        _worker(0, "w0\n", 0, (_worker(0, "w0\n"),)),
+        _worker(1, "second process\n", 1, (ended, last))])
+    run.attempts = (run,)
+    assert output_lines(run) == ["[w0] w0", "[w1] first process",
+                                 "[w1 restart 1] second process"]
+
+
+# -- explore's status line ---------------------------------------------------------------
+
+def test_the_search_s_status_line_says_runs_rate_the_plans_and_the_time_left():
+    p = SearchProgress("search", runs=14, elapsed=30.0, left=41.4,
+                       running=(F.Crash(1, 3),), last=(F.Delay(0, 5, 0.5),), ended="completed")
+    assert format_search(p) == (
+        "harness: explore, searching | 14 runs, 28/min | running Crash(worker=1, step=3, "
+        "how='exit') | last Delay(worker=0, step=5, seconds=0.5): completed | 41s left")
+    later = p.later(2.0, PROGRESS)
+    assert (later.elapsed, later.left, later.run) == (32.0, 39.4, PROGRESS)
+    assert "running Crash(worker=1, step=3, how='exit') for 12.3s" in format_search(later)
+    first = SearchProgress("fault-free run", runs=0, elapsed=0.0, left=60.0, running=())
+    assert format_search(first) == ("harness: explore, the fault-free run | 0 runs, 0/min | "
+                                    "running (no faults) | 60s left")
+
+
+def test_on_a_terminal_the_line_is_cut_to_its_width(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    stream = _Stream(tty=True)
+    StatusLine(stream)(PROGRESS)
+    assert stream.getvalue() == "\r" + format_progress(PROGRESS)[:39]
+
+
+# -- usage, help and errors name the command line's own words ----------------------------
+
+def test_the_usage_line_lists_every_command(capsys):
+    assert main(["--help"], prog="harness") == 0
+    out = capsys.readouterr().out
+    usage = out.split("\n\n", 1)[0]
+    assert [re.match(r"(?:usage:)?\s+harness (\w+)", line).group(1)
+            for line in usage.splitlines()] == list(COMMANDS)
+    for name, command in COMMANDS.items():
+        assert command.summary in out
+
+
+def test_the_program_is_named_as_it_was_started():
+    assert program_name("/venv/bin/harness") == "harness"
+    assert program_name("/src/harness/__main__.py") == "python -m harness"
+    assert _parser("explore", "harness").format_usage().startswith("usage: harness explore ")
+
+
+@pytest.mark.parametrize("command", ["run", "explore"])
+def test_help_names_the_command_line_s_flags_not_pytest_s(command):
+    text = _parser(command).format_help()
+    assert "--mwms-" not in text
+    assert "with `--backend=ray`" in text and "with `--report-dir`" in text
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--budget", "0"], "--budget: 0 is out of range"),
+    (["--budget", "soon"], "--budget: 'soon' is not a number of seconds"),
+    (["--shrink-budget", "-1"], "--shrink-budget: -1 is out of range"),
+    (["--max-faults", "0"], "--max-faults: '0' is not a whole number 1 or more"),
+    (["--seed", "x"], "--seed: 'x' is not a whole number 0 or more"),
+    (["--kinds", "Crash,Nap"], "--kinds: 'Nap' is not a kind of fault explore draws"),
+    (["--restarts", "-1"], "--restarts: '-1' is not a number of restarts"),
+])
+def test_explore_s_errors_name_its_flags(args, named, capsys):
+    with pytest.raises(SystemExit) as e:
+        explore_command([*args, "train.py"], "harness")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"harness explore: error: {named}" in err
+    assert "explore(" not in err
+
+
+def test_every_option_a_help_text_mentions_is_an_option():
+    mentioned = {m for o in OPTIONS for m in re.findall(r"--mwms-([a-z-]+[a-z])", o.help)}
+    assert mentioned and mentioned <= {o.name for o in OPTIONS}
+    for o in OPTIONS:
+        assert "--mwms-" not in o.help_for("cli")
+        assert o.help_for("command line") == o.help

@@ -251,3 +251,39 @@ def test_a_job_s_key_names_its_function_and_its_arguments():
     assert job_key(crash_window_job, (3,), {"fixed": True, "a": 1}) == \
         f"{__name__}.crash_window_job(3, a=1, fixed=True)"
     assert job_key(crash_window_job, kwargs={"fixed": True}) != job_key(crash_window_job)
+
+
+def test_the_search_reports_each_run_as_it_starts_and_ends():
+    run, invariant = crash_window_job()
+    now = [0.0]
+
+    def timed(plan, timeout):
+        now[0] += 1.0
+        return run(plan, timeout)
+    seen = []
+    found = search(timed, survives_judge(invariant), seed=1, budget=1e9,
+                   clock=lambda: now[0], progress=seen.append)
+    from harness.explore.search import STAGES
+    assert [p.stage for p in seen][:2] == ["fault-free run"] * 2
+    assert seen[0].running == () and seen[0].runs == 0 and seen[1].last == ()
+    assert {p.stage for p in seen} <= set(STAGES) and seen[-1].stage == "shrink"
+    started = [p for p in seen if p.running is not None]
+    ended = [p for p in seen if p.running is None]
+    assert len(started) == len(ended) == seen[-1].runs
+    assert all(b.runs == a.runs + 1 and b.last == a.running for a, b in zip(started, ended))
+    assert ended[-1].elapsed == now[0] and seen[-1].runs > found.runs   # the shrink's too
+    assert all(p.left >= 0 for p in seen)
+
+
+def test_the_result_lines_round_the_timeout_and_say_what_a_culprit_is():
+    from harness.explore.search import Exploration, describe, seconds_text
+    assert [seconds_text(s) for s in (3.44184, 30.0, 3.0, 0.25)] == ["3.4", "30", "3", "0.2"]
+    sig = properties.Signature("hang", ("faulted", "other"), ambiguous=True, error=None,
+                               broken="wrong culprit")
+    assert describe(sig) == ("hang; cannot tell, candidates: a worker the plan faulted, a "
+                             "worker the plan did not fault; wrong culprit")
+    assert describe(properties.Signature("failed", ("other",), error="UnavailableError")) == \
+        "failed; culprit: a worker the plan did not fault; error UnavailableError"
+    summary = Exploration("survives", 3, {"completed": 3}, (1.0,) * 3, 8, 3.44184, 1, False,
+                          3.0).summary()
+    assert "hang timeout 3.4 s" in summary and "3.44" not in summary

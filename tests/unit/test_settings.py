@@ -222,3 +222,37 @@ def test_loading_the_plugin_loads_only_the_options_table():
                          check=True).stdout
     assert eval(out) == ["harness", "harness.core", "harness.core.tfconfig", "harness.errors",
                          "harness.plugin", "harness.settings", "harness.validators"]
+
+
+def test_a_marker_may_list_the_workers_one_test_instance_each():
+    from harness.settings import RunSettings, apply_marker, instance_id, marker_instances
+    assert parse_marker({"workers": [2, 3]}) == {"workers": (2, 3)}
+    instances = marker_instances({"workers": [2, 3], "timeout": 5})
+    assert instances == [{"workers": 2}, {"workers": 3}]
+    assert [instance_id(i) for i in instances] == ["2workers", "3workers"]
+    assert marker_instances({"workers": 3}) == [] and marker_instances({}) == []
+    assert apply_marker(RunSettings(), {"workers": [2, 3]}, instance={"workers": 3}).workers == 3
+    # Without an instance (a test that takes no cluster), the list changes nothing.
+    assert apply_marker(RunSettings(workers=4), {"workers": [2, 3]}).workers == 4
+
+
+@pytest.mark.parametrize("workers, message", [
+    ([], "the list is empty"),
+    ([2, "two"], "'two' is not a whole number"),
+    ([2, 1000], "1000 is out of range"),
+    ([2, 2], "2 is given twice in [2, 2]"),
+])
+def test_a_bad_list_of_workers_is_named(workers, message):
+    with pytest.raises(SettingError) as e:
+        parse_marker({"workers": workers})
+    assert str(e.value).startswith("@pytest.mark.mwms(workers=...): ") and message in str(e.value)
+
+
+def test_a_list_of_workers_and_a_cluster_shape_are_refused_together():
+    with pytest.raises(SettingError, match="both set the cluster's size"):
+        parse_marker({"workers": [2, 3], "cluster": "chief:1,worker:1"})
+
+
+def test_only_the_options_marked_for_it_take_a_list():
+    with pytest.raises(SettingError, match=r"mwms\(timeout=\.\.\.\)"):
+        parse_marker({"timeout": [5, 10]})
