@@ -1,4 +1,5 @@
-"""Tests of the benchmark, ``python -m harness.bench``.
+"""Tests of the benchmark: the launcher comparison (``python -m harness.bench``),
+the warm run against the floor, the step cost and the recorder's cost.
 
 Most are of its pure parts (statistics, formatting, the run order, the
 summary and the table, built from made-up runs) and need no TensorFlow.
@@ -12,81 +13,83 @@ import sys
 
 import pytest
 
-from harness import bench
+from harness.bench import common
+from harness.bench.launchers import compare, table
+from harness.bench.launchers.plan import make_workloads, schedule
 
 
 # -- statistics -----------------------------------------------------------------
 
 def test_quantile_interpolates_like_numpy():
     v = [1.0, 2.0, 3.0, 4.0]
-    assert bench.quantile(v, 0.5) == 2.5
-    assert bench.quantile(v, 0.25) == 1.75
-    assert bench.quantile(v, 0.75) == 3.25
-    assert bench.quantile([7.0], 0.5) == 7.0
+    assert common.quantile(v, 0.5) == 2.5
+    assert common.quantile(v, 0.25) == 1.75
+    assert common.quantile(v, 0.75) == 3.25
+    assert common.quantile([7.0], 0.5) == 7.0
     with pytest.raises(ValueError):
-        bench.quantile([], 0.5)
+        common.quantile([], 0.5)
 
 
 def test_stats_ignores_missing_values():
-    st = bench.stats([3.0, None, 1.0, 2.0])
+    st = common.stats([3.0, None, 1.0, 2.0])
     assert st == {"n": 3, "median": 2.0, "min": 1.0, "max": 3.0, "q1": 1.5, "q3": 2.5}
-    assert bench.stats([None, None]) is None
-    assert bench.stats([]) is None
+    assert common.stats([None, None]) is None
+    assert common.stats([]) is None
 
 
 def test_ratio():
-    assert bench.ratio(2.0, 0.5) == 4.0
-    assert bench.ratio(None, 1.0) is None
-    assert bench.ratio(1.0, None) is None
-    assert bench.ratio(1.0, 0.0) is None
+    assert common.ratio(2.0, 0.5) == 4.0
+    assert common.ratio(None, 1.0) is None
+    assert common.ratio(1.0, None) is None
+    assert common.ratio(1.0, 0.0) is None
 
 
 # -- formatting -------------------------------------------------------------------
 
 def test_fmt_seconds_and_ratio():
-    assert bench.fmt_seconds(0.4123) == "0.41 s"
-    assert bench.fmt_seconds(150.2) == "150 s"
-    assert bench.fmt_seconds(None) == "–"
-    assert bench.fmt_ratio(1.0) == "1.0×"
-    assert bench.fmt_ratio(12.34) == "12.3×"
-    assert bench.fmt_ratio(250.0) == "250×"
-    assert bench.fmt_ratio(None) == "–"
-    assert bench.fmt_mib(255.4) == "255"
-    assert bench.fmt_mib(None) == "–"
+    assert table.fmt_seconds(0.4123) == "0.41 s"
+    assert table.fmt_seconds(150.2) == "150 s"
+    assert table.fmt_seconds(None) == "–"
+    assert table.fmt_ratio(1.0) == "1.0×"
+    assert table.fmt_ratio(12.34) == "12.3×"
+    assert table.fmt_ratio(250.0) == "250×"
+    assert table.fmt_ratio(None) == "–"
+    assert table.fmt_mib(255.4) == "255"
+    assert table.fmt_mib(None) == "–"
 
 
 def test_fmt_spread():
-    assert bench.fmt_spread(bench.stats([0.4, 0.5, 0.45])) == "0.40–0.50 s"
-    assert bench.fmt_spread(bench.stats([0.4])) == "(1 run)"
-    assert bench.fmt_spread(None) == "–"
+    assert table.fmt_spread(common.stats([0.4, 0.5, 0.45])) == "0.40–0.50 s"
+    assert table.fmt_spread(common.stats([0.4])) == "(1 run)"
+    assert table.fmt_spread(None) == "–"
 
 
 def test_fmt_over_t_says_plus_or_minus():
-    assert bench.fmt_over_t(0.0912) == "T + 0.09 s"
-    assert bench.fmt_over_t(-4.49) == "T − 4.49 s"
-    assert bench.fmt_over_t(None) == "–"
-    assert bench.fmt_over_t(None, seen=False) == "before the hang began"
+    assert table.fmt_over_t(0.0912) == "T + 0.09 s"
+    assert table.fmt_over_t(-4.49) == "T − 4.49 s"
+    assert table.fmt_over_t(None) == "–"
+    assert table.fmt_over_t(None, seen=False) == "before the hang began"
 
 
 def test_fmt_culprits():
-    assert bench.fmt_culprits([[1], [1]], 1) == "yes (worker 1)"
-    assert bench.fmt_culprits([[0, 1], [1, 0]], 1) == "ambiguous (workers 0,1)"
-    assert bench.fmt_culprits([[], []], 1) == "no"
-    assert bench.fmt_culprits([[1], [0, 1]], 1) == "exact 1/2, among several 1/2"
-    assert bench.fmt_culprits([], 1) == "–"
+    assert table.fmt_culprits([[1], [1]], 1) == "yes (worker 1)"
+    assert table.fmt_culprits([[0, 1], [1, 0]], 1) == "ambiguous (workers 0,1)"
+    assert table.fmt_culprits([[], []], 1) == "no"
+    assert table.fmt_culprits([[1], [0, 1]], 1) == "exact 1/2, among several 1/2"
+    assert table.fmt_culprits([], 1) == "–"
 
 
 def test_fmt_bool_runs():
-    assert bench.fmt_bool_runs([True, True]) == "yes"
-    assert bench.fmt_bool_runs([False, None]) == "no"
-    assert bench.fmt_bool_runs([True, False, True]) == "2/3"
-    assert bench.fmt_bool_runs([None]) == "–"
+    assert table.fmt_bool_runs([True, True]) == "yes"
+    assert table.fmt_bool_runs([False, None]) == "no"
+    assert table.fmt_bool_runs([True, False, True]) == "2/3"
+    assert table.fmt_bool_runs([None]) == "–"
 
 
 # -- run order and options --------------------------------------------------------------
 
 def test_schedule_alternates_launchers_and_caps_hang_runs():
-    plan = bench.schedule(["harness", "spawn", "runner"], [1, 4], repeats=3, hang_repeats=2)
+    plan = schedule(["harness", "spawn", "runner"], [1, 4], repeats=3, hang_repeats=2)
     # One cold run per launcher first, of the first completing workload.
     assert plan[:3] == [("harness", 1, -1, True), ("spawn", 1, -1, True), ("runner", 1, -1, True)]
     warm = plan[3:]
@@ -101,13 +104,13 @@ def test_schedule_alternates_launchers_and_caps_hang_runs():
 
 
 def test_schedule_gives_the_floor_the_completing_workloads_only():
-    plan = bench.schedule(["floor", "harness"], [1, 4], repeats=2, hang_repeats=2)
+    plan = schedule(["floor", "harness"], [1, 4], repeats=2, hang_repeats=2)
     assert {t[1] for t in plan if t[0] == "floor"} == {1}
     assert sum(1 for t in plan if t[0] == "harness" and t[1] == 4) == 2
 
 
 def test_the_floor_runs_the_loop_on_each_worker():
-    from harness.bench.floor import FloorServer
+    from harness.bench.launchers.floor import FloorServer
     server = FloorServer()
     try:
         answers = server.run("harness.workloads:allreduce_loop", {"n_steps": 3}, 2)
@@ -138,17 +141,17 @@ def test_the_warm_check_fails_above_its_limit():
 
 
 def test_schedule_cold_run_is_a_completing_workload():
-    plan = bench.schedule(["harness"], [4], repeats=1, hang_repeats=1)
+    plan = schedule(["harness"], [4], repeats=1, hang_repeats=1)
     assert plan[0] == ("harness", 1, -1, True)
     assert plan[1] == ("harness", 4, 0, False)
 
 
 def test_parse_args_defaults_and_subsets():
-    a = bench.parse_args([])
+    a = compare.parse_args([])
     assert (a.repeats, a.hang_timeout, a.json) == (5, 10.0, "bench-results.json")
     assert a.launchers == ["floor", "harness", "spawn", "runner", "ray"]
     assert a.workloads == [1, 2, 3, 4, 5]
-    a = bench.parse_args(["--launchers", "harness,spawn", "--workloads", "1,4", "--repeats", "2"])
+    a = compare.parse_args(["--launchers", "harness,spawn", "--workloads", "1,4", "--repeats", "2"])
     assert a.launchers == ["harness", "spawn"] and a.workloads == [1, 4] and a.repeats == 2
 
 
@@ -156,11 +159,11 @@ def test_parse_args_defaults_and_subsets():
                                   ["--repeats", "0"], ["--hang-timeout", "0"]])
 def test_parse_args_rejects_bad_values(argv, capsys):
     with pytest.raises(SystemExit):
-        bench.parse_args(argv)
+        compare.parse_args(argv)
 
 
 def test_workloads_match_the_issue():
-    w = bench.make_workloads(10.0)
+    w = make_workloads(10.0)
     assert (w[1].workers, w[1].kwargs["n_steps"], w[1].expect_hang) == (2, 20, False)
     assert (w[2].workers, w[2].kwargs["n_steps"]) == (4, 20)
     assert (w[3].fn, w[3].workers) == ("seed_training", 2)
@@ -201,7 +204,7 @@ FAKE_RUNS = [
 
 
 def test_summarize_uses_warm_ok_runs_and_ratios_against_the_harness():
-    s = bench.summarize(FAKE_RUNS, ["harness", "runner"], [1, 4])
+    s = table.summarize(FAKE_RUNS, ["harness", "runner"], [1, 4])
     h1, r1 = s["harness"]["1"], s["runner"]["1"]
     assert h1["wall"]["n"] == 2 and h1["wall"]["median"] == pytest.approx(0.42)
     assert h1["failed"] == 1 and h1["runs"] == 3
@@ -219,10 +222,10 @@ def test_summarize_uses_warm_ok_runs_and_ratios_against_the_harness():
 
 
 def test_render_table_rows_and_cells():
-    s = bench.summarize(FAKE_RUNS, ["harness", "runner"], [1, 4])
-    table = bench.render_table(s, bench.make_workloads(10.0))
-    lines = table.splitlines()
-    assert lines[0] == bench.TABLE_HEADER
+    s = table.summarize(FAKE_RUNS, ["harness", "runner"], [1, 4])
+    text = table.render_table(s, make_workloads(10.0))
+    lines = text.splitlines()
+    assert lines[0] == table.TABLE_HEADER
     assert len(lines) == 2 + 4
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
     assert all(len(c) == lines[0].count("|") - 1 for c in cells)
@@ -238,22 +241,22 @@ def test_render_table_rows_and_cells():
 
 def test_render_table_when_a_launcher_fired_before_the_hang_began():
     runs = [_hang("spawn", 10.0, None, [], False, 0.03, seen=False)]
-    s = bench.summarize(runs, ["spawn"], [4])
-    table = bench.render_table(s, bench.make_workloads(10.0))
-    assert "before the hang began" in table
-    assert "| – |" in table  # no harness figure to compare with
+    s = table.summarize(runs, ["spawn"], [4])
+    text = table.render_table(s, make_workloads(10.0))
+    assert "before the hang began" in text
+    assert "| – |" in text  # no harness figure to compare with
     runs.append(_hang("spawn", 10.0, -2.0, [], False, 0.03, rep=1))
-    table = bench.render_table(bench.summarize(runs, ["spawn"], [4]), bench.make_workloads(10.0))
-    assert "T − 2.00 s (1/2 before the hang began)" in table
+    text = table.render_table(table.summarize(runs, ["spawn"], [4]), make_workloads(10.0))
+    assert "T − 2.00 s (1/2 before the hang began)" in text
 
 
 def test_notes_and_machine_line():
-    s = bench.summarize(FAKE_RUNS, ["harness", "runner"], [1])
-    notes = bench.render_notes(s, {"overhead_pss_mib": {"harness": 256.0, "runner": 777.0},
-                                   "launcher_startup_s": {"runner": 2.5}})
+    s = table.summarize(FAKE_RUNS, ["harness", "runner"], [1])
+    notes = table.render_notes(s, {"overhead_pss_mib": {"harness": 256.0, "runner": 777.0},
+                                   "launcher_startup_s": {"runner": 2.5}}, compare.NOTES)
     assert "harness 256 MiB" in notes and "runner 777 MiB" in notes
     assert "runner 2.50 s" in notes and "30 s" in notes
-    line = bench.machine_line({"cores": 2, "ram_gib": 23.5, "cpu_model": "Xeon", "python": "3.11.7",
+    line = common.machine_line({"cores": 2, "ram_gib": 23.5, "cpu_model": "Xeon", "python": "3.11.7",
                                "tensorflow": "2.21.0", "keras": "3.15.1",
                                "load_avg": [3.0, 2, 1], "load_avg_end": [2.5, 2, 1]})
     assert line.startswith("Machine: 2 cores, 23.5 GiB RAM, Xeon; Python 3.11.7, TensorFlow 2.21.0")
@@ -261,9 +264,10 @@ def test_notes_and_machine_line():
 
 
 def test_machine_info_does_not_import_tensorflow():
-    code = ("import sys; from harness import bench, workloads; "
-            "from harness.bench import launchers, workers; "
-            "m = bench.machine_info(); assert m['cores'] and m['python']; "
+    code = ("import sys; from harness import workloads; "
+            "from harness.bench import common; "
+            "from harness.bench.launchers import compare, workers; "
+            "m = common.machine_info(); assert m['cores'] and m['python']; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -290,14 +294,14 @@ def test_smoke_harness_workload_1(tmp_path):
     assert all(r["pss_bytes"] > 0 for r in runs)
     fig = data["summary"]["harness"]["1"]
     assert fig["wall"]["n"] == 1 and fig["wall"]["median"] > 0 and fig["cold_s"] > 0
-    assert bench.TABLE_HEADER in proc.stdout
+    assert table.TABLE_HEADER in proc.stdout
     assert md.read_text() == data["markdown"]
 
 
 # -- the launchers' pure helpers ------------------------------------------------------------------
 
 def test_marks_and_hang_start(tmp_path):
-    from harness.bench import launchers as bl
+    from harness.bench.launchers import measure as bl
     assert bl.read_marks(str(tmp_path), "pid") == {}
     assert bl.read_marks(None, "pid") == {}
     (tmp_path / "pid.0").write_text("123")
@@ -312,8 +316,8 @@ def test_marks_and_hang_start(tmp_path):
 
 
 def test_return_value_checks():
-    from harness.bench import launchers as bl
-    w1 = bench.make_workloads()[1]
+    from harness.bench.launchers import measure as bl
+    w1 = make_workloads()[1]
     good = [{"value": 2.0, "pss": 100, "fn_s": 0.2}, {"value": 2.0, "pss": 50, "fn_s": 0.3}]
     assert bl.completed_ok(w1, good)
     assert not bl.completed_ok(w1, good[:1])
@@ -325,7 +329,7 @@ def test_return_value_checks():
 
 
 def test_wait_gone_counts_dead_pids_as_gone():
-    from harness.bench import launchers as bl
+    from harness.bench.launchers import measure as bl
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     import time
@@ -334,11 +338,11 @@ def test_wait_gone_counts_dead_pids_as_gone():
 
 
 def test_worker_kwargs_give_every_launcher_the_same_user_code_skip(tmp_path):
-    from harness.bench import launchers as bl
-    w4 = bench.make_workloads()[4]
+    from harness.bench.launchers import measure as bl
+    w4 = make_workloads()[4]
     kwargs = bl.worker_kwargs(w4, str(tmp_path))
     assert kwargs["skip"] == [1, 5] and kwargs["linger"] > 0
-    w1 = bench.make_workloads()[1]
+    w1 = make_workloads()[1]
     assert bl.worker_kwargs(w1, str(tmp_path)) == {
         "fn": "allreduce", "kwargs": {"n_steps": 20}, "stamp_dir": str(tmp_path)}
 
@@ -346,7 +350,7 @@ def test_worker_kwargs_give_every_launcher_the_same_user_code_skip(tmp_path):
 def test_measured_run_outside_the_harness(tmp_path, monkeypatch):
     """Outside a harness worker the steps are range(n), less the skipped one;
     the pid and loop-end marks, PSS and fn_s come from measured_run's steps."""
-    from harness.bench import workers
+    from harness.bench.launchers import workers
     monkeypatch.setitem(workers.WORKLOAD_FNS, "count",
                         lambda n_steps, steps: float(len(list(steps(n_steps)))))
     monkeypatch.setenv("TF_CONFIG", json.dumps({"task": {"type": "worker", "index": 1}}))
@@ -357,9 +361,9 @@ def test_measured_run_outside_the_harness(tmp_path, monkeypatch):
     assert workers.measured_run("count", {"n_steps": 3}, skip=[0, 1])["value"] == 3.0
 
 
-# -- python -m harness.bench.step_cost: pure parts ----------------------------------------------
+# -- python -m harness.bench.cost.step: pure parts ----------------------------------------------
 
-from harness.bench import step_cost as sc  # noqa: E402
+from harness.bench.cost import step as sc  # noqa: E402
 
 
 def test_step_cost_variant_table():
@@ -368,7 +372,7 @@ def test_step_cost_variant_table():
     assert sc.VARIANTS["steps"] == ("steps", {})
     assert sc.VARIANTS["sync_check"] == ("steps", {"sync_check": True})
     assert sc.REFERENCE == "range" and sc.REFERENCE in sc.VARIANTS
-    from harness.bench.workers import STEP_KINDS
+    from harness.bench.cost.workers import STEP_KINDS
     assert all(v.steps in STEP_KINDS for v in sc.VARIANTS.values())
 
 
@@ -446,7 +450,7 @@ def test_step_cost_other_cpu_share():
     assert sc.other_cpu_share(1.9, 2.0, wall_s=1.0, cores=2) == 0.0
     assert sc.other_cpu_share(None, 2.0, 1.0, 2) is None
     assert sc.other_cpu_share(3.0, None, 1.0, 2) is None
-    busy = sc.machine_busy_seconds()
+    busy = common.machine_busy_seconds()
     assert busy is None or busy > 0
 
 
@@ -520,7 +524,7 @@ def test_step_cost_parse_args():
 
 
 def test_timed_allreduce_rejects_bad_arguments():
-    from harness.bench import workers
+    from harness.bench.cost import workers
     with pytest.raises(ValueError, match="steps_kind"):
         workers.timed_allreduce(10, steps_kind="nope")
     with pytest.raises(ValueError, match="warmup"):
@@ -532,7 +536,7 @@ def test_smoke_step_cost(tmp_path):
     """A tiny real run: 1 round of 50 steps, each variant Cluster.run accepts."""
     out, md = tmp_path / "cost.json", tmp_path / "cost.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.bench.step_cost", "--rounds", "1", "--steps", "50",
+        [sys.executable, "-m", "harness.bench.cost.step", "--rounds", "1", "--steps", "50",
          "--json", str(out), "--markdown", str(md)],
         capture_output=True, text=True, timeout=280, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -555,7 +559,7 @@ def test_smoke_step_cost(tmp_path):
 
 
 def test_alternate_pairs_each_variant_with_the_reference_round_by_round():
-    from harness.bench import alternate, render_walls
+    from harness.bench.cost.paired import alternate, render_walls
     order = []
     fig = alternate({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, 3, "a")
     assert order == ["a", "b"] * 3
@@ -564,11 +568,11 @@ def test_alternate_pairs_each_variant_with_the_reference_round_by_round():
     assert table[0].startswith("| variant | wall per run, ms") and len(table) == 4
 
 
-# -- python -m harness.bench.record_cost ----------------------------------------------------------
+# -- python -m harness.bench.recorder.cost ----------------------------------------------------------
 
-from harness.bench import record_cost as rc  # noqa: E402
-from harness.bench import record_job as rj  # noqa: E402
-from harness.bench import record_probe as rp  # noqa: E402
+from harness.bench.recorder import cost as rc  # noqa: E402
+from harness.bench.recorder import job as rj  # noqa: E402
+from harness.bench.recorder import probe as rp  # noqa: E402
 
 
 def _rc_run(rnd, variant, ms, ok=True, median=None, cpu=1.0):
@@ -687,7 +691,7 @@ def test_smoke_record_cost(tmp_path):
     out, temp = tmp_path / "record.json", tmp_path / "tmp"
     temp.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.bench.record_cost", "--rounds", "1", "--steps", "50",
+        [sys.executable, "-m", "harness.bench.recorder.cost", "--rounds", "1", "--steps", "50",
          "--warmup", "5", "--probe", "--out", str(out)],
         capture_output=True, text=True, timeout=110, cwd=str(tmp_path),
         env=dict(os.environ, TMPDIR=str(temp)))

@@ -1,6 +1,7 @@
-"""``python -m harness.bench``: see :mod:`harness.bench`."""
+"""``python -m harness.bench``: the launcher comparison,
+:mod:`harness.bench.launchers.compare`."""
 import sys
 
-from . import main
+from harness.bench.launchers.compare import main
 
 sys.exit(main())

@@ -39,7 +39,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults as F
-from harness.bench import machine_info, machine_line
+from harness.bench.common import machine_info, machine_line
 from harness.explore.attribution import Attribution
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

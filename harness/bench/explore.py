@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Callable, List
 
-from harness.bench import machine_info, machine_line
+from harness.bench.common import machine_info, machine_line
 
 
 def load(spec: str) -> Callable:

@@ -15,7 +15,7 @@ import statistics
 import sys
 from typing import Dict, List, Optional
 
-from harness.bench import machine_info, machine_line
+from harness.bench.common import machine_info, machine_line
 
 
 def leaking_loop(steps: int = 200, keep_on: Optional[int] = None, mib: int = 1) -> int:

@@ -3,7 +3,7 @@
 The same loop (:func:`harness.workloads.allreduce_loop`, 20 all-reduce
 steps) on 2, 4 and 8 workers, under the harness (``Cluster.run`` with its
 default settings, as a user gets them) and under the floor
-(:mod:`harness.bench.floor`: a bare fork server that has imported
+(:mod:`harness.bench.launchers.floor`: a bare fork server that has imported
 TensorFlow), alternating run by run, after one cold run of each.  It prints
 the medians, the ratio to the floor, and the harness's phases
 (``RunResult.phases``, :mod:`harness.controller.phases`) as medians over
@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from harness.bench import machine_info, machine_line
-from harness.bench.floor import FloorServer
+from harness.bench.common import machine_info, machine_line
+from harness.bench.launchers.floor import FloorServer
 
 FN = "harness.workloads:allreduce_loop"
 KWARGS = {"n_steps": 20}

@@ -1,11 +1,11 @@
-"""The scale benchmark of ``harness analyze`` (``harness.bench.record_scale``):
+"""The scale benchmark of ``harness analyze`` (``harness.bench.recorder.scale``):
 a job of N tasks built from a 2-task job's files reads as the 2-task job
 did, worker 1 to blame, whatever each host's clock.  Here the 2-task job's
 files are written by the recorder's own writer (tests/unit/test_record.py);
 the benchmark's table comes from a real job's."""
 import pytest
 
-from harness.bench import record_scale
+from harness.bench.recorder import scale as record_scale
 from harness.record import analyze, files, judge
 from tests.unit.test_record import fake_task
 

@@ -28,8 +28,7 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")
-           if "bench" not in p.relative_to(PACKAGE).parts}
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
 _TREES: dict = {}
@@ -125,6 +124,34 @@ def test_the_worker_side_imports_nothing_of_the_parent_side():
         if name.startswith(("harness.worker", "harness.core")):
             for line, target, _ in _imports(name):
                 assert not target.startswith(parent), f"{name}:{line} imports {target}"
+
+
+def _is_bench(name: str) -> bool:
+    return name == "harness.bench" or name.startswith("harness.bench.")
+
+
+def test_nothing_installed_imports_the_benchmark():
+    # The wheel leaves harness.bench out (pyproject.toml): an import of it
+    # would fail where the plugin is installed.
+    for name in MODULES:
+        if not _is_bench(name):
+            for line, target, _ in _imports(name):
+                assert not _is_bench(target), f"{name}:{line} imports {target}"
+
+
+def test_each_benchmark_family_imports_only_the_shared_library():
+    """As harness/bench/__init__.py says: a family (a program or a subpackage
+    of harness.bench) imports harness.bench.common and no other family, but
+    the warm run and ``python -m harness.bench`` use the launchers'."""
+    allowed = {("warm", "launchers"), ("__main__", "launchers")}
+    for name in MODULES:
+        if name.count(".") >= 2 and _is_bench(name):
+            family = name.split(".")[2]
+            for line, target, _ in _imports(name):
+                if target.count(".") >= 2 and _is_bench(target):
+                    other = target.split(".")[2]
+                    assert other in (family, "common") or (family, other) in allowed, \
+                        f"{name}:{line} imports {target}"
 
 
 def test_no_private_name_is_taken_across_modules():

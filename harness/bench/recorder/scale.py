@@ -1,6 +1,6 @@
 """How ``harness analyze`` grows with the number of tasks.
 
-``python -m harness.bench.record_scale SOURCE [--tasks 8 32 128 256]``:
+``python -m harness.bench.recorder.scale SOURCE [--tasks 8 32 128 256]``:
 ``SOURCE`` is the directory of a real 2-task recorded job whose worker 1 is
 the culprit (the lingering skipped step of ``tests/test_record.py``,
 killed after its dumps).  For each size N it builds a job of N tasks from
@@ -104,7 +104,7 @@ def analyze(dirs: Sequence[str]) -> Tuple[float, float, int, str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.bench.record_scale",
+    p = argparse.ArgumentParser(prog="python -m harness.bench.recorder.scale",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="the directory of a real 2-task recorded job, worker 1 to blame")
     p.add_argument("--tasks", type=int, nargs="+", default=list(SIZES))

@@ -1,4 +1,4 @@
-"""``python -m harness.bench.replica_cost``: what ``run(check_replicas=True)``
+"""``python -m harness.bench.cost.replica``: what ``run(check_replicas=True)``
 and ``run(reference=True)`` cost.
 
 Runs the seed article's loop (:func:`harness.workloads.seed_training_loop`,
@@ -14,13 +14,13 @@ the cost is the same either way.)  It prints the figures as a small table.
 """
 from __future__ import annotations
 
-from . import alternate, render_walls, wall_benchmark_main
+from harness.bench.cost.paired import alternate, render_walls, wall_benchmark_main
 
 
 def measure(rounds: int, workers: int) -> dict:
-    from ..controller import Cluster
-    from ..settings import RunSettings
-    from ..workloads import seed_training_loop
+    from harness.controller import Cluster
+    from harness.settings import RunSettings
+    from harness.workloads import seed_training_loop
     cluster = Cluster(RunSettings(workers=workers, timeout=60))
     cluster.run(seed_training_loop).assert_completed()      # the forkserver's cold start
     variants = {name: (lambda kw=kw: cluster.run(seed_training_loop, **kw))
@@ -42,7 +42,8 @@ def render(fig: dict) -> str:
 
 
 def main(argv=None) -> None:
-    wall_benchmark_main(__doc__, measure, render, argv)
+    wall_benchmark_main("python -m harness.bench.cost.replica", __doc__, measure, render,
+                        argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Worker side of the benchmark: a :mod:`harness.workloads` function, measured.
+"""Worker side of the launcher comparison: a :mod:`harness.workloads` function, measured.
 
 Every launcher runs :func:`measured_run` in each worker (the harness through
 ``Cluster.run``, the spawn launcher through :func:`spawn_entry`, TensorFlow's
@@ -12,10 +12,6 @@ benchmark reads afterwards, whatever the launcher: ``pid.<index>`` first
 thing, and ``loop_end.<index>`` (``time.monotonic()``) as its loop ends.
 See ``docs/benchmark.md`` for what the figures mean.
 
-:func:`timed_allreduce` is the worker side of ``python -m
-harness.bench.step_cost``: the all-reduce loop, its steps from ``range(n)``
-or from ``harness.context().steps(n)``, timed from inside.
-
 Importing this module does not import TensorFlow.
 """
 from __future__ import annotations
@@ -26,7 +22,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from harness import NotInWorkerError, context, workloads
+from harness import workloads
+from harness.bench.common import worker_index
 
 # What spawn_entry prints before its JSON result, so the parent can find the
 # line among whatever else the worker writes to stdout.
@@ -34,15 +31,6 @@ RESULT_MARK = "BENCH_RESULT "
 
 WORKLOAD_FNS = {"allreduce": workloads.allreduce_loop,
                 "seed_training": workloads.seed_training_loop}
-
-
-def worker_index() -> int:
-    """This worker's index: from the harness context, else from ``TF_CONFIG``
-    (every launcher sets it)."""
-    try:
-        return context().index
-    except NotInWorkerError:
-        return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
 
 
 def mark(stamp_dir: Optional[str], name: str, value) -> None:
@@ -114,44 +102,3 @@ def spawn_entry() -> None:
     result = measured_run(**json.loads(sys.argv[1]))
     sys.stdout.write(RESULT_MARK + json.dumps(result) + "\n")
     sys.stdout.flush()
-
-
-# How timed_allreduce's loop gets its step numbers: "range" reports nothing,
-# "steps" is the harness's progress reporting (harness.context().steps(n)).
-STEP_KINDS = ("range", "steps")
-
-
-def timed_allreduce(n_steps: int, steps_kind: str = "steps", warmup: int = 10) -> dict:
-    """``harness.workloads.allreduce_loop(n_steps)`` with its steps from
-    ``range(n)`` or ``context().steps(n)`` (``steps_kind``), timed in this
-    worker with ``time.perf_counter()``.
-
-    Returns the index, the last sum, ``loop_s`` (first step number asked
-    for to the loop's end: every step) and ``timed_s`` (from step ``warmup``
-    on: the first steps trace the ``tf.function`` and set the collectives
-    up, a one-time cost that is not a step's); ``cpu_timed_s``, this
-    process's CPU time (all its threads) over the same steps, and
-    ``cpu_total_s``, its CPU time from its start to the loop's end.  The
-    clocks cost the same in every variant: one ``enumerate``, one comparison
-    and one ``yield`` a step.
-    """
-    if steps_kind not in STEP_KINDS:
-        raise ValueError(f"steps_kind must be one of {STEP_KINDS}, got {steps_kind!r}")
-    if not 0 <= warmup < n_steps:
-        raise ValueError(f"warmup must be 0 to n_steps - 1, got {warmup} for {n_steps} steps")
-    clock, cpu = time.perf_counter, time.process_time
-    marks: dict = {}
-
-    def steps(n: int):
-        numbers = range(n) if steps_kind == "range" else context().steps(n)
-        marks["start"] = clock()
-        for i, k in enumerate(numbers):
-            if i == warmup:
-                marks["warm"], marks["cpu_warm"] = clock(), cpu()
-            yield k
-        marks["end"], marks["cpu_end"] = clock(), cpu()
-
-    value = workloads.allreduce_loop(n_steps, steps=steps)
-    return {"index": worker_index(), "value": value, "steps": n_steps, "warmup": warmup,
-            "loop_s": marks["end"] - marks["start"], "timed_s": marks["end"] - marks["warm"],
-            "cpu_timed_s": marks["cpu_end"] - marks["cpu_warm"], "cpu_total_s": marks["cpu_end"]}

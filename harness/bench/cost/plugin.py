@@ -1,4 +1,4 @@
-"""``python -m harness.bench.plugin_cost``: what the installed plugin costs a
+"""``python -m harness.bench.cost.plugin``: what the installed plugin costs a
 pytest session that does not use the harness.
 
 A session of one trivial test, in a directory of its own (no ini file, so
@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Dict, List
 
-from harness.bench import machine_info, machine_line
+from harness.bench.common import machine_info, machine_line
 
 TEST = "def test_trivial():\n    assert 1 + 1 == 2\n"
 
@@ -70,7 +70,7 @@ def measure(rounds: int) -> Dict[str, object]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.bench.plugin_cost",
+    ap = argparse.ArgumentParser(prog="python -m harness.bench.cost.plugin",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--check", type=float, default=None, metavar="MS")

@@ -1,4 +1,4 @@
-"""One job of ``python -m harness.bench.record_cost``: its script, and
+"""One job of ``python -m harness.bench.recorder.cost``: its script, and
 starting, waiting for, ending and reading a run of it.
 
 The job is N plain ``python`` processes, each with its own ``TF_CONFIG`` on
@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from .step_cost import machine_busy_seconds
+from harness.bench.common import machine_busy_seconds
 
 WITHOUT, WITH = "without", "with"
 
@@ -58,7 +58,7 @@ _, _, step = workloads.make_training(strategy)
 x, y = workloads.make_data()
 iterator = iter(workloads.distributed_dataset(strategy, x, y))
 if os.environ.get("RECORD_COST_PROBE"):
-    from harness.bench.record_probe import probed_loop
+    from harness.bench.recorder.probe import probed_loop
     loop_start = time.time()
     result = dict(probed_loop(step, iterator, warmup, n_steps), loop_start=loop_start)
 else:
@@ -255,7 +255,7 @@ def job_figures(variant: str, outcome: str, wall_s: float, logs: Sequence[str],
            "workers": [r for r in rows if r], "survivors": list(survivors)}
     out.update(figs or {})
     if any(r.get("probe") for r in out["workers"]):
-        from .record_probe import probe_figures
+        from harness.bench.recorder.probe import probe_figures
         out["probe_figures"] = probe_figures(out["workers"])
     out["ok"] = outcome == "completed" and figs is not None and not survivors
     if variant == WITH:

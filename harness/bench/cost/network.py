@@ -1,4 +1,4 @@
-"""``python -m harness.bench.network_cost``: what a network namespace per
+"""``python -m harness.bench.cost.network``: what a network namespace per
 cluster costs a warm run.
 
 Alternates warm 2-worker runs of :func:`harness.workloads.allreduce_loop`
@@ -11,14 +11,14 @@ proxy that delays nothing), after one cold run each, and prints
 """
 from __future__ import annotations
 
-from . import alternate, render_walls, wall_benchmark_main
+from harness.bench.cost.paired import alternate, render_walls, wall_benchmark_main
 
 
 def measure(rounds: int, workers: int) -> dict:
-    from ..controller import Cluster
-    from ..settings import RunSettings
-    from ..workloads import allreduce_loop
-    from ..faults import Latency
+    from harness.controller import Cluster
+    from harness.settings import RunSettings
+    from harness.workloads import allreduce_loop
+    from harness.faults import Latency
     clusters = {name: Cluster(RunSettings(workers=workers, timeout=60,
                                           network="host" if name == "host" else "isolated"))
                 for name in NAMES}
@@ -40,7 +40,8 @@ def render(fig: dict) -> str:
 
 
 def main(argv=None) -> None:
-    wall_benchmark_main(__doc__, measure, render, argv)
+    wall_benchmark_main("python -m harness.bench.cost.network", __doc__, measure, render,
+                        argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``python -m harness.bench.record_cost``: what the job recorder
+"""``python -m harness.bench.recorder.cost``: what the job recorder
 (``harness record``, :mod:`harness.record`) costs a training step.
 
 Runs one job of N (2) plain ``python`` processes, each with its own
@@ -20,10 +20,10 @@ included, as JSON.  What each figure is: ``docs/benchmark.md``.
 Whole runs differ from one another by more than the 1% the recorder may
 cost, so ``--probe`` adds one more run under the recorder that switches its
 per-step hooks on and off in blocks of steps inside the job
-(:mod:`harness.bench.record_probe`).
+(:mod:`harness.bench.recorder.probe`).
 
 Every process a run starts (and the recorder's watchers) is ended on every
-path (:mod:`harness.bench.record_job`), and the temporary directory is
+path (:mod:`harness.bench.recorder.job`), and the temporary directory is
 removed.
 """
 from __future__ import annotations
@@ -37,9 +37,10 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from . import log, machine_info, machine_line, on_sigterm, stats, write_results
-from .record_job import JOB_SCRIPT, WITH, WITHOUT, run_job
-from .record_probe import BLOCK
+from harness.bench.common import (log, machine_info, machine_line, on_sigterm, stats,
+                                  write_results)
+from harness.bench.recorder.job import JOB_SCRIPT, WITH, WITHOUT, run_job
+from harness.bench.recorder.probe import BLOCK
 
 VARIANTS = (WITHOUT, WITH)          # the first is the reference
 DEFAULT_ROUNDS = 5
@@ -263,7 +264,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m harness.bench.record_cost",
+        prog="python -m harness.bench.recorder.cost",
         description="What `harness record` costs a training step: the seed loop's train "
                     "step as a job of plain processes, with and without the recorder, "
                     "alternating, timed inside the processes.")
@@ -280,7 +281,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help=f"seconds a run may take before it is killed ({DEFAULT_RUN_TIMEOUT:g})")
     p.add_argument("--probe", action="store_true",
                    help="then one more run with the recorder, its per-step hooks switched "
-                        "on and off in blocks of steps inside it (harness.bench.record_probe)")
+                        "on and off in blocks of steps inside it "
+                        "(harness.bench.recorder.probe)")
     p.add_argument("--probe-steps", type=int, default=None,
                    help="timed steps of the probed run (default: --steps)")
     p.add_argument("--out", default="record-cost-results.json", help="where to write the JSON")

@@ -1,6 +1,6 @@
-"""``python -m harness.bench.step_cost``: what progress reporting costs per step.
+"""``python -m harness.bench.cost.step``: what progress reporting costs per step.
 
-Runs :func:`harness.bench.workers.timed_allreduce` (``allreduce_loop``, a
+Runs :func:`harness.bench.cost.workers.timed_allreduce` (``allreduce_loop``, a
 scalar all-reduce a step) on N workers (2) under
 ``harness.controller.Cluster.run``, in several variants that differ only in
 where the loop's step numbers come from and in ``Cluster.run``'s keyword
@@ -27,12 +27,13 @@ import sys
 import time
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
-from . import log, machine_info, machine_line, on_sigterm, parse_list, stats, write_results
+from harness.bench.common import (log, machine_busy_seconds, machine_info, machine_line,
+                                  on_sigterm, parse_list, stats, write_results)
 
 
 class Variant(NamedTuple):
     """How one variant runs the loop: where its step numbers come from
-    (``"range"`` or ``"steps"``, :data:`harness.bench.workers.STEP_KINDS`) and
+    (``"range"`` or ``"steps"``, :data:`harness.bench.cost.workers.STEP_KINDS`) and
     the keyword arguments given to ``Cluster.run``."""
 
     steps: str
@@ -91,7 +92,7 @@ def schedule(variants: Sequence[str], rounds: int) -> List[tuple]:
 def worker_figures(return_values: Sequence, steps: int, warmup: int,
                    workers: int) -> Optional[dict]:
     """Per-step times from what the workers returned
-    (:func:`~harness.bench.workers.timed_allreduce`): the slowest worker's,
+    (:func:`~harness.bench.cost.workers.timed_allreduce`): the slowest worker's,
     in ms, and every worker's.  None unless every worker returned its own."""
     rows = [r for r in return_values if isinstance(r, dict) and r.get("timed_s") is not None]
     if len(rows) != workers or len(return_values) != workers:
@@ -260,22 +261,9 @@ def _cpu() -> tuple:
     return time.process_time(), ru.ru_utime, ru.ru_stime
 
 
-def machine_busy_seconds() -> Optional[float]:
-    """CPU seconds the whole machine has been busy since boot, all cores
-    (``/proc/stat``: every field but idle and iowait), None where unreadable."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return None
-    busy = sum(fields[:8]) - fields[3] - fields[4]  # user..steal, less idle, iowait
-    return busy / ticks
-
-
 def run_once(cluster, name: str, variant: Variant, args: argparse.Namespace) -> dict:
     """One ``Cluster.run`` of a variant, and its raw figures."""
-    from .workers import timed_allreduce
+    from harness.bench.cost.workers import timed_allreduce
     kwargs = {"n_steps": args.steps, "steps_kind": variant.steps, "warmup": args.warmup}
     busy0, cpu0, t0 = machine_busy_seconds(), _cpu(), time.monotonic()
     result = cluster.run(timed_allreduce, kwargs=kwargs, timeout=args.timeout,
@@ -364,7 +352,7 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m harness.bench.step_cost",
+        prog="python -m harness.bench.cost.step",
         description="What progress reporting costs per training step: an all-reduce loop "
                     "under the harness, with range(n), context().steps(n) and other variants "
                     "run alternately, timed inside the workers.")

@@ -1,4 +1,4 @@
-"""The probed run of ``python -m harness.bench.record_cost --probe``: the
+"""The probed run of ``python -m harness.bench.recorder.cost --probe``: the
 recorder's per-step hooks switched on and off inside one recorded job.
 
 Whole runs with and without the recorder differ by more than 1% from run
@@ -14,11 +14,13 @@ apart.  While on, each hook's CPU time on the main thread is timed too
 (``mwms-*``: the watchdog) and its watcher process run all along: their
 CPU time over the loop is read from their clocks instead.
 
-Imported in the job's process (by the script ``record_cost`` writes), after
-``harness record`` has installed the recorder.
+Imported in the job's process (by the script
+:mod:`harness.bench.recorder.cost` writes), after ``harness record`` has
+installed the recorder.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -101,15 +103,25 @@ def _ticks_s(pid: int) -> Optional[float]:
         return None
 
 
+def _watcher_pid() -> Optional[int]:
+    """The recorder's watcher: the child of this process that runs
+    ``harness.record.watcher`` (the recorder gives no public handle on it)."""
+    import psutil
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "harness.record.watcher" in child.cmdline():
+                return child.pid
+    return None
+
+
 def recorder_clocks() -> Dict[str, float]:
     """CPU seconds so far of the recorder's threads and of its watcher."""
-    from harness.record import recorder
     out = {}
     for t in threading.enumerate():
         if t.name.startswith("mwms-") and t.ident is not None:
             out[t.name] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
-    watcher = getattr(recorder._installed, "watcher", None)
-    seconds = None if watcher is None else _ticks_s(watcher.pid)
+    watcher = _watcher_pid()
+    seconds = None if watcher is None else _ticks_s(watcher)
     if seconds is not None:
         out["watcher"] = seconds
     return out

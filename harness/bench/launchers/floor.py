@@ -7,8 +7,9 @@ server lets them exit, waits for them and answers.  No progress channel,
 no monitoring, no diagnosis, no clean-up guarantee beyond dying with its
 parent: what is left of any launcher once everything a harness adds is
 taken away.  :class:`FloorServer` is it, for :mod:`harness.bench.warm`;
-:class:`FloorLauncher` is it as one of :mod:`harness.bench`'s launchers
-(completing workloads only: it cannot tell a hang).
+:class:`FloorLauncher` is it as a launcher of the comparison
+(:mod:`harness.bench.launchers.measure`; completing workloads only: it
+cannot tell a hang).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import List, Optional
 
 from harness.core import tfconfig
 
-SERVE_CODE = "from harness.bench.floor import serve; serve()"
+SERVE_CODE = "from harness.bench.launchers.floor import serve; serve()"
 
 
 def _child(request: dict, config: dict, out: int, release: int) -> None:
@@ -139,21 +140,27 @@ class FloorServer:
 
 
 class FloorLauncher:
-    """:class:`FloorServer` as one of :mod:`harness.bench`'s launchers."""
+    """:class:`FloorServer` as a launcher of the comparison."""
 
     name = "floor"
+    note = ("floor: a bare fork server that imported TensorFlow forks the workers; each sets "
+            "its `TF_CONFIG`, runs the workload and sends back its value (no progress, "
+            "monitoring, diagnosis or clean-up guarantee: the least a warm launcher costs; "
+            "completing workloads only).")
 
     def __init__(self):
         self.server = FloorServer()
         self.startup_s = self.server.startup_s
 
     def run(self, workload, stamp_dir: str) -> dict:
-        from harness.bench.launchers import completed_figures, worker_kwargs
+        # Imported here, not above: the fork server imports this module, and
+        # stays as bare as the floor it is.
+        from harness.bench.launchers.measure import completed_figures, worker_kwargs
         if workload.expect_hang:
             return {"outcome": "not run", "ok": False, "wall_s": None,
                     "error": "the floor cannot tell a hang"}
         t0 = time.monotonic()
-        answers = self.server.run("harness.bench.workers:measured_run",
+        answers = self.server.run("harness.bench.launchers.workers:measured_run",
                                   worker_kwargs(workload, stamp_dir), workload.workers)
         wall = time.monotonic() - t0
         ok = all(a["ok"] for a in answers)
@@ -164,7 +171,7 @@ class FloorLauncher:
         return out
 
     def overhead_pss(self) -> Optional[int]:
-        from harness.bench.launchers import pss_of
+        from harness.bench.launchers.measure import pss_of
         return pss_of([self.server.proc.pid])
 
     def close(self) -> None:
