@@ -236,3 +236,27 @@ def test_only_the_launch_package_names_a_backend():
         for node in ast.walk(_tree(name)):
             if isinstance(node, ast.Constant) and node.value in BACKENDS:
                 pytest.fail(f"{name}:{node.lineno} names the backend {node.value!r}")
+
+
+def test_the_contributors_page_names_every_module():
+    """docs/contributors.md's table of the package: a row per top-level
+    module and subpackage, and each subpackage's row names its modules."""
+    import re
+    rows = {m.group(1): m.group(2) for m in re.finditer(
+        r"^\| `harness/([\w/.]+?)/?` \| (.*) \|$",
+        (ROOT / "docs" / "contributors.md").read_text(), re.M)}
+    missing = []
+    for name in MODULES:
+        parts = name.split(".")[1:]
+        if not parts or parts[0] == "bench" or parts == ["__main__"]:
+            continue
+        if len(parts) == 1:
+            key = parts[0] if _is_package(name) else f"{parts[0]}.py"
+            if key not in rows:
+                missing.append(f"no row for harness/{key}")
+        elif not (len(parts) == 2 and parts[1] == "__init__"):
+            row = rows.get(parts[0], "")
+            own = parts[-1] if not _is_package(name) else f"{parts[-1]}/"
+            if f"`{own}`" not in row and f"`{parts[-1]}`" not in row:
+                missing.append(f"harness/{parts[0]}/'s row does not name `{own}`")
+    assert not missing, "\n".join(missing)
