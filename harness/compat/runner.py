@@ -358,6 +358,14 @@ class MultiProcessRunner:
     def _judge(self, inc: Incarnation, timeout):
         result = inc.result
         stdout = verdict.output_lines(self.results, self._names) if self._return_output else []
+        if result is None:
+            # join()'s deadline passed and the run did not end even with its
+            # tasks killed: nothing to judge.
+            raise SubprocessTimeoutError(
+                f"pytest-mwms: the cluster did not end within {2 * STOP_MARGIN_SEC:g} s of "
+                f"join's deadline, even with its tasks killed\n\n"
+                f"{verdict.TIMEOUT_TEXT.format(timeout)}",
+                verdict.MultiProcessRunnerResult([], stdout))
         mpr_result = verdict.MultiProcessRunnerResult(verdict.return_values(result), stdout)
         kind, index = verdict.decide(result, inc.terminated)
         if kind == "ok":
