@@ -38,7 +38,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults as faults_module
 from harness import plan as plan_module
@@ -50,6 +50,10 @@ from harness.report.console import StatusLine, format_search, output_lines, timi
 from harness.report.pytest_report import timeline_stem, wants_timeline
 from harness.settings import OPTIONS, Option, RunSettings, read_settings
 from harness.validators import parse_choice
+
+if TYPE_CHECKING:
+    from harness.controller.cluster import Cluster
+    from harness.controller.scripts import ScriptMain
 
 PROG = "python -m harness"
 SCRIPT_USAGE = "[options] (SCRIPT | -m MODULE) [--] [ARG ...]"
@@ -217,8 +221,8 @@ class _Job:
 
     ns: argparse.Namespace
     settings: RunSettings
-    cluster: Any
-    main: Any
+    cluster: Cluster
+    main: ScriptMain
     what: str                  # the script, or -m MODULE
     script_args: List[str]
 

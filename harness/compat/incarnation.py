@@ -15,8 +15,9 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional, Set
+from typing import Optional, Set
 
+from harness.compat.task import Shared
 from harness.controller import Cluster, Progress, Steer
 from harness.result import RunResult
 
@@ -25,7 +26,7 @@ class Incarnation:
     """``cluster.run(fn, args, **run_kwargs)`` in a thread; ``result`` (a
     :class:`RunResult`) or ``error`` once it ends."""
 
-    def __init__(self, cluster: Cluster, fn, args: tuple, shared: Any, **run_kwargs):
+    def __init__(self, cluster: Cluster, fn, args: tuple, shared: Shared, **run_kwargs):
         self.cluster, self.fn, self.args, self.shared = cluster, fn, args, shared
         self.run_kwargs = run_kwargs
         self.progress: Optional[Progress] = None
@@ -121,10 +122,11 @@ class Incarnation:
     def kill(self, index: int, sig: int = signal.SIGKILL) -> bool:
         """Signal task ``index``'s process while it runs; False if it has ended."""
         p = self.progress
-        if not self.running or p is None or not p.pids or p.exit_codes[index] is not None:
+        pid = p.pids[index] if p is not None and p.pids else None
+        if not self.running or p is None or pid is None or p.exit_codes[index] is not None:
             return False
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p.pids[index], sig)
+            os.kill(pid, sig)
             return True
         return False
 

@@ -23,7 +23,8 @@ import importlib
 import importlib.util
 import sys
 import unittest
-from typing import Mapping, Optional
+from types import ModuleType
+from typing import Mapping, Optional, Union
 
 from harness.compat import multi_process_runner, multi_worker_test_base, originals, spec
 from harness.compat.originals import original, tensorflows
@@ -117,6 +118,7 @@ def route_runner() -> None:
         except ImportError:
             continue
         for attribute in attributes:
+            value: Union[ForCombinations, ModuleType]
             if attribute == "multi_process_runner":
                 value = (FOR_TEST_BASE if module_name.endswith("multi_worker_test_base")
                          else FOR_COMBINATIONS)

@@ -33,7 +33,7 @@ from harness.compat import originals, spec, verdict
 from harness.compat.errors import (OneTaskRestartError, SubprocessTimeoutError,
                                    UnexpectedSubprocessExitError)
 from harness.compat.incarnation import Incarnation
-from harness.compat.task import Shared, run_task
+from harness.compat.task import Payload, Shared, run_task
 from harness.controller import Cluster
 from harness.core import linux, serialize
 from harness.launch import scratch
@@ -358,30 +358,39 @@ class MultiProcessRunner:
     def _judge(self, inc: Incarnation, timeout):
         result = inc.result
         stdout = verdict.output_lines(self.results, self._names) if self._return_output else []
+        if result is None:
+            # join()'s deadline passed and the run did not end even with its
+            # tasks killed: nothing to judge.
+            raise SubprocessTimeoutError(
+                f"pytest-mwms: the cluster did not end within {2 * STOP_MARGIN_SEC:g} s of "
+                f"join's deadline, even with its tasks killed\n\n"
+                f"{verdict.TIMEOUT_TEXT.format(timeout)}",
+                verdict.MultiProcessRunnerResult([], stdout))
         mpr_result = verdict.MultiProcessRunnerResult(verdict.return_values(result), stdout)
         kind, index = verdict.decide(result, inc.terminated)
         if kind == "ok":
             return mpr_result
+        if kind == "timeout":
+            raise SubprocessTimeoutError(
+                f"{result.diagnosis}\n\n{verdict.TIMEOUT_TEXT.format(timeout)}", mpr_result, result)
+        assert index is not None   # "raise" and "exit" name their task
         if kind == "raise":
             error = result.workers[index].exception
             exc = verdict.rebuild_exception(
                 verdict.status_of(dict(inc.shared.statuses), index, result.workers[index].attempt),
                 error)
-            exc.mpr_result, exc.run_result = mpr_result, result
+            # Set on whatever the task raised, as TensorFlow's runner sets mpr_result.
+            exc.mpr_result, exc.run_result = mpr_result, result  # type: ignore[attr-defined]
             if error is not None and hasattr(exc, "add_note"):
                 exc.add_note(f"{self._names[index]}'s traceback:\n{error.traceback}")
             raise verdict.with_verdict(exc, result.diagnosis)
-        if kind == "timeout":
-            raise SubprocessTimeoutError(
-                f"{result.diagnosis}\n\n{verdict.TIMEOUT_TEXT.format(timeout)}", mpr_result, result)
         raise UnexpectedSubprocessExitError(
             f"{result.diagnosis}\n\n{verdict.exit_text(result, index, self._names)}", mpr_result,
             result)
 
 
-def _payload(fn, args, kwargs) -> tuple:
-    """A task's call as its worker takes it: the module ``fn`` came from
-    (None for ``__main__``), and ``(fn, args, kwargs)`` pickled."""
+def _payload(fn, args, kwargs) -> Payload:
+    """A task's call as its worker takes it (:data:`~harness.compat.task.Payload`)."""
     module = getattr(fn, "__module__", None)
     with light_testcases():
         return (module if module not in ("__main__", None) else None,

@@ -15,10 +15,14 @@ import importlib
 import json
 import os
 import sys
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Tuple
 
 from harness.compat import originals
 from harness.core import serialize
+
+# A task's call as its worker takes it: the module its function came from
+# (None for ``__main__``), and ``(fn, args, kwargs)`` pickled.
+Payload = Tuple[Optional[str], bytes]
 
 _barrier = None
 
@@ -49,12 +53,12 @@ class Shared:
     which each task then runs too (a test that runs again in the task, as
     ``combinations``' do, reaches the same bound references)."""
 
-    statuses: Any
-    starts: Any
+    statuses: MutableMapping[int, Tuple[int, Optional[bytes]]]
+    starts: MutableMapping[int, int]
     barriers: Tuple[Any, ...]
+    payloads: MutableMapping[int, Payload]
     eager: bool = True
     grpc_fail_fast: Optional[bool] = None
-    payloads: Any = None
     order: Tuple[Tuple[str, int], ...] = ()
     on_start: Optional[Callable[[], None]] = None
 
@@ -102,11 +106,11 @@ def pickled_exception(exc: BaseException) -> Optional[bytes]:
         return None
 
 
-def run_task(tasks: Mapping[int, Tuple[Optional[str], bytes]], shared: Shared):
+def run_task(tasks: Mapping[int, Payload], shared: Shared):
     """The function each harness worker runs: its task's ``fn``."""
     global _barrier
     index = task_index(shared.order)
-    again = shared.payloads.get(index) if shared.payloads is not None else None
+    again = shared.payloads.get(index)
     module, payload = again or tasks[index]
     attempt = shared.starts.get(index, 0)
     shared.starts[index] = attempt + 1

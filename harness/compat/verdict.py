@@ -125,9 +125,10 @@ def rebuild_exception(pickled: Optional[bytes], error: Optional[WorkerError]) ->
 def with_verdict(exc: BaseException, verdict: str) -> BaseException:
     """``exc`` with its message opening with ``verdict``."""
     text = f"{verdict}\n\n"
-    if isinstance(getattr(exc, "_message", None), str):
+    message = getattr(exc, "_message", None)
+    if isinstance(message, str):
         # TensorFlow's OpError makes str() from it, not from args.
-        exc._message = text + exc._message
+        exc._message = text + message   # type: ignore[attr-defined]
     elif exc.args and isinstance(exc.args[0], str):
         exc.args = (text + exc.args[0],) + tuple(exc.args[1:])
     elif not exc.args:
@@ -137,7 +138,8 @@ def with_verdict(exc: BaseException, verdict: str) -> BaseException:
     return exc
 
 
-def status_of(statuses: Mapping[int, tuple], index: int, attempt: int) -> Optional[bytes]:
+def status_of(statuses: Mapping[int, Tuple[int, Optional[bytes]]], index: int,
+              attempt: int) -> Optional[bytes]:
     """The pickled exception task ``index`` recorded in ``attempt``, if any."""
     entry = statuses.get(index)
     if not entry or entry[0] != attempt:

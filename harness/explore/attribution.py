@@ -15,10 +15,14 @@ among those.  A run that completed survived its faults: nothing to name.
 from __future__ import annotations
 
 import enum
-from typing import FrozenSet, Iterable, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, List, Sequence, Tuple
 
 from harness import plan as plan_module
-from harness.diagnosis.observations import Outcome
+from harness.diagnosis.observations import Event, Outcome
+from harness.faults import Fault
+
+if TYPE_CHECKING:
+    from harness.result import RunResult
 
 
 class Attribution(str, enum.Enum):
@@ -32,15 +36,15 @@ class Attribution(str, enum.Enum):
         return self.value
 
 
-def _results(result) -> Tuple:
+def _results(result: RunResult) -> Tuple[RunResult, ...]:
     return tuple(result.attempts) or (result,)
 
 
-def acted(result, plan: Iterable) -> Tuple:
+def acted(result: RunResult, plan: Iterable[Fault]) -> Tuple[Fault, ...]:
     """The faults of ``plan`` that acted in ``result``: in any of its
     attempts, in any process of a restarted task (:func:`harness.plan.acted`
     on each one's events)."""
-    events = {}
+    events: Dict[int, List[Event]] = {}
     for attempt in _results(result):
         for w in attempt.workers:
             for process in tuple(w.attempts) or (w,):
@@ -49,12 +53,12 @@ def acted(result, plan: Iterable) -> Tuple:
     return tuple(f for f in plan if plan_module.acted(f, events.get(f.worker, ())))
 
 
-def truth(result, plan: Iterable) -> FrozenSet[int]:
+def truth(result: RunResult, plan: Iterable[Fault]) -> FrozenSet[int]:
     """The workers (indexes in the collectives) whose faults acted."""
     return frozenset(f.worker for f in acted(result, plan))
 
 
-def attribute(result, plan: Sequence) -> Attribution:
+def attribute(result: RunResult, plan: Sequence[Fault]) -> Attribution:
     """Where ``result``'s verdict stands against ``plan``: see the module docstring."""
     faulted = truth(result, plan)
     if not faulted:

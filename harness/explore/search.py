@@ -27,15 +27,20 @@ nothing.
 """
 from __future__ import annotations
 
+import builtins
 import collections
 import dataclasses
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults_text
 from harness.explore.properties import NEVER_ACTED, Check, Signature, headline, signature_of
 from harness.explore.shrink import Plan, simpler
+
+if TYPE_CHECKING:
+    from harness.controller import Progress
+    from harness.result import RunResult
 
 # The least hang timeout a plan's run gets: above the longest pause or
 # delay a drawn plan holds that a job should survive (a second), with room
@@ -88,13 +93,13 @@ class SearchProgress:
     running: Optional[Plan] = None
     last: Optional[Plan] = None
     ended: str = ""
-    run: Any = None
+    run: Optional[Progress] = None
 
     @property
     def runs_per_minute(self) -> float:
         return 60.0 * self.runs / self.elapsed if self.elapsed > 0 else 0.0
 
-    def later(self, seconds: float, run: Any = None) -> "SearchProgress":
+    def later(self, seconds: float, run: Optional[Progress] = None) -> "SearchProgress":
         """The same search ``seconds`` later, with the running plan's own progress."""
         return dataclasses.replace(self, elapsed=self.elapsed + seconds,
                                    left=max(0.0, self.left - seconds), run=run)
@@ -109,7 +114,7 @@ class BreakingPlan:
     """The smallest plan found that breaks the property, and its run."""
 
     plan: Plan
-    result: object                 # its RunResult
+    result: RunResult
     signature: Signature
     how: str                       # what broke, in words
     found: Plan                    # the plan the search drew, before shrinking
@@ -143,7 +148,7 @@ class Exploration:
     search_seconds: float
     failure: Optional[BreakingPlan] = None
 
-    @property
+    @builtins.property   # the builtin: in this class `property` names a field
     def runs_per_minute(self) -> float:
         return 60.0 * self.runs / self.search_seconds if self.search_seconds > 0 else 0.0
 
@@ -174,6 +179,7 @@ class SavedPlans:
     def __init__(self, key: str, database=None):
         if database is None:
             from hypothesis import settings
+            assert settings.default is not None   # hypothesis loads its profile at import
             database = settings.default.database
         self.database = database
         self.key = f"pytest-mwms explore: {key}".encode()
@@ -220,7 +226,7 @@ def each_drawn(strategy, seed: int, visit: Callable[[Plan], None]) -> bool:
     return True
 
 
-def longest_wait(result) -> float:
+def longest_wait(result: RunResult) -> float:
     """The longest time between two successive steps of ``result`` (the
     start and the end included) on any worker, seconds."""
     longest = 0.0
@@ -232,14 +238,14 @@ def longest_wait(result) -> float:
     return longest
 
 
-def job_steps(result) -> int:
+def job_steps(result: RunResult) -> int:
     """How many steps the fault-free run took (the most any worker took)."""
     return max((w.last_step + 1 for w in result.workers if w.last_step is not None), default=0)
 
 
 @dataclasses.dataclass
 class _Judged:
-    result: object
+    result: Optional[RunResult]   # None once dropped: failures and the fault-free run are kept
     check: Check
     seconds: float
 
@@ -247,8 +253,8 @@ class _Judged:
 class Search:
     """One exploration's state: what each plan gave, the clock, the budget."""
 
-    def __init__(self, run: Callable[[Plan, float], object],
-                 judge: Callable[[object, Plan], Check], budget: float,
+    def __init__(self, run: Callable[[Plan, float], RunResult],
+                 judge: Callable[[RunResult, Plan], Check], budget: float,
                  clock: Callable[[], float] = time.monotonic,
                  progress: Optional[Callable[[SearchProgress], None]] = None):
         self.run, self.judge, self.budget, self.clock = run, judge, budget, clock
@@ -336,7 +342,7 @@ class Search:
         return plan, runs, self.clock() - t0
 
 
-def _tally(result, check: Check) -> str:
+def _tally(result: RunResult, check: Check) -> str:
     """How a run counts in the histogram: its outcome, and the broken
     promise when the property broke."""
     outcome = str(result.outcome)
@@ -347,7 +353,7 @@ def _tally(result, check: Check) -> str:
     return outcome
 
 
-def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan], Check], *,
+def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult, Plan], Check], *,
             strategy_for: Callable[[int], object], kinds: Sequence[str], property: str,
             budget: float, shrink_budget: float, seed: Optional[int],
             timeout: Optional[float], most_timeout: float,
@@ -364,17 +370,19 @@ def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan]
     search = Search(run, judge, budget, clock, progress)
     search.timeout = most_timeout
     clean = search.try_plan(())
-    steps = job_steps(clean.result)
+    clean_run = clean.result
+    assert clean_run is not None   # the fault-free run is kept whole
+    steps = job_steps(clean_run)
     search.timeout = timeout if timeout is not None else min(
-        most_timeout, max(LEAST_TIMEOUT, TIMEOUT_FACTOR * longest_wait(clean.result)))
+        most_timeout, max(LEAST_TIMEOUT, TIMEOUT_FACTOR * longest_wait(clean_run)))
     found: Optional[Plan] = None
     if clean.check.signature is not None:
         found = ()
-    elif str(clean.result.outcome) != "completed":
+    elif str(clean_run.outcome) != "completed":
         # A job that fails with no fault at all: that is the failure.
         found = ()
-        search.judged[()] = _Judged(clean.result, Check(signature_of(clean.result, ()),
-                                                        headline(clean.result)), clean.seconds)
+        search.judged[()] = _Judged(clean_run, Check(signature_of(clean_run, ()),
+                                                     headline(clean_run)), clean.seconds)
     exhausted = False
     if found is None and steps == 0:
         from harness.errors import SettingError
@@ -405,9 +413,11 @@ def explore(run: Callable[[Plan, float], object], judge: Callable[[object, Plan]
     failure = None
     if found is not None:
         target = search.judged[found].check.signature
+        assert target is not None   # found broke the property
         search.enter("shrink", shrink_budget)
         plan, runs, seconds = search.shrink(found, target, kinds, shrink_budget)
         best = search.judged[plan]
+        assert best.result is not None   # it broke the property too: kept whole
         failure = BreakingPlan(plan, best.result, target, best.check.how, found, runs, seconds)
         if saved is not None and plan:
             saved.save(failure.line)

@@ -11,7 +11,7 @@ takes any candidate that still fails the same way ends.  Plain functions.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Set, Tuple
 
 from harness import faults as F
 from harness.strategies import SHORT_SECONDS, STEP_KINDS
@@ -38,7 +38,7 @@ def order(plan: Sequence[F.Fault]) -> tuple:
     return (len(plan), tuple(sorted(fault_key(f) for f in plan)))
 
 
-def _plain(kind: str, f: F.Fault) -> F.Fault:
+def _plain(kind: str, f: F.StepFault) -> F.Fault:
     """A fault of ``kind`` where ``f`` acts, with the kind's simplest setting."""
     cls = getattr(F, kind)
     extra = {"Delay": (SHORT_SECONDS[0],), "Pause": (SHORT_SECONDS[0],)}.get(kind, ())
@@ -81,7 +81,7 @@ def simpler(plan: Sequence[F.Fault], kinds: Sequence[str] = STEP_KINDS) -> List[
     attempt, at an earlier step (the first, half way, one before), at a
     lower worker, with a simpler setting."""
     plan = tuple(plan)
-    out = set()
+    out: Set[Plan] = set()
     if len(plan) > 1:
         out.update(plan[:i] + plan[i + 1:] for i in range(len(plan)))
     for i, f in enumerate(plan):

@@ -130,17 +130,22 @@ def _analyze_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
+def _bad_input(problems: Sequence[str]) -> int:
+    for line in problems:
+        print(f"harness analyze: {line}", file=sys.stderr)
+    return 2
+
+
 def analyze_command(argv: Sequence[str], prog: str = PROG) -> int:
     from harness.diagnosis.observations import Outcome
     from harness.record import analyze, files, judge
     ns = _analyze_parser(prog).parse_args(list(argv))
     tasks, problems = files.read_dirs(ns.dirs)
-    analysis = analyze.observe(tasks, ns.require_all) if not problems else None
-    problems += list(analysis.problems) if analysis else []
     if problems:
-        for line in problems:
-            print(f"harness analyze: {line}", file=sys.stderr)
-        return 2
+        return _bad_input(problems)
+    analysis = analyze.observe(tasks, ns.require_all)
+    if analysis.problems:
+        return _bad_input(analysis.problems)
     for note in analysis.notes:
         print(f"note: {note}")
     if analysis.observation is None:

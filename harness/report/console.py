@@ -10,19 +10,24 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import Callable, List, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, TextIO
+
+if TYPE_CHECKING:
+    from harness.controller import Progress
+    from harness.explore import SearchProgress
+    from harness.result import RunResult
 
 # A status line on a terminal is redrawn at every report; elsewhere (a log,
 # a CI job) a plain line is printed at most this often.
 PLAIN_EVERY = 5.0
 
 
-def _tag(result, index: int) -> str:
+def _tag(result: RunResult, index: int) -> str:
     kind, number = result.observation.task(index)
     return f"[w{number}]" if kind == "worker" else f"[{kind}]"
 
 
-def output_lines(result) -> List[str]:
+def output_lines(result: RunResult) -> List[str]:
     """What each worker printed (stdout and stderr, TensorFlow's own logging
     included), each line after its worker's tag, ``[w0]``, as torchrun's
     ``--tee`` does: on every outcome, since the logs go with the run.  With
@@ -31,7 +36,7 @@ def output_lines(result) -> List[str]:
     (``restart_policy="task"``) shows each of its processes, the later
     ones as ``[w1 restart 1]``."""
     attempts = result.attempts if len(result.attempts) > 1 else (result,)
-    out = []
+    out: List[str] = []
     for attempt in attempts:
         if len(attempts) > 1:
             out.append(attempt_line(attempt))
@@ -44,7 +49,7 @@ def output_lines(result) -> List[str]:
     return out
 
 
-def attempt_line(attempt) -> str:
+def attempt_line(attempt: RunResult) -> str:
     """``harness: attempt 0: crashed in 8.5 s, start-up included (the run
     itself: 5.7 s)``."""
     return (f"harness: attempt {attempt.attempt}: {attempt.outcome} in "
@@ -52,7 +57,7 @@ def attempt_line(attempt) -> str:
             f"{attempt.observation.duration:.1f} s)")
 
 
-def timing(result) -> str:
+def timing(result: RunResult) -> str:
     """How long the call took, start-up included, and each attempt's part."""
     total = f"{result.duration:.1f} s from the call, start-up included"
     if len(result.attempts) <= 1:
@@ -62,7 +67,7 @@ def timing(result) -> str:
     return f"{total}, over {len(result.attempts)} attempts ({each})"
 
 
-def format_progress(p) -> str:
+def format_progress(p: Progress) -> str:
     """One line from a :class:`~harness.controller.Progress`:
     ``attempt 0 | 12.3s | w0 step 41, w1 step 41, w2 returned | idle 0.2s of 30s``."""
     workers = ", ".join(
@@ -83,7 +88,7 @@ def plan_text(plan: Sequence) -> str:
     return ", ".join(repr(f) for f in plan) or "(no faults)"
 
 
-def format_search(p) -> str:
+def format_search(p: SearchProgress) -> str:
     """One line from a :class:`~harness.explore.SearchProgress`: ``harness:
     explore, searching | 14 runs, 32/min | running Crash(worker=1, step=3,
     how='exit') for 1.2s | last Delay(...): completed | 41s left``."""
@@ -104,16 +109,16 @@ class StatusLine:
     terminal's width; otherwise a plain line every :data:`PLAIN_EVERY`
     seconds.  ``format`` makes the line from a report."""
 
-    def __init__(self, stream=None, clock=time.monotonic,
-                 format: Callable[[object], str] = format_progress):
+    def __init__(self, stream: Optional[TextIO] = None, clock: Callable[[], float] = time.monotonic,
+                 format: Callable[[Any], str] = format_progress):
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.clock = clock
         self.format = format
         self.shown = 0        # the width drawn on the terminal
-        self.last_plain = None
+        self.last_plain: Optional[float] = None
 
-    def __call__(self, progress) -> None:
+    def __call__(self, progress: Any) -> None:
         text = self.format(progress)
         if self.tty:
             text = text[:shutil.get_terminal_size().columns - 1]

@@ -1,5 +1,6 @@
 """harness.compat without TensorFlow's workers: cluster specs, what join()
 makes of a result, output lines, errors, and the runner's refusals."""
+import threading
 import types
 import unittest
 
@@ -232,6 +233,28 @@ def test_join_checks_its_timeout_and_refuses_a_cluster_not_wholly_asked_for():
         runner.join()
     with pytest.raises(ValueError, match="joined twice"):
         runner.join()
+
+
+def test_join_on_a_cluster_that_never_ends_raises_timeout(monkeypatch):
+    # The harness's run of the cluster did not end even after its tasks were
+    # killed (a stand-in thread that never returns): join() times out as
+    # TensorFlow's runner does, with no result to judge.
+    from harness.compat import runner as runner_module
+    monkeypatch.setattr(runner_module, "STOP_MARGIN_SEC", 0.1)
+    runner = mpr.MultiProcessRunner(lambda: None, {"worker": ["a"]})
+    stuck = threading.Event()
+    inc = runner_module.Incarnation(runner._cluster, None, (), None)
+    inc.thread = threading.Thread(target=stuck.wait, daemon=True)
+    inc.started.set()
+    runner._incarnations.append(inc)
+    inc.thread.start()
+    try:
+        with pytest.raises(mpr.SubprocessTimeoutError, match="did not end") as e:
+            runner.join(timeout=1)
+    finally:
+        stuck.set()
+        inc.thread.join()
+    assert e.value.run_result is None and e.value.mpr_result.return_value == []
 
 
 def test_unsupported_calls_say_what_is_missing(shapes):
