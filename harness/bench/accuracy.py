@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import sys
@@ -85,29 +86,40 @@ class Kind:
         return issubclass(self.cls, F.StepFault)
 
 
+def _at_step(make: Callable[[int, int], F.Fault]) -> Callable[[int, Optional[int]], F.Fault]:
+    def at_step(worker: int, step: Optional[int]) -> F.Fault:
+        if step is None:
+            raise ValueError("a step-keyed fault needs a step (plan() gives one)")
+        return make(worker, step)
+    return at_step
+
+
+def _bad_config(kind: str) -> Callable[[int, Optional[int]], F.Fault]:
+    return lambda w, s: F.BadTFConfig(w, kind)
+
+
 def _kinds() -> Tuple[Kind, ...]:
-    kinds = [Kind("SkipStep", F.SkipStep, lambda w, s: F.SkipStep(w, s)),
-             Kind("ExtraCollective", F.ExtraCollective, lambda w, s: F.ExtraCollective(w, s))]
-    kinds += [Kind(f"Crash(how={how!r})", F.Crash, lambda w, s, how=how: F.Crash(w, s, how))
+    kinds = [Kind(cls.__name__, cls, _at_step(cls)) for cls in (F.SkipStep, F.ExtraCollective)]
+    kinds += [Kind(f"Crash(how={how!r})", F.Crash, _at_step(functools.partial(F.Crash, how=how)))
               for how in F.CRASH_HOW]
     kinds += [
-        Kind("RaiseError", F.RaiseError, lambda w, s: F.RaiseError(w, s)),
-        Kind("Pause(seconds=None)", F.Pause, lambda w, s: F.Pause(w, s, None)),
+        Kind("RaiseError", F.RaiseError, _at_step(F.RaiseError)),
+        Kind("Pause(seconds=None)", F.Pause, _at_step(lambda w, s: F.Pause(w, s, None))),
         # Killed when the run's grace is over, unless the job is done first.
-        Kind("Preempt", F.Preempt, lambda w, s: F.Preempt(w, s)),
+        Kind("Preempt", F.Preempt, _at_step(F.Preempt)),
         # Killed as soon as the notice is given: a preemption that takes the worker.
-        Kind("Preempt(grace=0)", F.Preempt, lambda w, s: F.Preempt(w, s, grace=0)),
-        Kind("Delay(seconds=0.5)", F.Delay, lambda w, s: F.Delay(w, s, 0.5)),
-        Kind("Partition(seconds=None)", F.Partition, lambda w, s: F.Partition(w, s), "switch"),
+        Kind("Preempt(grace=0)", F.Preempt, _at_step(lambda w, s: F.Preempt(w, s, grace=0))),
+        Kind("Delay(seconds=0.5)", F.Delay, _at_step(lambda w, s: F.Delay(w, s, 0.5))),
+        Kind("Partition(seconds=None)", F.Partition, _at_step(F.Partition), "switch"),
         # Too slow for the seed loop's gradients (about 31 kB a step) within
         # the hang timeout; the standard workload's scalars still pass.
-        Kind("Bandwidth(kbps=32)", F.Bandwidth, lambda w, s: F.Bandwidth(w, s, kbps=32),
-             "switch"),
-        Kind("Latency(ms=50)", F.Latency, lambda w, s: F.Latency(w, s, ms=50), "switch"),
-        Kind("ResetPeers(after=0)", F.ResetPeers, lambda w, s: F.ResetPeers(w, s), "switch"),
+        Kind("Bandwidth(kbps=32)", F.Bandwidth,
+             _at_step(lambda w, s: F.Bandwidth(w, s, kbps=32)), "switch"),
+        Kind("Latency(ms=50)", F.Latency, _at_step(lambda w, s: F.Latency(w, s, ms=50)), "switch"),
+        Kind("ResetPeers(after=0)", F.ResetPeers, _at_step(F.ResetPeers), "switch"),
     ]
-    kinds += [Kind(f"BadTFConfig(kind={k!r})", F.BadTFConfig,
-                   lambda w, s, k=k: F.BadTFConfig(w, k)) for k in F.BAD_CONFIG_KINDS]
+    kinds += [Kind(f"BadTFConfig(kind={k!r})", F.BadTFConfig, _bad_config(k))
+              for k in F.BAD_CONFIG_KINDS]
     kinds += [
         Kind("UnresolvedHost(seconds=None)", F.UnresolvedHost,
              lambda w, s: F.UnresolvedHost(w), "names"),

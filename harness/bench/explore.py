@@ -31,10 +31,12 @@ def load(spec: str) -> Callable:
     where, _, name = spec.rpartition(":")
     if where.endswith(".py"):
         module_name = os.path.splitext(os.path.basename(where))[0]
-        loader = importlib.util.spec_from_file_location(module_name, os.path.abspath(where))
-        module = importlib.util.module_from_spec(loader)
+        found = importlib.util.spec_from_file_location(module_name, os.path.abspath(where))
+        if found is None or found.loader is None:
+            raise SystemExit(f"{where}: cannot be loaded as a module")
+        module = importlib.util.module_from_spec(found)
         sys.modules[module_name] = module
-        loader.loader.exec_module(module)
+        found.loader.exec_module(module)
     else:
         module = importlib.import_module(where)
     return getattr(module, name)

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_BUDGET = 540.0
@@ -143,6 +143,7 @@ def run_tests(timeout: float) -> dict:
         argv = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-q", "-rs",
                 "-p", "no:cacheprovider", f"--junitxml={report}"]
         started = time.monotonic()
+        status: Union[int, str]     # pytest's exit code, or "timeout"
         try:
             done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
             status, tail = done.returncode, done.stdout[-3000:]

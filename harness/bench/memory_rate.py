@@ -11,6 +11,7 @@ leak's rate (within 20 %), and where the job without the leak passed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from typing import Dict, List, Optional
@@ -57,21 +58,31 @@ def flat(result) -> bool:
     return True
 
 
-def measure(workers: List[int], runs: int, steps: int, mib: int) -> Dict[int, dict]:
+@dataclasses.dataclass
+class Counts:
+    """One worker count's runs, counted."""
+
+    named: int = 0      # leaking runs that named worker 1 at the leak's rate
+    flat: int = 0       # runs without the leak that passed assert_memory_flat()
+    seconds: List[float] = dataclasses.field(default_factory=list)      # those runs' durations
+    rates: List[Optional[float]] = dataclasses.field(default_factory=list)  # worker 1's, leaking
+
+
+def measure(workers: List[int], runs: int, steps: int, mib: int) -> Dict[int, Counts]:
     from harness.controller import Cluster
     from harness.settings import RunSettings
     out = {}
     for n in workers:
         cluster = Cluster(RunSettings(workers=n, timeout=30))
         cluster.run(leaking_loop, kwargs={"steps": 5})   # a cold start, not counted
-        counts = {"named": 0, "flat": 0, "seconds": [], "rates": []}
+        counts = Counts()
         for _ in range(runs):
             leak = cluster.run(leaking_loop, kwargs={"steps": steps, "keep_on": 1, "mib": mib})
-            counts["named"] += named(leak, mib)
-            counts["rates"].append(leak.memory[1].mib_per_step)
+            counts.named += named(leak, mib)
+            counts.rates.append(leak.memory[1].mib_per_step)
             clean = cluster.run(leaking_loop, kwargs={"steps": steps})
-            counts["flat"] += flat(clean)
-            counts["seconds"].append(clean.duration)
+            counts.flat += flat(clean)
+            counts.seconds.append(clean.duration)
         out[n] = counts
     return out
 
@@ -91,11 +102,11 @@ def main(argv=None) -> int:
           f"its rate (median) | no leak: assert_memory_flat() passes |")
     print("|---|---|---|---|---|")
     for n, c in figures.items():
-        rates = [r for r in c["rates"] if r is not None]
+        rates = [r for r in c.rates if r is not None]
         rate = f"{statistics.median(rates):.2f} MiB/step" if rates else "none"
-        print(f"| {n} | {statistics.median(c['seconds']):.1f} s | {c['named']}/{args.runs} | "
-              f"{rate} | {c['flat']}/{args.runs} |")
-    return 0 if all(c["named"] == c["flat"] == args.runs for c in figures.values()) else 1
+        print(f"| {n} | {statistics.median(c.seconds):.1f} s | {c.named}/{args.runs} | "
+              f"{rate} | {c.flat}/{args.runs} |")
+    return 0 if all(c.named == c.flat == args.runs for c in figures.values()) else 1
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Mapping, Sequence
 
 from harness.bench.common import machine_info, machine_line, stats
 
 
-def alternate(variants: Dict[str, Callable[[], object]], rounds: int,
+def alternate(variants: Mapping[str, Callable[[], object]], rounds: int,
               reference: str) -> dict:
     """Call each of ``variants`` once a round, in turn, for ``rounds`` rounds,
     timing each call; return each variant's :func:`stats` of wall seconds,

@@ -11,6 +11,7 @@ from typing import Optional
 from harness.bench.launchers.measure import (completed_figures, detection_figures,
                                              marked_pids, pss_of, run_timeout, wait_gone,
                                              worker_kwargs)
+from harness.bench.launchers.plan import Workload
 from harness.bench.launchers.workers import measured_run
 from harness.controller import Cluster
 from harness.launch.local import forkserver_pid
@@ -31,7 +32,7 @@ class HarnessLauncher:
 
     settings = RunSettings()
 
-    def run(self, workload, stamp_dir: str) -> dict:
+    def run(self, workload: Workload, stamp_dir: str) -> dict:
         cluster = Cluster(self.settings.with_overrides(workers=workload.workers,
                                                        timeout=run_timeout(workload)))
         t0 = time.monotonic()
@@ -46,7 +47,7 @@ class HarnessLauncher:
             out["detection_delay_s"] = result.observation.detection_delay
             # run() returns after dumping stacks and killing: the report's own cost.
             out["declared_to_return_s"] = (t1 - t0) - result.duration
-            out["named_culprit"] = tuple(result.culprits) == (workload.skip[0],)
+            out["named_culprit"] = tuple(result.culprits) == (workload.skipper,)
             out["stack_dumped"] = any(w.stack.strip() for w in result.workers)
             out["gone_after_report_s"] = wait_gone(marked_pids(stamp_dir), t1)
         else:
@@ -78,7 +79,7 @@ class RayLauncher(HarnessLauncher):
             "forkservers' TensorFlow import overlapping it, so its first run is already warm.")
     settings = RunSettings(backend=RAY.name, ray_nodes=2)
 
-    def __init__(self):
+    def __init__(self) -> None:
         from harness.launch.backends import launcher_for
         from harness.settings import check_backend
         check_backend(self.settings)

@@ -21,20 +21,22 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Type
 
 from harness.bench.common import (log, machine_info, machine_line, on_sigterm, parse_list,
                                   write_results)
 from harness.bench.launchers.cluster import HarnessLauncher, RayLauncher
 from harness.bench.launchers.floor import FloorLauncher
+from harness.bench.launchers.measure import Launcher
 from harness.bench.launchers.plan import ALL_WORKLOADS, make_workloads, schedule
 from harness.bench.launchers.runner import RunnerLauncher
 from harness.bench.launchers.spawn import SpawnLauncher
 from harness.bench.launchers.table import (MIB, fmt_over_t, fmt_seconds, render_notes,
                                            render_table, summarize)
 
-LAUNCHERS = {cls.name: cls for cls in (FloorLauncher, HarnessLauncher, SpawnLauncher,
-                                       RunnerLauncher, RayLauncher)}
+LAUNCHERS: Dict[str, Type[Launcher]] = {
+    cls.name: cls for cls in (FloorLauncher, HarnessLauncher, SpawnLauncher, RunnerLauncher,
+                              RayLauncher)}
 ALL_LAUNCHERS = tuple(LAUNCHERS)
 NOTES = {name: cls.note for name, cls in LAUNCHERS.items()}
 # The launchers whose start-up before the first run the notes give (not in
@@ -87,7 +89,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     machine = machine_info()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     runs: List[dict] = []
-    launchers: Dict[str, object] = {}
+    launchers: Dict[str, Launcher] = {}
     startup: Dict[str, float] = {}
     broken: Dict[str, str] = {}
     overhead: Dict[str, Optional[float]] = {}

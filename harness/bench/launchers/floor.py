@@ -23,9 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from harness.core import tfconfig
+
+if TYPE_CHECKING:
+    from harness.bench.launchers.plan import Workload
 
 SERVE_CODE = "from harness.bench.launchers.floor import serve; serve()"
 
@@ -107,7 +110,7 @@ def free_ports(n: int) -> List[int]:
 class FloorServer:
     """The fork server, started at once; :meth:`run` is one run on it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         from harness.core.linux import set_parent_death_signal
         t0 = time.monotonic()
         # Its temporary directory, removed on close: TensorFlow's autograph
@@ -117,17 +120,20 @@ class FloorServer:
                                      stdout=subprocess.PIPE, text=True,
                                      env=dict(os.environ, TMPDIR=self.tmpdir),
                                      preexec_fn=set_parent_death_signal)
-        if self.proc.stdout.readline().strip() != "ready":
+        # Both asked for with PIPE, so Popen made both.
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._requests, self._answers = self.proc.stdin, self.proc.stdout
+        if self._answers.readline().strip() != "ready":
             self.close()
             raise RuntimeError("the floor's fork server did not start")
         self.startup_s = time.monotonic() - t0
 
     def run(self, fn: str, kwargs: dict, workers: int) -> list:
         """Each worker's answer (``{"ok": ..., "value" or "error": ...}``)."""
-        self.proc.stdin.write(json.dumps({"fn": fn, "kwargs": kwargs,
-                                          "configs": tfconfig.cluster_configs(free_ports(workers))}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        self._requests.write(json.dumps({"fn": fn, "kwargs": kwargs,
+                                         "configs": tfconfig.cluster_configs(free_ports(workers))}) + "\n")
+        self._requests.flush()
+        line = self._answers.readline()
         if not line:
             raise RuntimeError("the floor's fork server died")
         return json.loads(line)
@@ -148,11 +154,11 @@ class FloorLauncher:
             "monitoring, diagnosis or clean-up guarantee: the least a warm launcher costs; "
             "completing workloads only).")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.server = FloorServer()
         self.startup_s = self.server.startup_s
 
-    def run(self, workload, stamp_dir: str) -> dict:
+    def run(self, workload: Workload, stamp_dir: str) -> dict:
         # Imported here, not above: the fork server imports this module, and
         # stays as bare as the floor it is.
         from harness.bench.launchers.measure import completed_figures, worker_kwargs

@@ -22,10 +22,11 @@ import contextlib
 import os
 import subprocess
 import time
-from typing import List, Optional
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Union
 
 import psutil
 
+from harness.bench.launchers.plan import Workload
 from harness.core.linux import alive
 from harness.launch.local import kill_tree
 
@@ -42,9 +43,22 @@ GONE_WAIT = 60.0
 LINGER = 3600.0
 
 
-def read_marks(stamp_dir: Optional[str], prefix: str) -> dict:
+class Launcher(Protocol):
+    """What the comparison asks of a launcher (this module's docstring)."""
+
+    name: str
+    note: str       # its line in the notes under the table
+
+    def run(self, workload: Workload, stamp_dir: str) -> dict: ...
+
+    def overhead_pss(self) -> Optional[int]: ...
+
+    def close(self) -> None: ...
+
+
+def read_marks(stamp_dir: Optional[str], prefix: str) -> Dict[int, float]:
     """``{worker index: value}`` of the ``<prefix>.<index>`` marks in ``stamp_dir``."""
-    out = {}
+    out: Dict[int, float] = {}
     if not stamp_dir:
         return out
     try:
@@ -109,35 +123,37 @@ def pss_of(pids) -> Optional[int]:
     return total if seen else None
 
 
-def worker_kwargs(workload, stamp_dir: str) -> dict:
+def worker_kwargs(workload: Workload, stamp_dir: str) -> dict:
     """:func:`harness.bench.launchers.workers.measured_run`'s keyword
     arguments.  Under every launcher alike, the skipping worker's own loop
     leaves its step out (a user's ``continue``, no fault injected), then
     lingers or returns."""
-    kwargs = {"fn": workload.fn, "kwargs": dict(workload.kwargs), "stamp_dir": stamp_dir}
+    kwargs: Dict[str, object] = {"fn": workload.fn, "kwargs": dict(workload.kwargs),
+                                 "stamp_dir": stamp_dir}
     if workload.skip:
         kwargs.update(skip=list(workload.skip), linger=LINGER if workload.linger else 0.0)
     return kwargs
 
 
-def pss_total(return_values, num_workers: int) -> Optional[int]:
+def pss_total(return_values: Iterable[object], num_workers: int) -> Optional[int]:
     """The workers' PSS summed, None unless every worker reported its own."""
     pss = [r.get("pss") for r in return_values if isinstance(r, dict)]
-    if len(pss) != num_workers or any(p is None for p in pss):
+    known = [p for p in pss if p is not None]
+    if len(pss) != num_workers or len(known) != len(pss):
         return None
-    return int(sum(pss))
+    return int(sum(known))
 
 
-def fn_seconds(return_values) -> Optional[float]:
+def fn_seconds(return_values: Iterable[object]) -> Optional[float]:
     """The slowest worker's time inside the workload function, up to its
     loop's end (``fn_s`` of
     :func:`harness.bench.launchers.workers.measured_run`)."""
-    times = [r.get("fn_s") for r in return_values if isinstance(r, dict)]
-    times = [t for t in times if t is not None]
+    times = [t for t in (r.get("fn_s") for r in return_values if isinstance(r, dict))
+             if t is not None]
     return max(times) if times else None
 
 
-def completed_ok(workload, return_values) -> bool:
+def completed_ok(workload: Workload, return_values: Sequence[object]) -> bool:
     """Every worker returned, and for the all-reduce the sum is N."""
     if len(return_values) != workload.workers:
         return False
@@ -147,7 +163,8 @@ def completed_ok(workload, return_values) -> bool:
     return all(isinstance(r, dict) and r.get("value") is not None for r in return_values)
 
 
-def completed_figures(workload, completed: bool, return_values) -> dict:
+def completed_figures(workload: Workload, completed: bool,
+                      return_values: Sequence[object]) -> dict:
     """A completing workload's figures: ``ok``, ``pss_bytes`` and ``fn_s``."""
     return {"ok": completed and completed_ok(workload, return_values),
             "pss_bytes": pss_total(return_values, workload.workers),
@@ -157,14 +174,14 @@ def completed_figures(workload, completed: bool, return_values) -> dict:
 def detection_figures(stamp_dir: str, report_time: float, timeout: float) -> dict:
     """Workloads 4 and 5: when the report came, measured from the hang's start."""
     start = hang_start(stamp_dir)
-    out = {"hang_start_seen": start is not None}
+    out: Dict[str, Union[bool, float]] = {"hang_start_seen": start is not None}
     if start is not None:
         out["report_after_hang_s"] = report_time - start
         out["detection_over_T_s"] = report_time - start - timeout
     return out
 
 
-def run_timeout(workload) -> float:
+def run_timeout(workload: Workload) -> float:
     """T for the hang workload; a safety net for completing ones (whose cold
     run waits for a TensorFlow import before any progress)."""
     return workload.hang_timeout if workload.expect_hang else SAFETY_TIMEOUT

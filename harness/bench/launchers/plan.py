@@ -5,7 +5,7 @@ launchers run by run, so that drift on a shared machine hits all alike.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ALL_WORKLOADS = (1, 2, 3, 4, 5)
 # The workloads that hang: 4's skipper lingers, so only the hang timer can
@@ -22,13 +22,20 @@ class Workload:
     fn: str                     # a key of harness.bench.launchers.workers.WORKLOAD_FNS
     workers: int
     kwargs: dict
-    skip: Optional[tuple] = None  # (worker, step) that worker leaves out
+    skip: Optional[Tuple[int, int]] = None  # (worker, step) that worker leaves out
     hang_timeout: float = 10.0
     linger: bool = True           # the skipping worker stays after its loop
 
     @property
     def expect_hang(self) -> bool:
         return self.skip is not None
+
+    @property
+    def skipper(self) -> int:
+        """The worker that leaves a step out: the culprit of a hang."""
+        if self.skip is None:
+            raise ValueError(f"workload {self.number} has no worker that skips a step")
+        return self.skip[0]
 
 
 def make_workloads(hang_timeout: float = 10.0) -> Dict[int, Workload]:

@@ -20,13 +20,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Any, List, Optional, TypedDict
 
 import psutil
 
 from harness.bench.launchers.measure import (SAFETY_TIMEOUT, completed_figures,
                                              detection_figures, marked_pids, pss_of,
                                              run_timeout, wait_gone, worker_kwargs)
+from harness.bench.launchers.plan import Workload
 from harness.bench.launchers.workers import measured_run
 from harness.core import tfconfig
 from harness.launch.devices import worker_environments
@@ -108,7 +109,20 @@ def _log_size(path: Optional[str]) -> int:
         return 0
 
 
-def _runner_run(mpr, cmd: dict, log_path: Optional[str]) -> dict:
+class RunnerAnswer(TypedDict, total=False):
+    """The runner's answer to one run, a line of JSON on its stdout."""
+
+    t_start: float
+    t_report: float
+    wall_s: float
+    outcome: str            # completed, timeout or failed
+    return_values: List[Any]
+    message: str
+    gone_after_report_s: Optional[float]
+    stack_dumped: bool
+
+
+def _runner_run(mpr, cmd: dict, log_path: Optional[str]) -> RunnerAnswer:
     before = _log_size(log_path)
     # ``mpr.create_cluster_spec`` would pick the ports, but it needs the
     # ``portpicker`` package, which TensorFlow does not install.  The spec
@@ -116,15 +130,15 @@ def _runner_run(mpr, cmd: dict, log_path: Optional[str]) -> dict:
     with reserve_ports(cmd["workers"]) as reservation:
         spec = {"worker": tfconfig.cluster_addresses(reservation.ports)}
         t0 = time.monotonic()
-        out = {"t_start": t0}
+        out: RunnerAnswer = {"t_start": t0}
         try:
             res = mpr.run(measured_run, spec, timeout=int(cmd["timeout"]), return_output=False,
                           kwargs=cmd["kwargs"])
-            out.update(outcome="completed", return_values=list(res.return_value))
+            out.update({"outcome": "completed", "return_values": list(res.return_value)})
         except mpr.SubprocessTimeoutError as e:
-            out.update(outcome="timeout", message=str(e))
+            out.update({"outcome": "timeout", "message": str(e)})
         except Exception as e:
-            out.update(outcome="failed", message=f"{type(e).__name__}: {e}"[:4000])
+            out.update({"outcome": "failed", "message": f"{type(e).__name__}: {e}"[:4000]})
         out["t_report"] = time.monotonic()
     out["wall_s"] = out["t_report"] - t0
     if out["outcome"] != "completed":
@@ -161,7 +175,7 @@ class RunnerLauncher:
             "`test_main()` script kept running (its forkserver warm). Its parent polls once a "
             "second; on a timeout it sends SIGTERM, waits 30 s for stacks, then SIGKILLs.")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="mwms-bench-runner-")
         script = os.path.join(self._dir, "mwms_bench_runner")
         with open(script, "w") as f:
@@ -178,6 +192,9 @@ class RunnerLauncher:
         self.proc = subprocess.Popen(
             [sys.executable, script], cwd=self._dir, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1)
+        # Both asked for with PIPE, so Popen made both.
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._commands, self._answers = self.proc.stdin, self.proc.stdout
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         ready = self._reply(SAFETY_TIMEOUT)
@@ -187,7 +204,7 @@ class RunnerLauncher:
             raise RuntimeError(f"TensorFlow's runner did not start: {ready}")
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in self._answers:
             if line.startswith(RUNNER_MARK):
                 self._lines.put(line[len(RUNNER_MARK):])
         self._lines.put(None)
@@ -210,12 +227,12 @@ class RunnerLauncher:
         except OSError:
             return ""
 
-    def run(self, workload, stamp_dir: str) -> dict:
+    def run(self, workload: Workload, stamp_dir: str) -> dict:
         timeout = run_timeout(workload)
         cmd = {"cmd": "run", "workers": workload.workers,
                "kwargs": worker_kwargs(workload, stamp_dir), "timeout": int(round(timeout))}
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
+        self._commands.write(json.dumps(cmd) + "\n")
+        self._commands.flush()
         # Its report of a hang comes at about T + 30 s (SIGTERM, a 30 s wait
         # for stacks, SIGKILL); leave room for that and a slow machine.
         reply = self._reply(timeout + 120.0)
@@ -232,7 +249,7 @@ class RunnerLauncher:
             out["ok"] = reply["outcome"] == "timeout"
             # Whether its message points at the worker that skipped (it does not
             # on TF 2.21: "One or more subprocesses timed out ...").
-            task = workload.skip[0]
+            task = workload.skipper
             out["named_culprit"] = bool(re.search(rf"worker[-_ :]*{task}\b", reply.get("message", "")))
             out["culprits"] = [task] if out["named_culprit"] else []
             out["gone_after_report_s"] = reply.get("gone_after_report_s")
@@ -256,11 +273,12 @@ class RunnerLauncher:
 
     def close(self) -> None:
         proc = getattr(self, "proc", None)
-        family = []
-        with contextlib.suppress(psutil.Error, AttributeError):
-            # Listed now: once the runner has exited, its children are
-            # re-parented and can no longer be found from it.
-            family = psutil.Process(proc.pid).children(recursive=True)
+        family: List[psutil.Process] = []
+        if proc is not None:
+            with contextlib.suppress(psutil.Error):
+                # Listed now: once the runner has exited, its children are
+                # re-parented and can no longer be found from it.
+                family = psutil.Process(proc.pid).children(recursive=True)
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(OSError, ValueError):
                 proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")

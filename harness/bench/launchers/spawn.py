@@ -10,10 +10,11 @@ import os
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import IO, Dict, List, Optional
 
 from harness.bench.launchers.measure import (completed_figures, detection_figures, kill_all,
                                              run_timeout, wait_gone, worker_kwargs)
+from harness.bench.launchers.plan import Workload
 from harness.bench.launchers.workers import RESULT_MARK
 from harness.core import tfconfig
 from harness.core.linux import set_parent_death_signal
@@ -38,15 +39,16 @@ class SpawnLauncher:
             "which cannot tell a hang from a slow start (it may fire before the hang begins, and "
             "would kill a healthy run slower than T); it names nobody and dumps no stack.")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._procs: List[subprocess.Popen] = []
 
-    def run(self, workload, stamp_dir: str) -> dict:
+    def run(self, workload: Workload, stamp_dir: str) -> dict:
         n = workload.workers
         spec = json.dumps(worker_kwargs(workload, stamp_dir))
         budget = run_timeout(workload)
         envs = worker_environments(n)
-        outs, logs = [], []
+        outs: List[IO[str]] = []
+        logs: List[IO[str]] = []
         with reserve_ports(n) as reservation:
             for env, config in zip(envs, tfconfig.cluster_configs(reservation.ports)):
                 env["TF_CONFIG"] = tfconfig.dumps(config)
@@ -54,15 +56,15 @@ class SpawnLauncher:
             t0 = time.monotonic()
             try:
                 for i in range(n):
-                    out = open(os.path.join(stamp_dir, f"stdout.{i}"), "w+")
-                    log = open(os.path.join(stamp_dir, f"stderr.{i}"), "w+")
-                    outs.append(out)
-                    logs.append(log)
+                    stdout = open(os.path.join(stamp_dir, f"stdout.{i}"), "w+")
+                    stderr = open(os.path.join(stamp_dir, f"stderr.{i}"), "w+")
+                    outs.append(stdout)
+                    logs.append(stderr)
                     # The worker gets SIGKILL if the benchmark dies, even by
                     # SIGKILL, so an orphan never blocks for ever in a collective.
                     self._procs.append(subprocess.Popen(
                         [sys.executable, "-c", SPAWN_CODE, spec], env=envs[i],
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=log,
+                        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                         preexec_fn=set_parent_death_signal))
                 timed_out = False
                 for p in self._procs:
@@ -89,9 +91,10 @@ class SpawnLauncher:
             f.seek(0)
             tails.append(f"--- worker {i} (exit {codes[i]}) ---\n" + f.read()[-1500:])
             f.close()
-        out = {"outcome": "timeout" if timed_out else
-               ("completed" if all(c == 0 for c in codes) else "failed"),
-               "wall_s": t1 - t0, "exit_codes": codes}
+        out: Dict[str, object] = {
+            "outcome": "timeout" if timed_out else
+            ("completed" if all(c == 0 for c in codes) else "failed"),
+            "wall_s": t1 - t0, "exit_codes": codes}
         if workload.expect_hang:
             out.update(detection_figures(stamp_dir, t1, workload.hang_timeout))
             out["ok"] = timed_out

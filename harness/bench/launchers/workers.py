@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from harness import workloads
 from harness.bench.common import worker_index
@@ -29,8 +29,9 @@ from harness.bench.common import worker_index
 # line among whatever else the worker writes to stdout.
 RESULT_MARK = "BENCH_RESULT "
 
-WORKLOAD_FNS = {"allreduce": workloads.allreduce_loop,
-                "seed_training": workloads.seed_training_loop}
+# Each takes ``steps=`` and keyword arguments of its own.
+WORKLOAD_FNS: Dict[str, Callable[..., object]] = {"allreduce": workloads.allreduce_loop,
+                                                  "seed_training": workloads.seed_training_loop}
 
 
 def mark(stamp_dir: Optional[str], name: str, value) -> None:

@@ -138,10 +138,11 @@ def render_rounds(runs: Sequence[dict]) -> str:
         a, b = (v.get(n, {}) for n in VARIANTS)
         ms_a = a.get("ms_per_step") if a.get("ok") else None
         ms_b = b.get("ms_per_step") if b.get("ok") else None
-        both = ms_a is not None and ms_b is not None
-        lines.append(f"| {rnd} | {_num(ms_a)} | {_num(ms_b)} | "
-                     f"{_num(ms_b - ms_a, '+.3f') if both else '–'} | "
-                     f"{_num(100 * (ms_b - ms_a) / ms_a, '+.2f') + '%' if both else '–'} | "
+        diff = percent = "–"
+        if ms_a is not None and ms_b is not None:
+            diff = _num(ms_b - ms_a, "+.3f")
+            percent = _num(100 * (ms_b - ms_a) / ms_a, "+.2f") + "%"
+        lines.append(f"| {rnd} | {_num(ms_a)} | {_num(ms_b)} | {diff} | {percent} | "
                      f"{_share(a)} / {_share(b)} |")
     return "\n".join(lines)
 
@@ -159,6 +160,8 @@ def render_probe(run: dict) -> str:
     if not fig or not ms:
         return "(the probed run gave no figures)"
     pct = stats(fig["pairs_percent"])
+    if pct is None:
+        return "(the probed run gave no pair of blocks)"
     lines = [f"| probed run, {ms:.3f} ms/step | per step | share of the step |",
              "|---|---|---|",
              f"| per-step hooks (ledger, `ctx.steps()`), on minus off, {fig['pairs']} pairs "

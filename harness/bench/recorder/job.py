@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, TypedDict
 
 from harness.bench.common import machine_busy_seconds
 
@@ -183,6 +183,15 @@ def wait_job(procs: Sequence[subprocess.Popen], timeout: float,
     return "timeout"
 
 
+class TaskEvidence(TypedDict):
+    """What the recorder left of one task of a ``with`` run."""
+
+    task: list          # [type, index]
+    steps: int          # the steps it recorded
+    calls: int          # the calls of the train step it recorded
+    ledger_off: bool    # it said 'ledger off': the recorder on but blind
+
+
 def recorder_evidence(record_dir: str, total_steps: Optional[int]) -> dict:
     """What the recorder left of a ``with`` run: the tasks, whether each
     recorded every step and a call of the train step each, and any
@@ -191,7 +200,7 @@ def recorder_evidence(record_dir: str, total_steps: Optional[int]) -> dict:
     from harness.core import progress, protocol
     from harness.record import files
     tasks, problems = files.read_dirs([record_dir])
-    seen = []
+    seen: List[TaskEvidence] = []
     for t in tasks:
         steps = {r.number for r in t.records if r.kind == progress.STEP}
         calls = sum(r.kind == progress.CALL_BEGAN for r in t.records)
@@ -217,11 +226,11 @@ def run_job(folder: str, script: str, variant: str, args: argparse.Namespace,
     with reserve_ports(args.workers) as reservation:
         try:
             for i, path in enumerate(logs):
-                with open(path, "w") as out:
+                with open(path, "w") as log:
                     procs.append(subprocess.Popen(
                         job_command(variant, script, record_dir, args.warmup,
                                     args.probe_steps if probe else args.steps),
-                        env=job_env(reservation.ports, i, probe), cwd=folder, stdout=out,
+                        env=job_env(reservation.ports, i, probe), cwd=folder, stdout=log,
                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         start_new_session=True))
             outcome = wait_job(procs, args.run_timeout, ended)
@@ -251,17 +260,18 @@ def job_figures(variant: str, outcome: str, wall_s: float, logs: Sequence[str],
             texts.append(f.read())
     rows = [parse_result(t) for t in texts]
     figs = run_figures(rows, args.workers)
-    out = {"variant": variant, "outcome": outcome, "wall_s": wall_s,
-           "workers": [r for r in rows if r], "survivors": list(survivors)}
+    workers = [r for r in rows if r]
+    out: Dict[str, object] = {"variant": variant, "outcome": outcome, "wall_s": wall_s,
+                              "workers": workers, "survivors": list(survivors)}
     out.update(figs or {})
-    if any(r.get("probe") for r in out["workers"]):
+    if any(r.get("probe") for r in workers):
         from harness.bench.recorder.probe import probe_figures
-        out["probe_figures"] = probe_figures(out["workers"])
+        out["probe_figures"] = probe_figures(workers)
     out["ok"] = outcome == "completed" and figs is not None and not survivors
     if variant == WITH:
-        out["recorder"] = recorder_evidence(record_dir,
-                                            None if probe else args.warmup + args.steps)
-        out["ok"] = out["ok"] and out["recorder"]["ok"]
+        evidence = recorder_evidence(record_dir, None if probe else args.warmup + args.steps)
+        out["recorder"] = evidence
+        out["ok"] = out["ok"] and evidence["ok"]
     if not out["ok"]:
         out["error"] = "\n".join(f"--- worker {i}\n{t[-2000:]}" for i, t in enumerate(texts))
     return out

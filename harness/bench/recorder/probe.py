@@ -37,7 +37,7 @@ class HookSwitch:
     ledger's less the call of the ``tf.function`` itself; the timer's own
     clock reads count in)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         from tensorflow.python.eager.polymorphic_function import polymorphic_function
         from harness import context
         from harness.worker.context import WorkerContext
@@ -51,8 +51,10 @@ class HookSwitch:
         self.ctx.explicit_steps = True      # as ctx.steps() sets it
         self.on = True
         self.cpu_s: Dict[str, List[float]] = {"ledger": [], "step_boundary": []}
-        Ledger.call = self._timed_ledger(Ledger.call)
-        WorkerContext.step_boundary = self._timed_boundary(WorkerContext.step_boundary)
+        # Timed in place: this process is the probe's alone.
+        Ledger.call = self._timed_ledger(Ledger.call)  # type: ignore[method-assign]
+        WorkerContext.step_boundary = self._timed_boundary(  # type: ignore[method-assign]
+            WorkerContext.step_boundary)
 
     def _timed_ledger(self, call):
         spent = self.cpu_s["ledger"]

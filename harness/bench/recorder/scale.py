@@ -39,7 +39,13 @@ def _sources(folder: str) -> Dict[int, str]:
     tasks, problems = files.read_dirs([folder])
     if problems:
         raise SystemExit("\n".join(problems))
-    return {t.task[1]: os.path.join(t.folder, t.stem) for t in tasks}
+    sources: Dict[int, str] = {}
+    for t in tasks:
+        index = t.task[1]
+        if index is None:
+            raise SystemExit(f"{os.path.join(t.folder, t.stem)}: no TF_CONFIG task index")
+        sources[index] = os.path.join(t.folder, t.stem)
+    return sources
 
 
 def _config(n: int, i: int) -> dict:
