@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import signal
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from harness.core import tfconfig
 # InjectedFault: RaiseError raises it.
@@ -50,6 +50,15 @@ def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
 UNRESOLVED = -1
 
 
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_: object) -> Callable[[Callable], Callable]:
+        """Tells a type checker what a decorator makes; nothing at run time."""
+        return lambda decorator: decorator
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 def _fault_class(cls):
     """A frozen dataclass whose constructor also takes ``task=(type, index)``
     in place of ``worker``: ``SkipStep(task=("worker", 1), step=4)``."""

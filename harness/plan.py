@@ -33,7 +33,7 @@ def resolve(fault: Fault, shape: "tfconfig.ClusterShape") -> Fault:
         return fault
     if tuple(fault.task) not in shape.tasks:
         raise FaultError(f"{fault!r}: no task {fault.task!r} in the cluster {shape}")
-    index = shape.index_of(tuple(fault.task))
+    index = shape.index_of(fault.task)
     if fault.worker not in (UNRESOLVED, index):
         raise FaultError(f"{fault!r}: give worker= or task=, not both")
     if index >= shape.training and isinstance(fault, (BadTFConfig, UnresolvedHost)):
