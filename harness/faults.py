@@ -116,7 +116,8 @@ class Fault:
             raise FaultError(f"{self!r}: attempt {self.attempt!r} never runs: a run with "
                              f"restarts={restarts} has attempts 0..{restarts}")
 
-    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+    def edit_configs(self, configs: List[Optional[dict]],
+                     spare_port: int) -> List[Optional[dict]]:
         """The workers' ``TF_CONFIG`` dicts as this fault leaves them (most leave them be)."""
         return configs
 
@@ -325,7 +326,8 @@ class BadTFConfig(Fault):
         if self.kind in ("duplicate_index", "swapped") and num_workers < 2:
             raise FaultError(f"{self!r}: needs at least 2 workers")
 
-    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+    def edit_configs(self, configs: List[Optional[dict]],
+                     spare_port: int) -> List[Optional[dict]]:
         return tfconfig.apply_bad_config(configs, self.worker, self.kind, spare_port)
 
 
@@ -345,7 +347,8 @@ class UnresolvedHost(Fault):
         super().check(num_workers, restarts)
         _check_number(self, "seconds", self.seconds, allow_none=True)
 
-    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+    def edit_configs(self, configs: List[Optional[dict]],
+                     spare_port: int) -> List[Optional[dict]]:
         return tfconfig.name_worker(configs, self.worker, tfconfig.host_name(self.worker))
 
     def host_names(self) -> Tuple[Tuple[str, Optional[float]], ...]:
