@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, ContextManager, List, Optional, Protocol, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Optional, Protocol, Sequence,
+                    Tuple)
 
 from harness.core.protocol import WorkerSpec
 from harness.launch.ports import reserve_ports
+
+if TYPE_CHECKING:
+    from multiprocess import connection
 
 
 class WorkerHandle(Protocol):
     """One running worker, as the controller drives it."""
 
     index: int
-    conn: Any     # the parent's end of the worker's duplex channel
+    conn: connection.Connection   # the parent's end of the worker's duplex channel
 
     @property
     def sentinel(self) -> Any:
@@ -80,7 +84,7 @@ class Launcher:
         this machine (see :func:`harness.launch.ports.reserve_ports`) until it exits."""
         return local_placement(num_workers, state_dir)
 
-    def start(self, specs: Sequence[WorkerSpec]) -> List[WorkerHandle]:
+    def start(self, specs: Sequence[WorkerSpec]) -> Sequence[WorkerHandle]:
         raise NotImplementedError
 
     def prewarm(self) -> None:
