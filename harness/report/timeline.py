@@ -264,7 +264,8 @@ def time_axis(p: Panel) -> Tuple[Callable[[float], float], List[float]]:
                      for s in (longest.steps if longest else ())})
     knots = sorted({0.0, duration, *bounds})
     seconds = [b - a for a, b in zip(knots, knots[1:])]
-    inside = [bounds and bounds[0] <= a and b <= bounds[-1] for a, b in zip(knots, knots[1:])]
+    inside = [bool(bounds) and bounds[0] <= a and b <= bounds[-1]
+              for a, b in zip(knots, knots[1:])]
     least = min(MIN_STEP_PX, room / max(1, 2 * sum(inside)))
     scale = room / duration
     for _ in range(20):   # shrink the rest until the steps' least room fits
