@@ -24,7 +24,7 @@ from harness.controller.replicas import compare_reference
 from harness.controller.request import RunRequest, make_request
 from harness.controller.restarts import POLICIES
 from harness.controller.scripts import script_main
-from harness.controller.watch import OnProgress, Progress
+from harness.controller.watch import OnProgress
 from harness.core import tfconfig
 from harness.diagnosis.observations import Outcome
 from harness.errors import SettingError, hide_in_setup_errors
