@@ -12,7 +12,7 @@ import dataclasses
 import math
 import signal
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from multiprocess import connection
 
@@ -26,6 +26,9 @@ from harness.plan import changes_the_network_at_once
 from harness.launch.base import WorkerHandle
 from harness.network import RunNetwork
 from harness.settings import RunSettings
+
+if TYPE_CHECKING:
+    from harness.controller.restarts import TaskRestarter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +169,8 @@ class WatchLoop:
 
     def __init__(self, workers: List[TrackedWorker], settings: RunSettings, start: float,
                  on_progress: Optional[OnProgress] = None, attempt: int = 0,
-                 network: Optional[RunNetwork] = None, restarter=None,
+                 network: Optional[RunNetwork] = None,
+                 restarter: Optional[TaskRestarter] = None,
                  exit_on_return: bool = False, end_when_certain: bool = False):
         self.on_progress = on_progress
         # on_return="exit": a worker that returned leaves the cluster.
@@ -249,7 +253,8 @@ class WatchLoop:
                         killed_by_harness=code is None)
         worker.channel_open = False
         self.actions = [a for a in self.actions if a.worker != worker.index or a.signal is None]
-        self.workers[self.workers.index(worker)] = self.restarter.restart(worker, now, asked)
+        if self.restarter is not None:   # it asked for this restart, or was asked
+            self.workers[self.workers.index(worker)] = self.restarter.restart(worker, now, asked)
 
     def _on_fault(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         fault = msg.data
