@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import signal
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from harness.core import tfconfig
 # InjectedFault: RaiseError raises it.
@@ -50,6 +50,15 @@ def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
 UNRESOLVED = -1
 
 
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_: object) -> Callable[[Callable], Callable]:
+        """Tells a type checker what a decorator makes; nothing at run time."""
+        return lambda decorator: decorator
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 def _fault_class(cls):
     """A frozen dataclass whose constructor also takes ``task=(type, index)``
     in place of ``worker``: ``SkipStep(task=("worker", 1), step=4)``."""
@@ -107,7 +116,8 @@ class Fault:
             raise FaultError(f"{self!r}: attempt {self.attempt!r} never runs: a run with "
                              f"restarts={restarts} has attempts 0..{restarts}")
 
-    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+    def edit_configs(self, configs: List[Optional[dict]],
+                     spare_port: int) -> List[Optional[dict]]:
         """The workers' ``TF_CONFIG`` dicts as this fault leaves them (most leave them be)."""
         return configs
 
@@ -316,7 +326,8 @@ class BadTFConfig(Fault):
         if self.kind in ("duplicate_index", "swapped") and num_workers < 2:
             raise FaultError(f"{self!r}: needs at least 2 workers")
 
-    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+    def edit_configs(self, configs: List[Optional[dict]],
+                     spare_port: int) -> List[Optional[dict]]:
         return tfconfig.apply_bad_config(configs, self.worker, self.kind, spare_port)
 
 
@@ -336,7 +347,8 @@ class UnresolvedHost(Fault):
         super().check(num_workers, restarts)
         _check_number(self, "seconds", self.seconds, allow_none=True)
 
-    def edit_configs(self, configs: List[Optional[dict]], spare_port: int) -> list:
+    def edit_configs(self, configs: List[Optional[dict]],
+                     spare_port: int) -> List[Optional[dict]]:
         return tfconfig.name_worker(configs, self.worker, tfconfig.host_name(self.worker))
 
     def host_names(self) -> Tuple[Tuple[str, Optional[float]], ...]:

@@ -14,7 +14,7 @@ answer to "did this fault act?".
 from __future__ import annotations
 
 import copy
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple, TypeGuard
 
 from harness.core import protocol, tfconfig
 from harness.errors import FaultError, hide_in_setup_errors
@@ -36,7 +36,7 @@ def resolve(fault: Fault, shape: "tfconfig.ClusterShape") -> Fault:
         return fault
     if tuple(fault.task) not in shape.tasks:
         raise FaultError(f"{fault!r}: no task {fault.task!r} in the cluster {shape}")
-    index = shape.index_of(tuple(fault.task))
+    index = shape.index_of(fault.task)
     if fault.worker not in (UNRESOLVED, index):
         raise FaultError(f"{fault!r}: give worker= or task=, not both")
     if index >= shape.training and isinstance(fault, (BadTFConfig, UnresolvedHost)):
@@ -111,15 +111,16 @@ def at_step(plan: Iterable[Fault], step: int) -> Tuple[StepFault, ...]:
     return tuple(f for f in plan if isinstance(f, StepFault) and f.step == step)
 
 
-def configs_under(plan: Sequence[Fault], configs: List[Optional[dict]],
+def configs_under(plan: Sequence[Fault], configs: Sequence[Optional[dict]],
                   spare_port: int) -> List[Optional[dict]]:
     """The workers' ``TF_CONFIG`` dicts once every fault of ``plan`` has edited them."""
+    edited = list(configs)
     for f in plan:
-        configs = f.edit_configs(configs, spare_port)
-    return configs
+        edited = f.edit_configs(edited, spare_port)
+    return edited
 
 
-def acts_in_worker(fault: Fault) -> bool:
+def acts_in_worker(fault: Fault) -> TypeGuard[StepFault]:
     """Whether ``fault`` acts inside its worker's code, at a step (and is
     reported there as it acts), rather than before the worker starts."""
     return isinstance(fault, StepFault)

@@ -212,7 +212,7 @@ def seed_training_loop(epochs: int = 3, steps_per_epoch: int = 10,
 
 def allreduce_loop(n_steps: int = 20, steps: Steps = steps) -> float:
     """``n_steps`` all-reduces (SUM) of the scalar 1.0; returns the last sum
-    (the number of workers)."""
+    (the number of workers), or 0.0 when the worker ran no step."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
@@ -224,7 +224,7 @@ def allreduce_loop(n_steps: int = 20, steps: Steps = steps) -> float:
     total = None
     for _ in steps(n_steps):
         total = step()
-    return float(total)
+    return float(total) if total is not None else 0.0
 
 
 def variable_loop(n_steps: int, steps: Steps = steps) -> float:

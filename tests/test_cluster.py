@@ -53,6 +53,13 @@ def test_completes_with_a_value_per_worker(mwms_cluster):
     assert result.culprits == ()
 
 
+def test_allreduce_loop_that_ran_no_step_returns_zero(mwms_cluster):
+    from harness.workloads import allreduce_loop
+    result = mwms_cluster.run(allreduce_loop, args=(0,))
+    result.assert_completed()
+    assert result.return_values == [0.0] * mwms_cluster.num_workers
+
+
 def _writes_at_every_level():
     import sys
 

@@ -24,7 +24,7 @@ from harness.controller.replicas import compare_reference
 from harness.controller.request import RunRequest, make_request
 from harness.controller.restarts import POLICIES
 from harness.controller.scripts import script_main
-from harness.controller.watch import Progress
+from harness.controller.watch import OnProgress
 from harness.core import tfconfig
 from harness.diagnosis.observations import Outcome
 from harness.errors import SettingError, hide_in_setup_errors
@@ -113,7 +113,7 @@ class Cluster:
             restarts: Optional[int] = None, restart_on=DEFAULT_RESTART_ON,
             restart_policy: Optional[str] = None,
             sync_check: bool = False, ledger=True, check_replicas=False, reference=False,
-            progress: Optional[Callable[[Progress], None]] = None,
+            progress: Optional[OnProgress] = None,
             end_when_certain: bool = False) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
@@ -231,7 +231,8 @@ class Cluster:
                 if request.reference_tolerance is not None and \
                         attempts[-1].outcome == Outcome.COMPLETED:
                     attempts[-1] = self._against_reference(job, attempts[-1], plan, files,
-                                                           tmpdir, placement.ports[0])
+                                                           tmpdir, placement.ports[0],
+                                                           request.reference_tolerance)
             finally:
                 clock.skip()
                 shutil.rmtree(tmpdir, ignore_errors=True)
@@ -317,7 +318,7 @@ class Cluster:
                                check=check, key=key, **run_options)
 
     def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
-                           port: int) -> RunResult:
+                           port: int, tolerance: float) -> RunResult:
         """Run ``fn`` on one worker standing in for the cluster, on the
         run's first port (its processes are gone), and judge ``result``
         again with the comparison in its record."""
@@ -340,7 +341,7 @@ class Cluster:
             ref.outcome, ref.diagnosis, ref.observation.workers[0] if ref.workers else None,
             ref.workers[0].return_value if ref.workers else None,
             lambda k: load_value(os.path.join(ref_files, "worker-0.npz"), k),
-            req.reference_tolerance)
+            tolerance)
         obs = dataclasses.replace(result.observation, reference=check)
         return dataclasses.replace(result, observation=obs,
                                    verdict=judge(obs, attempt_story(obs, plan)))

@@ -16,7 +16,11 @@ that grows only with the logarithm of a long run's length.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:
+    from harness.controller.watch import TrackedWorker
+    from harness.launch.base import WorkerHandle
 
 MIN_INTERVAL = 0.1
 SAMPLES_PER_ELAPSED = 240
@@ -27,7 +31,7 @@ def interval(elapsed: float) -> float:
     return max(MIN_INTERVAL, elapsed / SAMPLES_PER_ELAPSED)
 
 
-def memory_of(handle: Any) -> Optional[int]:
+def memory_of(handle: WorkerHandle) -> Optional[int]:
     """What ``handle``'s backend reads of its worker's memory (None: nothing)."""
     read = getattr(handle, "memory_bytes", None)
     return read() if read is not None else None
@@ -41,9 +45,9 @@ class MemorySampler:
         self.start = start
         self.next_at = start
 
-    def sample(self, workers: Sequence[Any], now: float) -> float:
-        """Add a sample to each live worker (a ``TrackedWorker``) when one
-        is due; return when the next one is."""
+    def sample(self, workers: Sequence[TrackedWorker], now: float) -> float:
+        """Add a sample to each live worker when one is due; return when
+        the next one is."""
         if now >= self.next_at:
             elapsed = now - self.start
             for worker in workers:

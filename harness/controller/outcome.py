@@ -18,7 +18,7 @@ from harness import plan as plan_module
 from harness.controller.phases import added
 from harness.core import protocol
 from harness.diagnosis import Verdict, conclude, diagnose
-from harness.diagnosis.observations import RunObservation, WorkerObservation
+from harness.diagnosis.observations import RunObservation, WorkerObservation, error_of
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, BEFORE_FN, ENDED_FIRST, NOT_REACHED,
                                      RECURRING, RESTART_NEVER_CAME, NotActed, NotRestarted,
                                      Story)
@@ -40,7 +40,7 @@ def not_acted(plan: Sequence[Fault], workers: Sequence[WorkerObservation]) -> Tu
     found = []
     for f in plan:
         w = workers[f.worker]
-        if plan_module.acted(f, w.events):
+        if not plan_module.acts_in_worker(f) or plan_module.acted(f, w.events):
             continue
         if _finished(w):
             found.append(NotActed(repr(f), f.worker, NOT_REACHED, f.step, f.attempt,
@@ -82,11 +82,11 @@ def certain_to_recur(workers: Sequence[WorkerObservation]) -> Optional[NotRestar
     before = [w for w in raised if not any(e.kind == protocol.STARTED for e in w.events)]
     if before:
         return NotRestarted(BEFORE_FN, tuple(w.index for w in before),
-                            before[0].error.type_name)
-    recurring = [w for w in raised if w.error.type_name in RECURRING_ERRORS]
+                            error_of(before[0]).type_name)
+    recurring = [w for w in raised if error_of(w).type_name in RECURRING_ERRORS]
     if recurring:
         return NotRestarted(RECURRING, tuple(w.index for w in recurring),
-                            recurring[0].error.type_name)
+                            error_of(recurring[0]).type_name)
     return None
 
 

@@ -50,7 +50,7 @@ ORDER = ("request", "setup", "launch", "start", "strategy", "steps", "wait: fini
          "wait: deadlock proof", "stacks", "teardown", "diagnosis", "cleanup")
 
 DETECTION = "wait: TensorFlow's failure detection"
-WAITS = {
+WAITS: Dict[str, str] = {
     EndedBy.HANG: "wait: hang timeout",
     EndedBy.DEADLOCK: "wait: deadlock proof",
 }

@@ -114,10 +114,10 @@ def _layout_divergence(prints: Dict[int, Tuple[VariablePrint, ...]]) -> Optional
     workers = sorted(prints)
     longest = max((len(p) for p in prints.values()), default=0)
     for k in range(longest):
-        def layout(w):
+        def layout(w: int) -> Optional[Tuple[str, tuple, str]]:
             p = prints[w]
             return None if k >= len(p) else (p[k].name, tuple(p[k].shape), p[k].dtype)
-        groups: Dict[object, List[int]] = {}
+        groups: Dict[Optional[Tuple[str, tuple, str]], List[int]] = {}
         for w in workers:
             groups.setdefault(layout(w), []).append(w)
         if len(groups) == 1:

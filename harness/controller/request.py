@@ -8,7 +8,7 @@ any process starts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 from harness import plan as plan_module
 from harness.controller.replicas import parse_check_replicas, parse_reference
@@ -22,6 +22,9 @@ from harness.controller.restarts import check_restart_on
 from harness.settings import RunSettings
 from harness.validators import (DEFAULT_RESTART_ON, parse_cluster, parse_grace, parse_restart_on,
                                 parse_restart_policy, parse_restarts, parse_seconds)
+
+if TYPE_CHECKING:
+    from harness.controller.watch import OnProgress
 
 # pytest leaves this module's frames out of a setup error's traceback.
 __tracebackhide__ = hide_in_setup_errors
@@ -63,7 +66,7 @@ class RunRequest:
     reference_tolerance: Optional[float] = None
     exit_on_return: bool = False
     end_when_certain: bool = False
-    progress: Optional[Callable] = None
+    progress: Optional[OnProgress] = None
     network: NetworkChoice = NetworkChoice("host")
 
     @property
@@ -111,7 +114,7 @@ def parse_on_return(value) -> bool:
     return value == "exit"
 
 
-def parse_progress(value) -> Optional[Callable]:
+def parse_progress(value) -> Optional[OnProgress]:
     if value is not None and not callable(value):
         raise SettingError(f"run(progress=...): a callable, got {value!r}")
     return value

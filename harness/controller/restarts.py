@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
 from harness.controller.outcome import certain_to_recur
 from harness.diagnosis.observations import Outcome, WorkerObservation
 from harness.diagnosis.story import USED_UP, NotRestarted
 from harness.errors import SettingError
 from harness.result import WorkerResult
+
+if TYPE_CHECKING:
+    from harness.controller.watch import TrackedWorker
+    from harness.launch.base import WorkerHandle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +99,8 @@ class TaskRestarter:
     worker that ended badly was not restarted in :attr:`not_restarted`."""
 
     def __init__(self, num_workers: int, restarts: int, restart_on: frozenset,
-                 start: Callable[[int, int], object],
-                 result_of: Callable[[object, int], WorkerResult]):
+                 start: Callable[[int, int], TrackedWorker],
+                 result_of: Callable[[TrackedWorker, int], WorkerResult]):
         self.left = [restarts] * num_workers
         self.restarts = restarts
         self.restart_on = restart_on
@@ -104,12 +108,12 @@ class TaskRestarter:
         self._result_of = result_of
         self.history: Dict[int, List[WorkerResult]] = {i: [] for i in range(num_workers)}
         self.not_restarted: Dict[int, NotRestarted] = {}
-        self.ended: List[object] = []     # the handles of the processes that ended
+        self.ended: List[WorkerHandle] = []     # the handles of the processes that ended
 
     def incarnation(self, index: int) -> int:
         return len(self.history[index])
 
-    def wants(self, worker) -> bool:
+    def wants(self, worker: TrackedWorker) -> bool:
         """Whether ``worker`` (a TrackedWorker whose process ended badly, or
         that raised) is to be restarted; notes why not when it is not."""
         outcome = task_outcome(worker.seen)
@@ -128,7 +132,7 @@ class TaskRestarter:
             return False
         return True
 
-    def restart(self, worker, now: float, asked: bool = False):
+    def restart(self, worker: TrackedWorker, now: float, asked: bool = False) -> TrackedWorker:
         """Keep what ``worker``'s ended process left, start its next one;
         one ``asked`` for from outside uses none of its restarts."""
         i = worker.index

@@ -123,17 +123,21 @@ def _find_module(name: str, cwd: str, where: str) -> str:
                 or importlib.util.find_spec(parts[0]))
     except (ImportError, ValueError) as e:
         raise SettingError(f"{where}: cannot look up {parts[0]!r}: {e}") from None
-    for i in range(1, len(parts) + 1):
+
+    def missing(found: str) -> SettingError:
+        return SettingError(f"{where}: no module named {found!r} (searched {cwd!r}, the "
+                            f"current directory, and sys.path)")
+
+    for i in range(1, len(parts)):   # each package on the way
         found = ".".join(parts[:i])
         if spec is None:
-            raise SettingError(f"{where}: no module named {found!r} (searched {cwd!r}, the "
-                               f"current directory, and sys.path)")
-        if i == len(parts):
-            break
+            raise missing(found)
         if spec.submodule_search_locations is None:
             raise SettingError(f"{where}: {found!r} is a module, not a package")
         spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]),
                                                         list(spec.submodule_search_locations))
+    if spec is None:
+        raise missing(name)
     if spec.submodule_search_locations is not None:   # a package runs its __main__
         main = importlib.machinery.PathFinder.find_spec(name + ".__main__",
                                                         list(spec.submodule_search_locations))

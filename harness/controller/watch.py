@@ -12,19 +12,23 @@ import dataclasses
 import math
 import signal
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from multiprocess import connection
 
 from harness.controller.ledger_view import LedgerView
 from harness.controller.memory import MemorySampler
 from harness.core import progress, protocol
+from harness.core.protocol import VariablePrint
 from harness.controller.proof import Proofs
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
 from harness.plan import changes_the_network_at_once
 from harness.launch.base import WorkerHandle
 from harness.network import RunNetwork
 from harness.settings import RunSettings
+
+if TYPE_CHECKING:
+    from harness.controller.restarts import TaskRestarter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +60,7 @@ class TrackedWorker:
     channel_open: bool = True
     # The replica check's fingerprints (a tuple of VariablePrint), or the
     # text of why the worker could not make them.
-    replica_prints: Any = None
+    replica_prints: Union[Tuple[VariablePrint, ...], str, None] = None
     # The process id, read at its start (None where the backend does not say).
     pid: Optional[int] = None
 
@@ -154,14 +158,19 @@ class Steer:
     start: Tuple[int, ...] = ()
 
 
+# A progress callback (run(progress=...)): it may return a hang timeout or a Steer.
+OnProgress = Callable[[Progress], Union[None, float, Steer]]
+
+
 class WatchLoop:
     """The watch loop of one run; see the module docstring.  With
     ``on_progress``, it also wakes every :data:`PROGRESS_EVERY` seconds to
     hand it a :class:`Progress`."""
 
     def __init__(self, workers: List[TrackedWorker], settings: RunSettings, start: float,
-                 on_progress: Optional[Callable[[Progress], None]] = None, attempt: int = 0,
-                 network: Optional[RunNetwork] = None, restarter=None,
+                 on_progress: Optional[OnProgress] = None, attempt: int = 0,
+                 network: Optional[RunNetwork] = None,
+                 restarter: Optional[TaskRestarter] = None,
                  exit_on_return: bool = False, end_when_certain: bool = False):
         self.on_progress = on_progress
         # on_return="exit": a worker that returned leaves the cluster.
@@ -244,7 +253,8 @@ class WatchLoop:
                         killed_by_harness=code is None)
         worker.channel_open = False
         self.actions = [a for a in self.actions if a.worker != worker.index or a.signal is None]
-        self.workers[self.workers.index(worker)] = self.restarter.restart(worker, now, asked)
+        if self.restarter is not None:   # it asked for this restart, or was asked
+            self.workers[self.workers.index(worker)] = self.restarter.restart(worker, now, asked)
 
     def _on_fault(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         fault = msg.data
@@ -311,7 +321,7 @@ class WatchLoop:
 
     def _signal(self, action: "ParentAction", now: float) -> None:
         worker = self.workers[action.worker]
-        if worker.seen.exit_code is not None:
+        if worker.seen.exit_code is not None or action.signal is None:
             return
         if action.signal == signal.SIGKILL:
             # A preempted worker that outlived its grace: the cluster
@@ -336,6 +346,8 @@ class WatchLoop:
         return self.memory.sample(self.workers, now)
 
     def _report_progress(self, now: float) -> None:
+        if self.on_progress is None:   # never due without one
+            return
         self._read_all_records()
         steps, states = [], []
         for worker in self.workers:

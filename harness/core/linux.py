@@ -10,7 +10,7 @@ import ctypes
 import os
 import signal
 import time
-from typing import Iterable, List, Optional
+from typing import IO, Iterable, List, Optional
 
 import psutil
 
@@ -161,3 +161,12 @@ def resident_bytes() -> int:
         return int(os.pread(_statm[1], 96, 0).split()[1]) * PAGE_SIZE
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def pipe(stream: Optional[IO[bytes]]) -> IO[bytes]:
+    """``stream``: a ``subprocess.Popen``'s ``stdin``, ``stdout`` or
+    ``stderr`` opened with ``subprocess.PIPE`` (its type leaves it
+    optional); an OSError where the process has no such pipe."""
+    if stream is None:
+        raise OSError("the process was not started with this pipe")
+    return stream

@@ -50,7 +50,6 @@ HEADER = struct.Struct("<IIQQQ")
 RECORD = struct.Struct("<B3xiqqd")
 _WRITTEN_AT = 8      # offset of ``written`` in the header
 _READ_AT = 16
-_NUDGED_AT = 24
 HEADER_SIZE = 64
 DEFAULT_CAPACITY = 1 << 16   # 2 MiB of records per worker
 

@@ -22,8 +22,10 @@ class TextEnum(str, enum.Enum):
     back as a plain string is the same kind."""
 
     __str__ = str.__str__
-    __format__ = str.__format__
     __repr__ = str.__repr__
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
 
 class Kind(TextEnum):

@@ -32,7 +32,7 @@ import pickle
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Sequence, Tuple, Union
 
 import dill
 from dill import _dill
@@ -247,11 +247,15 @@ def _refuse_shared_ctypes(families: Sequence[str]) -> Callable[[Any], Any]:
     return reduce
 
 
-def _multiprocessing_reducers() -> List[Tuple[type, Callable[[Any], Any]]]:
+# (the type or types an object may be an instance of, its reducer)
+ReducerRow = Tuple[Union[type, Tuple[type, ...]], Callable[[Any], Any]]
+
+
+def _multiprocessing_reducers() -> List[ReducerRow]:
     """(type, reducer) for each kind of multiprocessing object that is not
     pickled as dill would pickle it; only loaded modules can have made one.
     An object takes the first row its type matches."""
-    out: List[Tuple[type, Callable[[Any], Any]]] = []
+    out: List[ReducerRow] = []
     shared = [f for f in FAMILIES if _loaded(f, "sharedctypes") is not None]
     if shared:
         out.append((CTYPES, _refuse_shared_ctypes(shared)))

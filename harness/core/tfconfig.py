@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 TASK_TYPES = ("chief", "worker", "evaluator")
 Task = Tuple[str, int]
@@ -76,12 +76,6 @@ class ClusterShape:
     def __str__(self) -> str:
         return self.spec()
 
-
-def shape_of(value: "ClusterShape | Mapping[str, int]") -> ClusterShape:
-    """A :class:`ClusterShape` from a mapping of task type to count (unchecked)."""
-    if isinstance(value, ClusterShape):
-        return value
-    return ClusterShape(**{k: int(v) for k, v in dict(value).items()})
 
 HOST = "127.0.0.1"
 # The ways apply_bad_config can break one worker's TF_CONFIG.
@@ -145,16 +139,17 @@ def _set_training_list(cluster: dict, addresses: Sequence[str]) -> None:
     cluster["worker"] = list(addresses[chief:])
 
 
-def name_worker(configs: Sequence[Optional[dict]], worker: int, name: str) -> list:
+def name_worker(configs: Sequence[Optional[dict]], worker: int,
+                name: str) -> List[Optional[dict]]:
     """``configs`` with training task ``worker`` (MWMS's order, the chief
     first) listed as ``name:PORT`` in every cluster that has it (a Service
     name in place of an address)."""
     import copy
     out = [copy.deepcopy(c) for c in configs]
     for cfg in out:
-        cluster = (cfg or {}).get("cluster", {})
-        if not isinstance(cluster.get("worker"), list):
+        if cfg is None or not isinstance(cfg.get("cluster", {}).get("worker"), list):
             continue
+        cluster = cfg["cluster"]
         addresses = training_list(cfg)
         if worker < len(addresses):
             addresses[worker] = f"{name}:{addresses[worker].rpartition(':')[2]}"
@@ -166,8 +161,8 @@ def dumps(config: dict | None) -> str | None:
     return None if config is None else json.dumps(config, sort_keys=True)
 
 
-def apply_bad_config(configs: Sequence[dict], worker: int, kind: str,
-                     spare_port: int, host: str = HOST) -> list:
+def apply_bad_config(configs: Sequence[Optional[dict]], worker: int, kind: str,
+                     spare_port: int, host: str = HOST) -> List[Optional[dict]]:
     """Return ``configs`` with training task ``worker``'s ``TF_CONFIG`` made
     wrong (``worker`` in MWMS's order, the chief first).
 
@@ -187,6 +182,8 @@ def apply_bad_config(configs: Sequence[dict], worker: int, kind: str,
     import copy
     out = [copy.deepcopy(c) for c in configs]
     cfg = out[worker]
+    if cfg is None:
+        raise ValueError(f"worker {worker} has no TF_CONFIG to make wrong")
     cluster = cfg["cluster"]
     addresses = training_list(cfg)
     n = len(addresses)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation
+from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation, error_of
 from harness.diagnosis.echoes import is_echo, short_type
 from harness.diagnosis.facts import facts_of
 from harness.diagnosis.render import evaluator_text, render
@@ -101,7 +101,7 @@ def _verdict(obs: RunObservation) -> Verdict:
     error = None
     if errs and (f.outcome == Outcome.FAILED or (f.outcome == Outcome.CRASHED and errs[0].index in culprits
                                            and not is_echo(errs[0].error))):
-        error = short_type(errs[0].error.type_name)
+        error = short_type(error_of(errs[0]).type_name)
     else:
         error = RULE[rule].error
     return Verdict(f.outcome, culprits, render(f, blame, culprits), blame.step, error,

@@ -66,14 +66,15 @@ def _list_diff(lst: Tuple[str, ...], ref: Tuple[str, ...]) -> str:
 def config_issues(obs: RunObservation) -> Tuple[Dict[int, List[str]], bool]:
     """Per-worker TF_CONFIG problems, and whether the reference was a tie."""
     n, issues = len(obs.workers), collections.defaultdict(list)
-    lists = {}
+    lists: Dict[int, Tuple[str, ...]] = {}
     for w in obs.workers:
+        found = _cluster(w.tf_config) if w.tf_config is not None else None
         if w.tf_config is None:
             issues[w.index].append("TF_CONFIG missing")
-        elif _cluster(w.tf_config) is None:
+        elif found is None:
             issues[w.index].append("TF_CONFIG malformed (no cluster.worker list)")
         else:
-            lists[w.index] = _cluster(w.tf_config)
+            lists[w.index] = found
     ambiguous = False
     if lists:
         count = collections.Counter(lists.values())

@@ -19,7 +19,7 @@ from harness.diagnosis import ledger, order
 from harness.diagnosis.echoes import is_collective_mismatch, is_echo, is_end_of_input
 
 # Where each phase stands in a worker's life: who is behind whom.
-PHASE_RANK = {phase: rank for rank, phase in enumerate(protocol.PHASES)}
+PHASE_RANK: Dict[Optional[str], int] = {phase: rank for rank, phase in enumerate(protocol.PHASES)}
 
 # Which situations a rule can apply to (the ``when`` column of the table):
 COMPLETED = Outcome.COMPLETED
@@ -68,10 +68,11 @@ def where_stopped(w: WorkerObservation) -> str:
         return f"at step {last}"
     if p == protocol.STEPS_DONE:
         return f"after the loop ({len(w.steps)} steps)"
-    return {protocol.STRATEGY_CREATING: "in strategy creation", None: "before any progress",
-            protocol.STARTED: "before strategy creation",
-            protocol.STRATEGY_CREATED: "after strategy creation, before any step",
-            }.get(p, f"after {p}")
+    said: Dict[Optional[str], str] = {
+        protocol.STRATEGY_CREATING: "in strategy creation", None: "before any progress",
+        protocol.STARTED: "before strategy creation",
+        protocol.STRATEGY_CREATED: "after strategy creation, before any step"}
+    return said.get(p, f"after {p}")
 
 
 def reference_steps(ws: Sequence[WorkerObservation]) -> Tuple[int, ...]:
@@ -116,7 +117,7 @@ Signature = Tuple[bool, Tuple[int, ...], Optional[str]]
 @dataclasses.dataclass(frozen=True)
 class Facts:
     obs: RunObservation
-    outcome: str
+    outcome: Outcome
     situation: str
     config_issues: Dict[int, List[str]]
     config_tie: bool

@@ -135,8 +135,7 @@ def describe_call(w: WorkerObservation, call: Call, with_ops: bool = True) -> st
 
 def calls_by_name(w: WorkerObservation) -> Dict[str, int]:
     """How many calls that launch collectives the worker made, per function name."""
-    names = _names(w)
-    return dict(collections.Counter(names.get(c.function) for c in collective_calls(w)))
+    return dict(collections.Counter(function_of(w, c) for c in collective_calls(w)))
 
 
 def never_launched(ws: Sequence[WorkerObservation], w: WorkerObservation,
@@ -149,7 +148,7 @@ def never_launched(ws: Sequence[WorkerObservation], w: WorkerObservation,
         return []
     if counts is None:
         counts = {o.index: calls_by_name(o) for o in ws if has_ledger(o)}
-    name = _names(w).get(call.function)
+    name = function_of(w, call)
     return [o.index for o in ws if o.index != w.index and o.index in counts
             and counts[o.index].get(name, 0) < call.number]
 
@@ -203,9 +202,9 @@ def where_sequences_part(ws: Sequence[WorkerObservation]) -> Optional[str]:
     if len(seqs) < 2:
         return None
     for n in range(max(len(s) for s in seqs.values())):
-        here = {i: s[n] if n < len(s) else None for i, s in seqs.items()}
-        if any(v is None for v in here.values()):
+        if any(n >= len(s) for s in seqs.values()):
             continue   # a worker that stopped early: not a disagreement in kind or shape
+        here = {i: s[n] for i, s in seqs.items()}
         ops = {(v[0].kind, v[0].shape, v[0].dtype) for v in here.values()}
         if len(ops) > 1:
             parts = "; ".join(

@@ -176,9 +176,9 @@ def growth(w: WorkerObservation, mib_per_step: float = FLAT_MIB_PER_STEP) -> Mem
            else "no steps reported" if not step_times
            else f"too few steps past the warm-up ({len(fitted)})"
            if len(fitted) < MIN_POINTS or fitted[-1][0] - fitted[0][0] < MIN_STEPS else "")
-    if why:
+    rate = None if why else theil_sen(fitted)
+    if rate is None:
         return MemoryGrowth(w.index, w.memory, points, fitted, None, why_none=why)
-    rate = theil_sen(fitted)
     return MemoryGrowth(w.index, w.memory, points, fitted, rate / MIB,
                         is_steady(fitted, rate, mib_per_step))
 

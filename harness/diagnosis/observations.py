@@ -260,6 +260,14 @@ class WorkerObservation:
         return dataclasses.asdict(self)
 
 
+def error_of(w: WorkerObservation) -> WorkerError:
+    """The error of a worker known to have raised (one of ``Facts.errors``,
+    say); a ValueError for one that did not."""
+    if w.error is None:
+        raise ValueError(f"worker {w.index} did not raise")
+    return w.error
+
+
 @dataclasses.dataclass(frozen=True)
 class DivergentVariable:
     """The first variable on which the workers disagree.
@@ -335,7 +343,10 @@ class RunObservation:
     tasks: Tuple[Tuple[str, int], ...] = ()
 
     def task(self, index: int) -> Tuple[str, int]:
-        return tuple(self.tasks[index]) if self.tasks else ("worker", index)
+        if not self.tasks:
+            return ("worker", index)
+        kind, number = self.tasks[index]
+        return (kind, number)
 
     @property
     def evaluator(self) -> Optional[int]:

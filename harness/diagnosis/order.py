@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from harness.diagnosis.observations import CollectiveOp, WorkerObservation
 from harness.diagnosis.words import names
@@ -104,7 +104,10 @@ def _parts(ops: Sequence[CollectiveOp], labelled: Sequence[int]) -> List[Part]:
     return [(i, k, name) for i in labelled for k, name in enumerate(ops[i].label)]
 
 
-def _majority(orders: Dict[int, Tuple[str, ...]]) -> Optional[Tuple[str, ...]]:
+_Order = TypeVar("_Order", bound=Hashable)   # what the workers are compared by
+
+
+def _majority(orders: Dict[int, _Order]) -> Optional[_Order]:
     """The order a strict majority of the workers share, alone at its size."""
     (top, hits), *rest = collections.Counter(orders.values()).most_common()
     if 2 * hits > len(orders) and not (rest and rest[0][1] == hits):

@@ -10,7 +10,8 @@ import collections
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from harness.core import protocol
-from harness.diagnosis.observations import EndedBy, Outcome, WorkerObservation
+from harness.diagnosis.observations import (EndedBy, Outcome, ReplicaCheck, RunObservation,
+                                            WorkerObservation, error_of)
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
                                       short_type, tasks_named_unhealthy, telling_line)
@@ -44,12 +45,12 @@ def worker_parts(w: WorkerObservation, ref: Sequence[int]) -> Tuple[str, str, st
     is the one part that may be shortened."""
     now, tally = state(w), f"; ran {steps_text(w.steps, ref)}"
     if now == "raised":
-        note = ""
-        if is_echo(w.error):
+        error, note = error_of(w), ""
+        if is_echo(error):
             # The first line of "tasks are unhealthy" hides the task it names.
-            named = sorted(set(tasks_named_unhealthy(w.error.message)) - {w.index})
+            named = sorted(set(tasks_named_unhealthy(error.message)) - {w.index})
             note = f" (echo, naming {names(named)})" if named else " (echo)"
-        return f"raised {where_stopped(w)}: ", error_text(w.error), note + tally
+        return f"raised {where_stopped(w)}: ", error_text(error), note + tally
     if now == "returned":
         if w.died_at_exit:
             return f"returned, then died at exit ({exit_text(w.exit_code)})", "", tally
@@ -104,17 +105,17 @@ def error_lines(f: Facts) -> List[str]:
     errs = f.errors
     if not errs:
         return []
-    first = errs[0]
-    if is_collective_mismatch(first.error):
-        what = error_text(first.error).split(". ", 1)[0]
-        return [f"root error: {what}{where_raised(first.error.traceback)}, reported by "
+    first = error_of(errs[0])
+    if is_collective_mismatch(first):
+        what = error_text(first).split(". ", 1)[0]
+        return [f"root error: {what}{where_raised(first.traceback)}, reported by "
                 f"{names([w.index for w in f.mismatches])}: the members of a collective "
                 f"disagree, and the error does not say which worker is wrong"]
-    if not is_echo(first.error):
-        return [f"root error: {first.error}{where_raised(first.error.traceback)}"]
+    if not is_echo(first):
+        return [f"root error: {first}{where_raised(first.traceback)}"]
     return [("the errors are TensorFlow reporting the death" if f.outcome == Outcome.CRASHED else
              "no root error: every error is TensorFlow reporting a peer's failure")
-            + f" (first: {first.error})"]
+            + f" (first: {first})"]
 
 
 def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
@@ -125,14 +126,14 @@ def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
     # Workers that wait in the same call for the same missing ones share a line.
     waiting: Dict[Tuple[str, Tuple[int, ...]], List[int]] = collections.defaultdict(list)
     for w in ws:
-        if w.finished or w.died or ledger.pending_call(w) is None:
+        pending = None if w.finished or w.died else ledger.pending_call(w)
+        if pending is None:
             continue
         missing = ledger.never_launched(ws, w, counts)
         if missing:
-            call = ledger.describe_call(w, ledger.pending_call(w))
-            waiting[(call, tuple(missing))].append(w.index)
-    for (call, missing), waiters in waiting.items():
-        lines.append(f"ledger: {names(missing)} never launched {call}, which "
+            waiting[(ledger.describe_call(w, pending), tuple(missing))].append(w.index)
+    for (call, absent), waiters in waiting.items():
+        lines.append(f"ledger: {names(absent)} never launched {call}, which "
                      f"{names(waiters)} wait{'s' if len(waiters) == 1 else ''} in")
     parted = ledger.where_sequences_part(ws)
     if parted:
@@ -142,7 +143,7 @@ def ledger_lines(ws: Sequence[WorkerObservation]) -> List[str]:
     return lines
 
 
-def replica_lines(check) -> List[str]:
+def replica_lines(check: ReplicaCheck) -> List[str]:
     """What the replica check adds: that the replicas agree, or notes."""
     lines = [f"note: replica check: {n}" for n in check.notes]
     if check.divergence is None:
@@ -160,7 +161,7 @@ def cut(line: str, width: int = MAX_WIDTH) -> str:
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
-def deadlock_text(obs) -> str:
+def deadlock_text(obs: RunObservation) -> str:
     """Why the ledgers prove the run can never complete."""
     proof = certain_deadlock(obs.workers, obs.duration, exit_on_return=obs.exit_on_return,
                              held=[w.index for w in obs.workers if w.stopped])
@@ -177,12 +178,12 @@ def headline(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     if blame.headline:
         return f"{outcome.upper()}: {blame.headline}"
     if outcome == Outcome.HANG:
-        cause = {EndedBy.HANG: f"no progress for {obs.timeout:.1f}s",
-                 EndedBy.DEADLOCK: f"certain deadlock ({deadlock_text(obs)})",
-                 }.get(obs.ended_by, "not every worker finished")
+        causes: Dict[str, str] = {EndedBy.HANG: f"no progress for {obs.timeout:.1f}s",
+                                  EndedBy.DEADLOCK: f"certain deadlock ({deadlock_text(obs)})"}
+        cause = causes.get(obs.ended_by, "not every worker finished")
         return f"HANG: {cause}; {who} ({reason})"
     if outcome == Outcome.FAILED and errs:
-        kinds = "/".join(sorted({short_type(w.error.type_name) for w in errs}))
+        kinds = "/".join(sorted({short_type(error_of(w).type_name) for w in errs}))
         return f"FAILED: {names([w.index for w in errs])} raised {kinds}; {who} ({reason})"
     return f"{outcome.upper()}: {who} ({reason})"
 
@@ -221,8 +222,8 @@ EVALUATOR_ENDED = {Outcome.CRASHED: "died", Outcome.FAILED: "raised",
                    Outcome.CRASHED_AT_EXIT: "died at exit", Outcome.HANG: "never returned"}
 
 
-def evaluator_text(v: "Verdict", obs, e: WorkerObservation, trouble: Optional[str],
-                   training: Sequence[int]) -> str:
+def evaluator_text(v: "Verdict", obs: RunObservation, e: WorkerObservation,
+                   trouble: Optional[Outcome], training: Sequence[int]) -> str:
     """The text of a run with an evaluator: the training tasks' verdict
     ``v`` with the evaluator's line, or, when they completed and the
     evaluator did not (``trouble``: the outcome it gives), the evaluator's

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from harness.core import protocol
-from harness.diagnosis.observations import Outcome, WorkerObservation
+from harness.diagnosis.observations import Outcome, WorkerObservation, error_of
 from harness.diagnosis.echoes import exit_text, is_echo, short_type
 from harness.diagnosis.facts import Facts, or_inf, where_stopped
 from harness.diagnosis.words import divergence_text, names
@@ -29,7 +29,7 @@ def stopped_before_deaths(f: Facts) -> Optional[Blame]:
     found = [w for w in f.workers if w.stopped and not w.died]
     if not died or not found:
         return None
-    first_death = min(w.exit_time for w in died)
+    first_death = min(or_inf(w.exit_time) for w in died)
     culprits = [w for w in found if w.last_seen < first_death]
     if not culprits:
         return None
@@ -100,9 +100,10 @@ def coordinated_exit(f: Facts) -> Optional[Blame]:
     if len(ws) < 2 or not all(w.died and w.error is None for w in ws):
         return None
     codes = {w.exit_code for w in ws}
-    if len(codes) != 1 or next(iter(codes)) <= 0 or len({w.last_step for w in ws}) != 1:
+    code = next(iter(codes))
+    if len(codes) != 1 or code is None or code <= 0 or len({w.last_step for w in ws}) != 1:
         return None
-    code, where = next(iter(codes)), where_stopped(ws[0])
+    where = where_stopped(ws[0])
     first = min(ws, key=lambda w: or_inf(w.exit_time))
     how = PREEMPTION_EXIT_TEXT if code == PREEMPTION_EXIT_CODE else ""
     return Blame([w.index for w in ws],
@@ -154,7 +155,7 @@ def aborted_together(f: Facts) -> Optional[Blame]:
     if len(ws) < 2 or not all(w.died and w.error is None and w.exit_code in ABORT_SIGNALS
                               and w.exit_time is not None for w in ws):
         return None
-    times = [w.exit_time for w in ws]
+    times = [or_inf(w.exit_time) for w in ws]
     if max(times) - min(times) > SIMULTANEOUS or len({w.last_step for w in ws}) != 1:
         return None
     if any(ledger.has_ledger(w) and ledger.pending_call(w) is None for w in ws):
@@ -200,7 +201,7 @@ def crash(f: Facts) -> Optional[Blame]:
     head = "; ".join(parts)
     if f.echoes and culprits[0].exit_time is not None:
         dt = min(or_inf(w.finish_time) for w in f.echoes) - culprits[0].exit_time
-        kinds = "/".join(sorted({short_type(w.error.type_name) for w in f.echoes}))
+        kinds = "/".join(sorted({short_type(error_of(w).type_name) for w in f.echoes}))
         head += f"; {names([w.index for w in f.echoes])} reported it as {kinds}" + (
             f" {dt:.1f}s later" if dt != float("inf") else "")
     if later:

@@ -9,6 +9,7 @@ from harness.errors import StepDesyncError, odd_ones_out
 from harness.diagnosis.echoes import is_end_of_input, shape_mismatches, short_type
 from harness.diagnosis import ledger
 from harness.diagnosis.facts import Facts
+from harness.diagnosis.observations import error_of
 from harness.diagnosis.words import names
 from harness.diagnosis.blame import Blame
 
@@ -67,11 +68,11 @@ def sync_check(f: Facts) -> Optional[Blame]:
     observation to read."""
     if not f.roots:
         return None
-    first = f.roots[0]
-    if short_type(first.error.type_name) != StepDesyncError.__name__:
+    error = error_of(f.roots[0])
+    if short_type(error.type_name) != StepDesyncError.__name__:
         return None
-    steps = list((first.error.fields or {}).get("steps") or [])
-    message = first.error.message or ""
+    steps = list((error.fields or {}).get("steps") or [])
+    message = error.message or ""
     odd = odd_ones_out(steps)
     if odd:
         step = min(steps)
@@ -95,10 +96,10 @@ def root_error(f: Facts) -> Optional[Blame]:
         return None
     roots = [w for w in f.roots if not is_end_of_input(w.error)] or list(f.roots)
     first = roots[0]
-    kind = short_type(first.error.type_name)
-    same = [w.index for w in roots if short_type(w.error.type_name) == kind]
+    kind = short_type(error_of(first).type_name)
+    same = [w.index for w in roots if short_type(error_of(w).type_name) == kind]
     head = f"{names(same)} raised {first.error} (root error"
     if f.echoes:
-        kinds = "/".join(sorted({short_type(w.error.type_name) for w in f.echoes}))
+        kinds = "/".join(sorted({short_type(error_of(w).type_name) for w in f.echoes}))
         head += f"; {names([w.index for w in f.echoes])} reported it as {kinds}"
     return Blame(same, f"raised {first.error}", first.last_step, headline=head + ")")

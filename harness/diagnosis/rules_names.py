@@ -91,13 +91,9 @@ def worker_list(config) -> Optional[Tuple[str, ...]]:
 
 def cluster_list(f: Facts) -> Tuple[str, ...]:
     """The cluster's worker list most workers hold (empty: none holds one)."""
-    lists = collections.Counter(worker_list(w.tf_config) for w in f.workers)
-    lists.pop(None, None)
+    lists = collections.Counter(found for found in (worker_list(w.tf_config) for w in f.workers)
+                                if found is not None)
     return lists.most_common(1)[0][0] if lists else ()
-
-
-def _owner(address: str, cluster: Tuple[str, ...]) -> Optional[int]:
-    return cluster.index(address) if address in cluster else None
 
 
 def _resolved_later(f: Facts, address: str) -> Optional[float]:
@@ -132,7 +128,7 @@ def unresolved_address(f: Facts) -> Optional[Blame]:
             seen.add(w.index)
             if why and not old_why:
                 by_error[address] = (why, seen)
-    owners = {_owner(a, cluster): a for a in by_error if _owner(a, cluster) is not None}
+    owners = {cluster.index(a): a for a in by_error if a in cluster}
     if owners:
         why = next((by_error[a][0] for a in owners.values() if by_error[a][0]), "")
         seen = set().union(*(by_error[a][1] for a in owners.values()))
@@ -160,6 +156,6 @@ def unresolved_address(f: Facts) -> Optional[Blame]:
 
 
 def _error_types(f: Facts, indexes: List[int]) -> str:
-    kinds = sorted({f.worker(i).error.type_name.rpartition(".")[2] for i in indexes
-                    if f.worker(i).error is not None})
+    errors = [f.worker(i).error for i in indexes]
+    kinds = sorted({e.type_name.rpartition(".")[2] for e in errors if e is not None})
     return "/".join(kinds) or "an error"

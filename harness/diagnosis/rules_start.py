@@ -98,7 +98,8 @@ def _waits(on_time: List[WorkerObservation], ended: str) -> str:
         if not how:
             clauses.append(f"{who} waited in strategy creation {ended}")
             continue
-        low, high = (f"{t:.1f}" for t in (min(t for _, t in found), max(t for _, t in found)))
+        times = [t for _, t in found if t is not None]   # every wait that ended has its time
+        low, high = (f"{t:.1f}" for t in (min(times), max(times)))
         clauses.append(f"{who} gave up in strategy creation after "
                        f"{low if low == high else low + '-' + high}s {how}")
     return "; ".join(clauses)

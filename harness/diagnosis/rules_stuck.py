@@ -4,13 +4,14 @@ circumstantial.  See :mod:`harness.diagnosis.rules`."""
 from __future__ import annotations
 
 import collections
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Collection, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from harness.core import protocol
 from harness.diagnosis.echoes import names_unhealthy, short_type, tasks_named_unhealthy
 from harness.diagnosis import ledger
-from harness.diagnosis.facts import PHASE_RANK, Facts, phase, reference_steps, where_stopped
-from harness.diagnosis.observations import WorkerObservation
+from harness.diagnosis.facts import (PHASE_RANK, Facts, or_inf, phase, reference_steps,
+                                     where_stopped)
+from harness.diagnosis.observations import Call, WorkerObservation, error_of
 from harness.diagnosis.stacks import stack_kind, summarize_stack
 from harness.diagnosis.words import names, steps_text
 from harness.diagnosis.blame import Blame
@@ -56,9 +57,20 @@ def _lone_deviant(by_step: Dict[int, Dict[int, int]], s: int) -> Optional[Tuple[
     """The one worker whose count at step ``s`` is off its own usual count,
     and that usual count."""
     usual = {i: ledger.usual(counts, s) for i, counts in by_step.items()}
-    deviants = [i for i, counts in by_step.items()
-                if usual[i] is not None and counts[s] != usual[i]]
-    return (deviants[0], usual[deviants[0]]) if len(deviants) == 1 else None
+    deviants = [(i, n) for i, n in usual.items() if n is not None and by_step[i][s] != n]
+    return deviants[0] if len(deviants) == 1 else None
+
+
+def _counts_by_step(ws: Sequence[WorkerObservation], functions: Optional[Collection[str]] = None
+                    ) -> Optional[Dict[int, Dict[int, int]]]:
+    """Each worker's :func:`ledger.counts_by_step`, by index; None when one reported no step."""
+    out = {}
+    for w in ws:
+        counts = ledger.counts_by_step(w, functions)
+        if counts is None:
+            return None
+        out[w.index] = counts
+    return out
 
 
 def collective_counts(f: Facts) -> Optional[Blame]:
@@ -77,8 +89,8 @@ def collective_counts(f: Facts) -> Optional[Blame]:
     if len(comp) < 2 or any(w.ledger is None for w in comp) \
             or not any(ledger.has_ledger(w) for w in comp):
         return None
-    by_step = {w.index: ledger.counts_by_step(w) for w in comp}
-    if all(v is not None for v in by_step.values()) and all(w.steps for w in comp):
+    by_step = _counts_by_step(comp)
+    if by_step is not None:
         return _blame_by_step(f, by_step)
     return _blame_by_totals(f, {w.index: ledger.total_launched(w) for w in comp})
 
@@ -134,9 +146,9 @@ def _deviant_in_differing_functions(f: Facts, s: int, workers: List[int]) -> Opt
                  if len({c.get(fn, 0) for c in per_fn.values()}) > 1}
     if not differing or all(set(c) <= differing for c in per_fn.values()):
         return None   # nothing to leave out: the counts above were these
-    scoped = {i: ledger.counts_by_step(f.worker(i), differing) for i in workers}
-    lone = _lone_deviant(scoped, s)
-    if lone is None:
+    scoped = _counts_by_step([f.worker(i) for i in workers], differing)
+    lone = _lone_deviant(scoped, s) if scoped is not None else None
+    if scoped is None or lone is None:
         return None
     (i, usual), of = lone, ", ".join(f"`{fn}`" for fn in sorted(differing))
     rest = _told({j: scoped[j][s] for j in workers}, leave_out=[i])
@@ -287,10 +299,10 @@ def no_evidence(f: Facts) -> Optional[Blame]:
 def _gone_at(w: WorkerObservation) -> float:
     """When a worker that left was gone: its return, after which its process
     only ends (its sockets close on the way, before the parent sees the exit)."""
-    return w.finish_time if w.finish_time is not None else w.exit_time
+    return w.finish_time if w.finish_time is not None else or_inf(w.exit_time)
 
 
-def _cut_by(call, gone: WorkerObservation) -> bool:
+def _cut_by(call: Call, gone: WorkerObservation) -> bool:
     """Whether ``call`` was still in flight when ``gone`` left: a peer
     reading that call's data from it loses the connection."""
     return call.ended is None or call.ended >= _gone_at(gone)
@@ -370,13 +382,13 @@ def left_early(f: Facts) -> Optional[Blame]:
     if any(w.error is not None and (w.finish_time is None or w.finish_time < first_gone)
            for w in stuck):
         return None   # a peer failed before any left: not because it left
-    needed = {w.index: _needed_in(w, left) for w in stuck}
-    if any(v is None for v in needed.values()):
+    needed = [n for n in (_needed_in(w, left) for w in stuck) if n is not None]
+    if len(needed) < len(stuck):
         return None
-    name = needed[stuck[0].index].function
-    if any(v.function != name for v in needed.values()):
+    name = needed[0].function
+    if any(v.function != name for v in needed):
         return None
-    numbers = sorted({v.number for v in needed.values()})
+    numbers = sorted({v.number for v in needed})
     its = "its process" if len(left) == 1 else "their processes"
     if name:
         made = sorted({ledger.calls_of(w, name) for w in left})
@@ -392,7 +404,7 @@ def left_early(f: Facts) -> Optional[Blame]:
     waiting = [w for w in stuck if w.error is None]
     then = []
     if raised:
-        kinds = "/".join(sorted({short_type(w.error.type_name) for w in raised}))
+        kinds = "/".join(sorted({short_type(error_of(w).type_name) for w in raised}))
         then.append(f"{names([w.index for w in raised])} then failed {where} with {kinds}")
     if waiting:
         then.append(f"{names([w.index for w in waiting])} "
@@ -400,7 +412,7 @@ def left_early(f: Facts) -> Optional[Blame]:
     culprits = [w.index for w in left]
     reason = "it left while they still needed it in a collective"
     counted = collective_counts(f)
-    cut = all(v.cut for v in needed.values())   # they ended their processes mid-exchange
+    cut = all(v.cut for v in needed)   # they ended their processes mid-exchange
     if counted is not None and not counted.ambiguous:
         if sorted(counted.culprits) != sorted(culprits):
             return None   # the per-step counts name another: they are the better evidence

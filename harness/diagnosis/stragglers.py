@@ -280,9 +280,9 @@ def wait_labels(obs: RunObservation) -> Dict[int, str]:
             a = report.arrival(w.index)
             out[w.index] = f"straggler: last {_pct(a.last_share)}, {_ms(a.lag)} late"
             continue
-        mine = [c for c in ledger.collective_calls(w) if c.ended is not None and c.number > 1
-                and ledger.function_of(w, c) == report.function]
-        in_calls = sum(c.ended - c.began for c in mine)
+        in_calls = sum(c.ended - c.began for c in ledger.collective_calls(w)
+                       if c.ended is not None and c.number > 1
+                       and ledger.function_of(w, c) == report.function)
         waited = sum(b - a for a, b in spans[w.index])
         out[w.index] = (f"waited {_pct(waited / in_calls)} of its time in calls"
                         if in_calls > 0 else "")

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
+
+if TYPE_CHECKING:
+    from harness.diagnosis.observations import DivergentVariable
 
 # Each process's name in a cluster with a chief or an evaluator ("chief",
 # "worker 0", "evaluator"), set for the time a verdict is worked out; None
@@ -77,7 +80,7 @@ def steps_text(steps: Sequence[int], ref: Sequence[int]) -> str:
     return text
 
 
-def divergence_text(found) -> str:
+def divergence_text(found: DivergentVariable) -> str:
     """A :class:`~harness.diagnosis.observations.DivergentVariable` said
     whole: what differs, then who sides with whom."""
     if found.layouts:

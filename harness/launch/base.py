@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, ContextManager, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, ContextManager, Optional, Protocol, Sequence, Tuple
 
 from harness.core.protocol import WorkerSpec
 from harness.launch.ports import reserve_ports
+
+if TYPE_CHECKING:
+    from multiprocess import connection
+
+    from harness.settings import RunSettings
 
 
 class WorkerHandle(Protocol):
     """One running worker, as the controller drives it."""
 
     index: int
-    conn: Any     # the parent's end of the worker's duplex channel
+    conn: connection.Connection   # the parent's end of the worker's duplex channel
 
     @property
-    def sentinel(self) -> Any:
+    def sentinel(self) -> int:
         """Ready for ``multiprocess.connection.wait`` once the worker exited."""
 
     @property
@@ -80,7 +85,7 @@ class Launcher:
         this machine (see :func:`harness.launch.ports.reserve_ports`) until it exits."""
         return local_placement(num_workers, state_dir)
 
-    def start(self, specs: Sequence[WorkerSpec]) -> List[WorkerHandle]:
+    def start(self, specs: Sequence[WorkerSpec]) -> Sequence[WorkerHandle]:
         raise NotImplementedError
 
     def prewarm(self) -> None:
@@ -101,17 +106,17 @@ class Backend:
     settings (a :class:`~harness.settings.RunSettings`)."""
 
     name: str
-    launcher: Callable[[Any], Launcher]
+    launcher: Callable[[RunSettings], Launcher]
     # A SettingError when the backend cannot serve these settings here; the
     # second argument names where the backend was chosen, for the message.
-    check: Callable[[Any, str], None]
+    check: Callable[[RunSettings, str], None]
     # Why the backend's workers cannot have a network namespace of the
     # harness's (None: they can).
     no_network_namespace: Optional[str]
     # Where this session's clusters run, for pytest's header (None: the
     # network decides the line).
-    where: Callable[[Any], Optional[str]]
+    where: Callable[[RunSettings], Optional[str]]
     # Started while pytest collects, so the first run does not wait for it.
-    prewarm: Callable[[Any], None]
+    prewarm: Callable[[RunSettings], None]
     # Ends what the session started (called once, as pytest ends).
     close_session: Callable[[], None]

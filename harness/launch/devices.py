@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from harness import validators
 from harness.errors import SettingError, hide_in_setup_errors
@@ -71,10 +71,9 @@ def uses_gpus(devices: str) -> bool:
     return devices != "cpu"
 
 
-def visible_gpus(env: Optional[dict] = None) -> list[str]:
+def visible_gpus(env: Optional[Mapping[str, str]] = None) -> list[str]:
     """GPU ids the parent may hand out, without initialising CUDA here."""
-    env = os.environ if env is None else env
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    cvd = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
         return [g for g in (x.strip() for x in cvd.split(",")) if g and g != HIDDEN]
     import shutil

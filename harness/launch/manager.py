@@ -27,7 +27,8 @@ def guarded_manager(library=None, address=None) -> Iterator[object]:
     leaving.  ``address``: where it listens (a TCP ``(host, port)``, say),
     else a Unix socket."""
     if library is None:
-        import multiprocess as library
+        import multiprocess
+        library = multiprocess
     managers = importlib.import_module(library.__name__ + ".managers")
     connection = importlib.import_module(library.__name__ + ".connection")
     util = importlib.import_module(library.__name__ + ".util")

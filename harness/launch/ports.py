@@ -31,7 +31,7 @@ import re
 import socket
 import stat
 import time
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from harness.launch.state_dir import FILE_MODE, open_state_dir, resolve_state_dir, state_dir_error
 
@@ -95,7 +95,8 @@ def _lstat(dirfd: int, name: str) -> Optional[os.stat_result]:
         return None
 
 
-def _lock(dirfd: int, name: str, path: str, source: str, create: bool = True):
+def _lock(dirfd: int, name: str, path: str, source: str,
+          create: bool = True) -> Union[int, str]:
     """Lock ``name``: a descriptor holding the lock, or _BUSY / _FOREIGN.
 
     Only a regular file of ours with one link is ever opened; a missing one is
@@ -184,12 +185,12 @@ def _sweep(dirfd: int, path: str, source: str) -> int:
 # --------------------------------------------------------------------------
 # Reservations
 
-def _candidates(lo: int, hi: int, wait) -> Iterator[int]:
+def _candidates(lo: int, hi: int, wait: Callable[[], bool]) -> Iterator[int]:
     """Ports of ``[lo, hi)`` in random order, pass after pass; between two
     passes, a millisecond's pause when ``wait()`` (some port was held)."""
     rng = random.Random(os.urandom(16))
     while True:
-        seen = set()
+        seen: Set[int] = set()
         while len(seen) < hi - lo:
             port = rng.randrange(lo, hi)
             if port not in seen:
@@ -254,7 +255,7 @@ def reserve_ports(n: int, attempts: int = 2000, *, state_dir: Optional[str] = No
     dirfd = open_state_dir(path, source)
     ports: List[int] = []
     fds: List[int] = []
-    skipped = {}  # port -> why, as last seen
+    skipped: Dict[int, str] = {}  # port -> why, as last seen
     tried = 0
     try:
         _sweep(dirfd, path, source)

@@ -52,16 +52,16 @@ UNOWNED_GRACE_SECONDS = 60.0
 _lock = threading.Lock()
 _dir: Optional[str] = None
 _owner = 0           # the pid that made _dir: a forked child makes its own
-_sweeper: Optional[subprocess.Popen] = None
+_sweeper: Optional[subprocess.Popen[bytes]] = None
 
 
 def scratch_dir() -> str:
     """This process's scratch directory (0700), made and watched on first use."""
     with _lock:
-        if _dir is None or _owner != os.getpid():
-            sweep_stale(tempfile.gettempdir())
-            _adopt(tempfile.mkdtemp(prefix=PREFIX))
-        return _dir
+        if _dir is not None and _owner == os.getpid():
+            return _dir
+        sweep_stale(tempfile.gettempdir())
+        return _adopt(tempfile.mkdtemp(prefix=PREFIX))
 
 
 def start_time(pid: int) -> Optional[str]:
@@ -136,7 +136,7 @@ def _owned(path: str) -> bool:
         return False
 
 
-def _adopt(path: str) -> None:
+def _adopt(path: str) -> str:
     global _dir, _sweeper, _owner
     _dir, _owner = path, os.getpid()
     # Written whole or not at all: a half-written file must not read as a dead owner.
@@ -150,6 +150,7 @@ def _adopt(path: str) -> None:
         [sys.executable, "-I", os.path.abspath(__file__), path], stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     atexit.register(close)
+    return path
 
 
 def make_dir(prefix: str) -> str:
@@ -160,12 +161,15 @@ def make_dir(prefix: str) -> str:
 def remove_at_end(path: str) -> None:
     """Have the sweeper remove ``path`` too (something made outside the
     scratch directory, such as a socket's directory that must stay short)."""
-    scratch_dir()
+    folder = scratch_dir()
     with _lock:
-        with open(os.path.join(_dir, OUTSIDE_FILE), "a") as f:
+        with open(os.path.join(folder, OUTSIDE_FILE), "a") as f:
             f.write(path + "\n")
-        _sweeper.stdin.write(os.fsencode(path) + b"\n")
-        _sweeper.stdin.flush()
+        sweeper = _sweeper.stdin if _sweeper is not None else None
+        if sweeper is None:   # scratch_dir() started it, its stdin a pipe
+            raise OSError("the scratch directory has no sweeper")
+        sweeper.write(os.fsencode(path) + b"\n")
+        sweeper.flush()
 
 
 def close() -> None:

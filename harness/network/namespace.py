@@ -34,6 +34,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from harness.core.linux import pipe
+
 # The anchor: bring lo up, say so, then hold the namespaces until stdin closes.
 ANCHOR = "ip link set lo up && echo ready && exec cat >/dev/null"
 START_WAIT = 5.0
@@ -41,7 +43,7 @@ START_WAIT = 5.0
 COMMAND_WAIT = 10.0
 
 def start_anchor(script: str, env: Optional[dict] = None,
-                 flags: str = "-Urn") -> subprocess.Popen:
+                 flags: str = "-Urn") -> subprocess.Popen[bytes]:
     """``script`` (sh) in a new user and network namespace (``flags``:
     ``unshare``'s, ``-Urnm`` for a mount namespace too), its stdin, stdout
     and stderr pipes to this process."""
@@ -50,11 +52,11 @@ def start_anchor(script: str, env: Optional[dict] = None,
                             stderr=subprocess.PIPE, close_fds=True)
 
 
-def end_anchor(anchor: subprocess.Popen) -> None:
+def end_anchor(anchor: subprocess.Popen[bytes]) -> None:
     """Close its stdin (it exits, and what it holds with it); kill it if it lingers."""
     if anchor.poll() is None:
         try:
-            anchor.stdin.close()
+            pipe(anchor.stdin).close()
             anchor.wait(timeout=2)
         except (OSError, subprocess.TimeoutExpired):
             anchor.kill()
@@ -64,11 +66,11 @@ def end_anchor(anchor: subprocess.Popen) -> None:
             stream.close()
 
 
-def await_done(process: subprocess.Popen) -> None:
+def await_done(process: subprocess.Popen[bytes]) -> None:
     """Wait for ``process`` (the switch's anchor, the proxy) to end the line
     that says it carried out the command it was sent; not past its end, nor
     past :data:`COMMAND_WAIT` (a run that is ending)."""
-    fd = process.stdout.fileno()
+    fd = pipe(process.stdout).fileno()
     deadline = time.monotonic() + COMMAND_WAIT
     while True:
         left = deadline - time.monotonic()
@@ -79,12 +81,12 @@ def await_done(process: subprocess.Popen) -> None:
             return
 
 
-def anchor_failed(anchor: subprocess.Popen, default: str) -> OSError:
+def anchor_failed(anchor: subprocess.Popen[bytes], default: str) -> OSError:
     """An anchor that did not say "ready": ended first (a live one could hold
     stderr open for ever), then the last line of what it said, as an error."""
     anchor.kill()
     anchor.wait()
-    why = (anchor.stderr.read() or b"").decode(errors="replace").strip()
+    why = (pipe(anchor.stderr).read() or b"").decode(errors="replace").strip()
     end_anchor(anchor)
     return OSError(why.splitlines()[-1] if why else default)
 
@@ -130,7 +132,7 @@ class Namespace:
         self.timers: List[threading.Timer] = []
         self.anchor = (start_anchor(NAMED_ANCHOR, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                                     flags="-Urnm") if names else start_anchor(ANCHOR))
-        if self.anchor.stdout.readline().strip() != b"ready":
+        if pipe(self.anchor.stdout).readline().strip() != b"ready":
             raise anchor_failed(self.anchor, "unshare -Urn did not start")
 
     @property
@@ -159,8 +161,9 @@ class Namespace:
 
     def _command(self, line: str) -> None:
         try:
-            self.anchor.stdin.write(line.encode() + b"\n")
-            self.anchor.stdin.flush()
+            stdin = pipe(self.anchor.stdin)
+            stdin.write(line.encode() + b"\n")
+            stdin.flush()
         except OSError:
             pass   # it is gone: the run is ending
 
@@ -252,13 +255,13 @@ class Switch:
         if workers > MAX_WORKERS:
             raise ValueError(f"network faults take at most {MAX_WORKERS} workers")
         self.workers = workers
-        self.proxy: Optional[subprocess.Popen] = None
+        self.proxy: Optional[subprocess.Popen[bytes]] = None
         self.proxied: Dict[str, str] = {}    # proxy address -> the worker address behind it
         self.anchor = start_anchor(SWITCH, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                                             "N": str(workers)})
         self.holders: Dict[int, int] = {}
         while True:
-            line = self.anchor.stdout.readline().decode(errors="replace").split()
+            line = pipe(self.anchor.stdout).readline().decode(errors="replace").split()
             if line[:1] == ["holder"]:
                 self.holders[int(line[1])] = int(line[2])
                 continue
@@ -274,17 +277,20 @@ class Switch:
 
     def _start_proxy(self, ports: List[int]) -> None:
         self.addresses = [f"{host}:{port}" for host, port in zip(self.hosts, ports)]
+        pairs = [(src, dst) for src in range(self.workers) for dst in range(self.workers)
+                 if src != dst]
         routes = [[BRIDGE_HOST, self._proxy_port(src, dst), self.hosts[dst], ports[dst], src, dst]
-                  for src in range(self.workers) for dst in range(self.workers) if src != dst]
+                  for src, dst in pairs]
         self.proxied = {f"{BRIDGE_HOST}:{self._proxy_port(src, dst)}": self.addresses[dst]
-                        for src, dst in ((r[4], r[5]) for r in routes)}
+                        for src, dst in pairs}
         self.proxy = subprocess.Popen(
             [sys.executable, "-m", "harness.network.proxy", f"/proc/{self.anchor.pid}/ns/user",
              f"/proc/{self.anchor.pid}/ns/net"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, close_fds=True)
-        self.proxy.stdin.write((json.dumps(routes) + "\n").encode())
-        self.proxy.stdin.flush()
-        if self.proxy.stdout.readline().strip() != b"ready":
+        stdin = pipe(self.proxy.stdin)
+        stdin.write((json.dumps(routes) + "\n").encode())
+        stdin.flush()
+        if pipe(self.proxy.stdout).readline().strip() != b"ready":
             raise anchor_failed(self.proxy, "the proxy did not start")
 
     @staticmethod
@@ -304,7 +310,7 @@ class Switch:
         out: List[Optional[dict]] = []
         for src, config in enumerate(configs):
             workers = (config or {}).get("cluster", {}).get("worker")
-            if isinstance(workers, list):
+            if config is not None and isinstance(workers, list):
                 config = copy.deepcopy(config)
                 config["cluster"]["worker"] = [
                     f"{BRIDGE_HOST}:{self._proxy_port(src, self.addresses.index(a))}"
@@ -329,13 +335,14 @@ class Switch:
         link; ``delay MS JITTER`` or ``reset`` on its proxied connections."""
         verb, *args = command.split()
         line = f"{verb} {index} {' '.join(args)}\n".encode()
-        targets = ([self.proxy] if verb in PROXY_VERBS else
-                   [self.anchor, self.proxy] if verb == "clear" else [self.anchor])
-        targets = [process for process in targets if process is not None]
+        chosen = ([self.proxy] if verb in PROXY_VERBS else
+                  [self.anchor, self.proxy] if verb == "clear" else [self.anchor])
+        targets = [process for process in chosen if process is not None]
         for process in targets:
             try:
-                process.stdin.write(line)
-                process.stdin.flush()
+                stdin = pipe(process.stdin)
+                stdin.write(line)
+                stdin.flush()
             except OSError:
                 pass   # it is gone: the run is ending
         for process in targets:
@@ -351,8 +358,11 @@ class Switch:
             end_anchor(self.proxy)
         end_anchor(self.anchor)
 
-    __enter__ = Namespace.__enter__
-    __exit__ = Namespace.__exit__
+    def __enter__(self) -> "Switch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # Each probe's answer, once known, as JSON in this variable of the

@@ -47,7 +47,7 @@ class Link:
 
     def __init__(self, src: int, dst: int):
         self.src, self.dst = src, dst
-        self.transports: List[asyncio.Transport] = []
+        self.transports: List[asyncio.WriteTransport] = []
 
     def joins(self, worker: int) -> bool:
         return worker in (self.src, self.dst)

@@ -46,7 +46,7 @@ import dataclasses
 import re
 import signal
 import statistics
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Counter, DefaultDict, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from harness.core import progress, protocol
 from harness.controller.ledger_view import LedgerView
@@ -137,8 +137,8 @@ def _last_dump(task: files.TaskFiles, clock, until: Optional[float]) -> str:
     if not dumps:
         return ""
     d = dumps[-1][1]
-    text = task.stacks.encode()[int(d.get("offset", 0)):][: int(d.get("length", 0))]
-    text = text.decode(errors="replace")
+    dumped = task.stacks.encode()[int(d.get("offset", 0)):][: int(d.get("length", 0))]
+    text = dumped.decode(errors="replace")
     if text.startswith("--- "):
         text = text.split("\n", 1)[-1]
     # The recorder's watchdog thread, which wrote the dump, is not the job's.
@@ -160,7 +160,7 @@ def observe_task(task: files.TaskFiles, index: int, clock, until: Optional[float
     ``dumps_until`` that of the latest dump that shows it."""
     end = float("inf") if until is None else until
     view = LedgerView(0.0)
-    records = []
+    records: List[progress.Record] = []
     for r in task.records:    # a plain loop: 65536 records a task, hundreds of tasks
         at = clock(r.time)
         if at <= end:
@@ -170,9 +170,10 @@ def observe_task(task: files.TaskFiles, index: int, clock, until: Optional[float
         view.notes.append(f"{task.overwritten} progress records were lost (overwritten: the "
                           f"ring keeps the latest {progress.DEFAULT_CAPACITY})")
     seen = WorkerObservation(index, tf_config=task.meta.get("tf_config"), ledger="calls")
-    events, ending = [], None
+    events: List[Event] = []
+    ending: Optional[Tuple[float, dict]] = None
     for e in task.events:
-        kind, data, at = e.get("kind"), e.get("data"), clock(float(e.get("time", 0.0)))
+        kind, data, at = e.get("kind", ""), e.get("data"), clock(float(e.get("time", 0.0)))
         if at > end and kind not in (protocol.LEDGER_FUNCTION, protocol.LEDGER_COLLECTIVE):
             continue
         if view.message(kind, data):
@@ -193,13 +194,13 @@ def observe_task(task: files.TaskFiles, index: int, clock, until: Optional[float
              and clock(w["time"]) <= end]
     ended = next((w for w in watch if w.get("state") == "ended"), None)
     stopped = bool(watch) and watch[-1].get("state") == "stopped"
-    changes = {}
+    changes: Dict[str, Any] = {}   # WorkerObservation's fields, as the task ended
     if ending is not None:
         at, data = ending
         how, status = data.get("how"), data.get("status")
         if how == files.RAISED:
             error = data.get("error") or {}
-            changes.update(error=WorkerError(**{k: error.get(k) for k in (
+            changes.update(error=WorkerError(**{k: error[k] for k in (
                 "type_name", "message", "traceback", "fields") if k in error}) if error
                 else WorkerError("Exception", ""), finish_time=at, exit_code=1)
         elif how == files.EXITED:
@@ -227,8 +228,9 @@ def observe_task(task: files.TaskFiles, index: int, clock, until: Optional[float
 def _arrange(tasks: Sequence[files.TaskFiles]):
     """Tasks by worker index (the latest process of each), the number of
     workers, and notes on what was left out."""
-    notes, by_index = [], collections.defaultdict(list)
-    sizes = collections.Counter()
+    notes: List[str] = []
+    by_index: DefaultDict[int, List[files.TaskFiles]] = collections.defaultdict(list)
+    sizes: Counter[int] = collections.Counter()
     for t in tasks:
         kind, _ = t.task
         config = t.meta.get("tf_config") or next(
@@ -287,14 +289,14 @@ def observe(tasks: Sequence[files.TaskFiles], require_all: bool = False) -> Anal
     failed = [w for w in workers if w.error is not None or w.died]
     last_progress = max([0.0, *(w.last_seen for w in workers)])
     idle = now - last_progress
-    base = dict(notes=tuple(notes), tasks=names, missing=missing, positions=present)
+    base = Analysis(None, notes=tuple(notes), tasks=names, missing=missing, positions=present)
     if (cut is None and pending and not failed and idle < STILL_RUNNING
             and not any(w.stopped for w in workers)):
         running = (f"the job was running when its files were last written ({idle:.1f} s "
                    f"after its latest progress): nothing to decide; wait for the dumps "
                    f"(the recorder's --timeout) or send SIGUSR2 to every task, then gather "
                    f"the files again")
-        return Analysis(None, running=running, **base)
+        return dataclasses.replace(base, running=running)
     if not pending:
         ended_by, grace = EndedBy.ALL_FINISHED, 0.0
     elif failed:
@@ -307,5 +309,5 @@ def observe(tasks: Sequence[files.TaskFiles], require_all: bool = False) -> Anal
                          ended_by=ended_by, duration=now, workers=workers,
                          exit_on_return=True,
                          tasks=tuple(("worker", i) for i in present) if missing else ())
-    return Analysis(obs, ending=moment.ending(timelines, cut) if cut is not None else "",
-                    **base)
+    return dataclasses.replace(base, observation=obs,
+                               ending=moment.ending(timelines, cut) if cut is not None else "")

@@ -68,7 +68,7 @@ def task_of(tf_config: Optional[dict]) -> Tuple[str, Optional[int]]:
     """(type, index) of this process's task in ``TF_CONFIG``; ("task", None)
     when it has none (the stem then says ``task-pidPID``)."""
     try:
-        task = tf_config["task"]
+        task = (tf_config or {})["task"]
         return str(task["type"]), int(task["index"])
     except (TypeError, KeyError, ValueError):
         return "task", None

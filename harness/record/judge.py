@@ -12,5 +12,8 @@ from harness.record.analyze import Analysis
 def verdict(analysis: Analysis) -> Verdict:
     """The verdict on ``analysis`` (which has an observation)."""
     obs = analysis.observation
+    if obs is None:
+        raise ValueError("no observation to judge: " + "; ".join(
+            analysis.problems or (analysis.running,)))
     return conclude(diagnose(obs), obs, Story(positions=analysis.positions,
                                               missing=analysis.missing))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import signal
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness.diagnosis.observations import EXIT_STATUS_UNKNOWN
 from harness.diagnosis.words import names
@@ -88,7 +88,9 @@ def _ending_words(code: Optional[int]) -> str:
 def timeline(task: files.TaskFiles, index: int, clock: Callable[[float], float]) -> TaskTimeline:
     """``task``'s :class:`TaskTimeline`, its times mapped by ``clock``."""
     moments = [clock(r.time) for r in task.records]
-    quiet, stops, ending = [], [], None
+    quiet: List[float] = []
+    stops: List[float] = []
+    ending: Optional[Tuple[float, dict]] = None
     for e in task.events:
         kind, data, at = e.get("kind"), e.get("data"), clock(float(e.get("time", 0.0)))
         if kind == files.DUMP:
@@ -107,10 +109,13 @@ def timeline(task: files.TaskFiles, index: int, clock: Callable[[float], float])
     end, died, how = None, False, ""
     if ending is not None:
         end, data = ending
-        error = data.get("error") if isinstance(data.get("error"), dict) else {}
-        how = {files.RETURNED: "returned",
-               files.RAISED: f"raised {str(error.get('type_name') or 'an error').rsplit('.', 1)[-1]}",
-               }.get(data.get("how"), _ending_words(data.get("status")))
+        error = data.get("error")
+        if not isinstance(error, dict):
+            error = {}
+        said: Dict[Optional[str], str] = {
+            files.RETURNED: "returned",
+            files.RAISED: f"raised {str(error.get('type_name') or 'an error').rsplit('.', 1)[-1]}"}
+        how = said.get(data.get("how"), _ending_words(data.get("status")))
     elif ended is not None:
         end, died = ended[0], True
         code = ended[1].get("exit_code")

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from harness.core import progress, protocol
 from harness.errors import SettingError
@@ -66,15 +66,16 @@ _F_SETPIPE_SZ = 1031
 _installed: Optional["Recorder"] = None
 
 
-def cluster_position(tf_config: Optional[dict]):
+def cluster_position(tf_config: Optional[dict]) -> Tuple[int, int]:
     """(index, number of workers) of this task among the tasks that join
     MWMS's collectives (the chief first, then the workers); (0, 1) without
     a cluster."""
     try:
-        cluster = tf_config["cluster"]
+        config = tf_config or {}
+        cluster = config["cluster"]
         order = [("chief", i) for i in range(len(cluster.get("chief", ())))] + \
                 [("worker", i) for i in range(len(cluster.get("worker", ())))]
-        task = (tf_config["task"]["type"], int(tf_config["task"]["index"]))
+        task = (config["task"]["type"], int(config["task"]["index"]))
         return order.index(task), len(order)
     except (TypeError, KeyError, ValueError, AttributeError):
         return 0, 1
@@ -94,12 +95,13 @@ class Recorder:
         self.events = files.Lines(self.base + files.EVENTS)
         self.stack_file = open(self.base + files.STACKS, "a")
         self._sent = 0
-        self._signal_files = {}    # signal -> where faulthandler writes its dump
+        # signal -> where faulthandler writes its dump
+        self._signal_files: Dict[int, signals.DumpFile] = {}
         self.front: Optional[signals.Front] = None
         self._dump_lock = threading.Lock()
         self._stop = threading.Event()
         self._exited = False
-        self.watcher: Optional[subprocess.Popen] = None
+        self.watcher: Optional[subprocess.Popen[bytes]] = None
         files.write_meta(self.base + files.META, {
             "format": files.FORMAT, "version": files.VERSION,
             "task": dict(zip(("type", "index"), files.task_of(tf_config))),
@@ -201,7 +203,8 @@ class Recorder:
             elif self.timeout and not dumped and now - quiet_since >= self.timeout:
                 self.dump(f"no progress for {self.timeout:g} s")
                 dumped = True
-            self.front.check()
+            if self.front is not None:   # armed before this thread starts
+                self.front.check()
 
     # -- the end -----------------------------------------------------------
     def exited(self, how: str, status: Optional[int], error=None) -> None:

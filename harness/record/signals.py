@@ -25,12 +25,14 @@ import ctypes
 import faulthandler
 import signal
 import threading
-from typing import Dict, Optional
+from typing import IO, Any, Dict, Optional, Union
 
 # Room for a C ``struct sigaction`` (152 bytes with glibc on x86-64 and
 # ARM64), read and written back whole, never looked into but for its
 # first field: the handler's address.
 _SIGACTION_ROOM = 512
+# Where faulthandler writes a signal's dump: a file descriptor or an open file.
+DumpFile = Union[int, IO[Any]]
 
 
 def _libc():
@@ -49,7 +51,7 @@ class Front:
     only for the signals of ``always_chain``: SIGTERM's default ends the
     job as it would have, SIGUSR2's would end a job that never asked."""
 
-    def __init__(self, files: Dict[int, object], always_chain=()):
+    def __init__(self, files: Dict[int, DumpFile], always_chain=()):
         self.files = dict(files)
         self.always_chain = {int(s) for s in always_chain}
         # Held while a handler is set too: a re-arm between the job's
@@ -117,7 +119,7 @@ def wrap_signal(original, front: Front):
             front.arm(signal.Signals(int(signalnum)))
         return previous
 
-    signal_._mwms_recorder = True
-    signal_.__wrapped__ = original
+    signal_._mwms_recorder = True   # type: ignore[attr-defined]  # read back above
+    signal_.__wrapped__ = original   # type: ignore[attr-defined]  # as functools.wraps sets
     signal_.__doc__ = original.__doc__
     return signal_

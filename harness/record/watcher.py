@@ -29,7 +29,7 @@ import select
 import signal
 import sys
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 LOOK_EVERY = 0.2
 # A dump that faulthandler writes in pieces is whole once its pipe has been
@@ -94,7 +94,7 @@ def append_dump(base: str, reason: str, text: bytes, at: float) -> None:
 def _read_dump(fd: int, settle: float) -> Tuple[bytes, bool]:
     """What the pipe holds until it has been quiet ``settle`` s; and
     whether its writer is gone (end of file)."""
-    chunks = []
+    chunks: List[bytes] = []
     while True:
         try:
             data = os.read(fd, 1 << 16)

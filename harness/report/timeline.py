@@ -27,7 +27,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from xml.sax.saxutils import escape
 
 from harness.core import protocol
@@ -39,9 +39,9 @@ from harness.diagnosis.stragglers import wait_labels, waits
 # Call boxes by how the call ended (the SVG's fill, the trace's colour name).
 CALL_COLOURS = {"completed": ("#7fbf7f", "good"), "raised": ("#e06666", "terrible"),
                 "pending": ("#f6a13a", "bad")}
-PHASE_NAMES = {protocol.STARTED: "started", protocol.STRATEGY_CREATING: "creating strategy",
-               protocol.STRATEGY_CREATED: "strategy created",
-               protocol.STEPS_DONE: "loop done"}
+PHASE_NAMES: Dict[str, str] = {
+    protocol.STARTED: "started", protocol.STRATEGY_CREATING: "creating strategy",
+    protocol.STRATEGY_CREATED: "strategy created", protocol.STEPS_DONE: "loop done"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +264,8 @@ def time_axis(p: Panel) -> Tuple[Callable[[float], float], List[float]]:
                      for s in (longest.steps if longest else ())})
     knots = sorted({0.0, duration, *bounds})
     seconds = [b - a for a, b in zip(knots, knots[1:])]
-    inside = [bounds and bounds[0] <= a and b <= bounds[-1] for a, b in zip(knots, knots[1:])]
+    inside = [bool(bounds) and bounds[0] <= a and b <= bounds[-1]
+              for a, b in zip(knots, knots[1:])]
     least = min(MIN_STEP_PX, room / max(1, 2 * sum(inside)))
     scale = room / duration
     for _ in range(20):   # shrink the rest until the steps' least room fits
@@ -274,7 +275,7 @@ def time_axis(p: Panel) -> Tuple[Callable[[float], float], List[float]]:
         free = sum(d for d, w, i in zip(seconds, widths, inside) if not (i and w == least))
         fixed = sum(w for w, i in zip(widths, inside) if i and w == least)
         scale = max((room - fixed) / max(free, 1e-9), 1e-9)
-    edges = [LEFT]
+    edges: List[float] = [LEFT]
     for w in widths:
         edges.append(edges[-1] + w * room / max(sum(widths), 1e-9))
 
@@ -295,7 +296,8 @@ def time_axis(p: Panel) -> Tuple[Callable[[float], float], List[float]]:
 def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
     """Draw one panel from ``top``; return the y below it."""
     x, ticks = time_axis(p)
-    colour = {Outcome.COMPLETED: "#2e7d32", Outcome.HANG: "#b26a00"}.get(p.outcome, "#c62828")
+    colours: Dict[str, str] = {Outcome.COMPLETED: "#2e7d32", Outcome.HANG: "#b26a00"}
+    colour = colours.get(p.outcome, "#c62828")
     out.append(f'<text x="8" y="{top + 16}" class="title" fill="{colour}">'
                f'attempt {p.attempt}: {escape(p.outcome.upper())}</text>')
     out.append(f'<text x="8" y="{top + 34}" class="head">{escape(_clip(p.headline, 190))}</text>')
@@ -358,11 +360,13 @@ def _panel_svg(p: Panel, top: float, out: List[str]) -> float:
 WAIT = 3            # the height of a row's strip of waits, at its foot
 
 
-def _waits_svg(ln: Lane, y: float, x, out: List[str]) -> None:
+def _waits_svg(ln: Lane, y: float, x: Callable[[float], float], out: List[str]) -> None:
     """The lane's waits for the last worker at the collectives: a dark strip
     at the foot of its row (the straggler's row has none), and the words
     under the worker's name."""
     for s in ln.waits:
+        if s.end is None:   # a wait ends when the last worker arrives: never open
+            continue
         x0, x1 = x(s.start), x(s.end)
         out.append(f'<rect x="{x0:.1f}" y="{y + ROW - WAIT}" width="{max(x1 - x0, 0.8):.1f}" '
                    f'height="{WAIT}" class="wait"><title>{escape(s.label)}: '

@@ -14,7 +14,7 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Callable, Dict
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, TypeVar
 
 from harness.errors import InjectedFault
 from harness.faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, Partition, Pause,
@@ -22,22 +22,25 @@ from harness.faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, P
 from harness.plan import changes_the_network_at_once
 from harness.worker.process import flush_output
 
+if TYPE_CHECKING:
+    from harness.worker.context import WorkerContext
 
-def skip_step(fault: SkipStep, ctx) -> None:
+
+def skip_step(fault: SkipStep, ctx: WorkerContext) -> None:
     """Nothing to run: the step itself is left out (its row replaces the step)."""
 
 
-def delay(fault: Delay, ctx) -> None:
+def delay(fault: Delay, ctx: WorkerContext) -> None:
     time.sleep(fault.seconds)
 
 
-def pause(fault: Pause, ctx) -> None:
+def pause(fault: Pause, ctx: WorkerContext) -> None:
     # The parent sends SIGCONT after the fault's parent_signals (it saw the
     # FAULT message first); a stopped process cannot wake itself.
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def crash(fault: Crash, ctx) -> None:
+def crash(fault: Crash, ctx: WorkerContext) -> None:
     flush_output()
     if fault.how == "exit":
         os._exit(1)
@@ -47,7 +50,7 @@ def crash(fault: Crash, ctx) -> None:
         os.abort()
 
 
-def preempt(fault: Preempt, ctx) -> None:
+def preempt(fault: Preempt, ctx: WorkerContext) -> None:
     """The preemption notice: SIGTERM to this process, whatever handles it.
     With no handler it dies of it; a handler (TensorFlow's
     PreemptionCheckpointHandler) runs in the main thread right after this
@@ -56,27 +59,27 @@ def preempt(fault: Preempt, ctx) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def on_the_network(fault: StepFault, ctx) -> None:
+def on_the_network(fault: StepFault, ctx: WorkerContext) -> None:
     """Nothing in the worker: the parent acts on its network link (it saw
     the FAULT message first).  The step runs on into it once the parent
     says the change is made; a change due later (``ResetPeers(after=...)``)
     is not waited for."""
-    if changes_the_network_at_once(fault):
+    if changes_the_network_at_once(fault) and ctx.wait_applied is not None:
         ctx.wait_applied()
 
 
-def raise_error(fault: RaiseError, ctx) -> None:
+def raise_error(fault: RaiseError, ctx: WorkerContext) -> None:
     error = InjectedFault(fault.message)
     # A step can begin while a tf.function is traced (its first call, or
     # every call of one made per step).  Autograph rewraps what a trace
     # raises as StagingError, listing the harness's frames as "user code";
     # an exception carrying ``ag_pass_through`` it lets through as itself
     # (TensorFlow's own UnliftableError does so), with a plain traceback.
-    error.ag_pass_through = True
+    error.ag_pass_through = True   # type: ignore[attr-defined]  # autograph reads it
     raise error
 
 
-def extra_collective(fault: ExtraCollective, ctx) -> None:
+def extra_collective(fault: ExtraCollective, ctx: WorkerContext) -> None:
     """One all-reduce across the cluster that only this worker runs."""
     strategy = ctx.strategy
     if strategy is None:
@@ -97,13 +100,16 @@ def extra_collective(fault: ExtraCollective, ctx) -> None:
     extra()
 
 
+_Fault = TypeVar("_Fault", bound=StepFault)
+
+
 @dataclasses.dataclass(frozen=True)
-class Action:
-    act: Callable[[StepFault, object], None]
+class Action(Generic[_Fault]):
+    act: Callable[[_Fault, WorkerContext], None]
     replaces_step: bool = False
 
 
-ACTIONS: Dict[type, Action] = {
+ACTIONS: Dict[type, Action[Any]] = {
     SkipStep: Action(skip_step, replaces_step=True),
     ExtraCollective: Action(extra_collective),
     Crash: Action(crash),
@@ -118,7 +124,7 @@ ACTIONS: Dict[type, Action] = {
 }
 
 
-def _action(fault: StepFault) -> Action:
+def _action(fault: StepFault) -> Action[Any]:
     try:
         return ACTIONS[type(fault)]
     except KeyError:
@@ -131,6 +137,6 @@ def replaces_step(fault: StepFault) -> bool:
     return _action(fault).replaces_step
 
 
-def act_out(fault: StepFault, ctx) -> None:
+def act_out(fault: StepFault, ctx: WorkerContext) -> None:
     """Do what ``fault`` does in this worker, now."""
     _action(fault).act(fault, ctx)

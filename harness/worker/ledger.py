@@ -86,7 +86,8 @@ def _label_of(t) -> Tuple[str, ...]:
     same gradients in another order gives the same names in another order.
     () when ``t`` has no graph op."""
     try:
-        parts, todo = [], [t]
+        parts: List[str] = []
+        todo = [t]
         while todo and len(parts) < MAX_LABEL_PARTS:
             op = todo.pop().op
             join = _JOINS.get(op.type)
@@ -195,8 +196,8 @@ class Ledger:
             with self._lock:
                 fid = self._ids.get(id(function))
                 if fid is None:
-                    fid = self._new_id(getattr(function, "__name__", None)
-                                       or getattr(function, "_name", "tf.function"))
+                    fid = self._new_id(str(getattr(function, "__name__", None)
+                                           or getattr(function, "_name", "tf.function")))
                     self._keep.append(function)
                     self._ids[id(function)] = fid
         return fid
@@ -207,7 +208,7 @@ class Ledger:
 
     def _names(self, fid: int) -> str:
         function = self._keep[fid]
-        return getattr(function, "__name__", None) or getattr(function, "_name", "")
+        return str(getattr(function, "__name__", None) or getattr(function, "_name", ""))
 
     # -- calls -------------------------------------------------------------
     def call(self, function, original, args, kwargs):
@@ -348,17 +349,18 @@ def install(ledger: Ledger, function_module=None, collective_ops=None) -> Option
     ``collective_ops``)."""
     try:
         if function_module is None:
-            from tensorflow.python.eager.polymorphic_function import \
-                polymorphic_function as function_module
+            from tensorflow.python.eager.polymorphic_function import polymorphic_function
+            function_module = polymorphic_function
         if collective_ops is None:
-            from tensorflow.python.ops import collective_ops
+            from tensorflow.python.ops import collective_ops as tf_collective_ops
+            collective_ops = tf_collective_ops
     except ImportError as e:
         return f"this TensorFlow has no {e.name}"
     function_class = getattr(function_module, "Function", None)
     missing = [name for name, _, _ in _HOOKED if not callable(getattr(collective_ops, name, None))]
     if function_class is None or not callable(getattr(function_class, "__call__", None)):
         missing.append("polymorphic_function.Function.__call__")
-    if missing:
+    if missing or function_class is None:
         return "this TensorFlow lacks " + ", ".join(missing)
     if getattr(function_class.__call__, "_mwms_ledger", False):
         return None
@@ -375,7 +377,7 @@ def install(ledger: Ledger, function_module=None, collective_ops=None) -> Option
             # and this hook's, none of those.
             raise e.with_traceback(None) from None
 
-    __call__._mwms_ledger = True
+    __call__._mwms_ledger = True   # type: ignore[attr-defined]  # read back above
     function_class.__call__ = __call__
     for name, kind, how in _HOOKED:
         original = getattr(collective_ops, name)

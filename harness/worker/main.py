@@ -32,13 +32,14 @@ import tempfile
 import threading
 import time
 import traceback
+from typing import Tuple, Union
 
 import multiprocess
 
 from harness.core import linux, progress, protocol, serialize
 from harness.errors import HarnessError, SerializationError
 from harness.faults import StartDelay
-from harness.core.protocol import Message, WorkerError, WorkerSpec
+from harness.core.protocol import Message, VariablePrint, WorkerError, WorkerSpec
 from harness.worker import context as context_module
 from harness.worker.process import flush_output, lead_process_group, redirect_output
 from harness.worker.strategy_hook import install_strategy_hook
@@ -112,6 +113,7 @@ def send_replicas(ctx, path: str, send) -> None:
     """Fingerprint the strategy's variables for the replica check; a
     failure to do so is the harness's, reported as text, not fn's error."""
     from harness.worker.replicas import fingerprint
+    data: Union[Tuple[VariablePrint, ...], str]
     try:
         data = fingerprint(ctx.replica_variables or [], path)
     except Exception as e:

@@ -31,7 +31,7 @@ def named_addresses(tf_config: Optional[dict]) -> List[str]:
     """The ``HOST:PORT`` entries of the cluster whose host is a name, not an
     IP address, each once, in order."""
     try:
-        cluster = tf_config["cluster"]
+        cluster = (tf_config or {})["cluster"]
     except (TypeError, KeyError):
         return []
     out: List[str] = []

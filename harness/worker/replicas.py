@@ -56,7 +56,8 @@ def fingerprint(recorded: List[tuple], path: str) -> Tuple[VariablePrint, ...]:
     """Fingerprint the mirrored variables of ``recorded``; write their values
     to ``path`` (an .npz file, array ``v<number>`` each)."""
     import numpy as np
-    prints, arrays = [], {}
+    prints: List[VariablePrint] = []
+    arrays = {}
     for name, variable in recorded:
         if not mirrored(variable):
             continue

@@ -58,10 +58,12 @@ class ScriptMain:
                 sys.argv = ["-m", *self.argv]
                 sys.path.insert(0, self.cwd)
                 runpy.run_module(self.module, run_name="__main__", alter_sys=True)
-            else:
+            elif self.path is not None:
                 sys.argv = [self.path, *self.argv]
                 sys.path.insert(0, os.path.dirname(self.path))
                 runpy.run_path(self.path, run_name="__main__")
+            else:
+                raise ValueError("ScriptMain: neither a path nor a module to run")
         except SystemExit as e:
             if not exit_ok(e.code):
                 raise

@@ -129,5 +129,5 @@ def install_strategy_hook(ctx) -> None:
             adopt(ctx, self, used)
             ctx.send(protocol.STRATEGY_CREATED, data=int(self.num_replicas_in_sync))
 
-    __init__._mwms_hooked = True
+    __init__._mwms_hooked = True   # type: ignore[attr-defined]  # read back above
     cls.__init__ = __init__

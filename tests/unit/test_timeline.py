@@ -101,6 +101,14 @@ def test_every_attempt_is_a_panel_and_a_process(tmp_path):
     assert "attempt 0: HANG" in texts and "attempt 1: COMPLETED" in texts
 
 
+def test_a_run_in_which_no_worker_reported_a_step_has_a_picture_too():
+    obs = run(blocked(0, 2, steps=()), blocked(1, 2, steps=()), ended_by="hang")
+    (p,) = timeline.panels_of(_result(obs))
+    assert all(ln.steps == () for ln in p.lanes)
+    texts = ["".join(t.itertext()) for t in svg_tree(timeline.svg([p])).iter(SVG + "text")]
+    assert "attempt 0: HANG" in texts and "worker 1 ? candidate" in texts
+
+
 def test_ticks_are_round():
     assert timeline._ticks(3.7) == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
     assert timeline._ticks(45) == [0, 10, 20, 30, 40]

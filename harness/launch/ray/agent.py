@@ -33,14 +33,14 @@ from multiprocess import connection, spawn
 
 from harness.launch.ray.link import NodeLink
 from harness.core import progress
-from harness.launch.local import LocalLauncher
-from harness.launch.ports import reserve_ports
+from harness.launch.local import LocalLauncher, ProcessHandle
+from harness.launch.ports import PortReservation, reserve_ports
 from harness.core.protocol import WorkerSpec
 
 
 @dataclasses.dataclass
 class _Worker:
-    handle: object
+    handle: ProcessHandle
     folder: str
     link: Optional[NodeLink] = None   # None until it reached the controller
     connecting: Optional[threading.Thread] = None
@@ -51,7 +51,7 @@ class NodeAgent:
     def __init__(self, preload: tuple, sys_path: List[str], cwd: str) -> None:
         self.launcher = LocalLauncher("forkserver", preload)
         self.workers: Dict[str, _Worker] = {}
-        self.reservations: Dict[str, object] = {}
+        self.reservations: Dict[str, PortReservation] = {}
         self.lock = threading.Lock()
         # The workers' directories, in Ray's temp directory where it has
         # one (a local cluster's holder removes it whatever happens).  So
@@ -130,7 +130,8 @@ class NodeAgent:
 
     def _link_done(self, worker: _Worker) -> None:
         """Once the worker is gone: its link's last frames sent."""
-        worker.connecting.join(5)
+        if worker.connecting is not None:
+            worker.connecting.join(5)
         if worker.link is not None:
             worker.link.join(5)
 

@@ -23,7 +23,6 @@ when stdin closes or its parent dies it kills every descendant, removes
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys

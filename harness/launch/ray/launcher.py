@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Sequence, Tuple, cast
 
 from multiprocess import connection
 
@@ -54,12 +54,40 @@ from harness.errors import HarnessError, SettingError
 from harness.launch import memory, scratch
 from harness.launch.devices import uses_gpus
 from harness.launch.base import Backend, Launcher, Placement
+from harness.core.linux import pipe
 from harness.core.protocol import WorkerSpec
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 INSTALL = "pip install -e '.[ray]' (or pip install ray)"
 START_TIMEOUT = 120.0   # the holder's cluster, ray.init, an agent's first answer
 CALL_TIMEOUT = 30.0     # an agent's answer to anything else
 CONNECT_TIMEOUT = 60.0  # a started worker's channel reaching the listener
+
+
+class RemoteMethod(Protocol):
+    def remote(self, *args: Any) -> Any:
+        """Call the method in the actor; an ObjectRef to read with ``ray.get``."""
+
+
+class AgentHandle(Protocol):
+    """A :class:`~harness.launch.ray.agent.NodeAgent` actor as this side calls
+    it, each method through ``.remote`` (Ray's types give ``.remote`` to
+    methods decorated with ``@ray.method`` only)."""
+
+    node: RemoteMethod
+    prewarm: RemoteMethod
+    reserve: RemoteMethod
+    release: RemoteMethod
+    start: RemoteMethod
+    wait: RemoteMethod
+    signal: RemoteMethod
+    is_stopped: RemoteMethod
+    remember_descendants: RemoteMethod
+    kill_tree: RemoteMethod
+    close: RemoteMethod
+    shutdown: RemoteMethod
 
 
 def available() -> Tuple[bool, str]:
@@ -99,7 +127,7 @@ class HeldCluster:
     def close(self) -> None:
         if self.holder.poll() is None:
             with contextlib.suppress(OSError):
-                self.holder.stdin.close()
+                pipe(self.holder.stdin).close()
             try:
                 self.holder.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -107,7 +135,8 @@ class HeldCluster:
                 self.holder.wait()
         for stream in (self.holder.stdin, self.holder.stdout, self.log):
             with contextlib.suppress(OSError):
-                stream.close()
+                if stream is not None:
+                    stream.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
@@ -131,7 +160,7 @@ class RaySession:
         import ray
         self.key = (address, nodes, tuple(preload))
         # Before anything that can fail: close() reads them.
-        self.agents: Dict[str, object] = {}     # node id -> agent
+        self.agents: Dict[str, AgentHandle] = {}     # node id -> agent
         self.hosts: Dict[str, str] = {}         # node id -> its address
         self.held = HeldCluster(nodes) if address is None else None
         target = self.held.address if self.held else address
@@ -154,8 +183,8 @@ class RaySession:
             self.close()
             raise HarnessError(f"could not join the Ray cluster at {target}: "
                                f"{done[0] if done else f'no answer in {START_TIMEOUT:g} s'}")
-        self.preload = tuple(preload)
-        self.listen_host = ray.util.get_node_ip_address()
+        self.preload: Tuple[str, ...] = tuple(preload)
+        self.listen_host: str = ray.util.get_node_ip_address()
 
     def nodes(self) -> List[str]:
         """The alive nodes' ids, in a stable order (the head node first)."""
@@ -165,16 +194,16 @@ class RaySession:
                                   n["NodeManagerAddress"], n["NodeID"]))
         return [n["NodeID"] for n in alive]
 
-    def agent(self, node: str):
+    def agent(self, node: str) -> AgentHandle:
         """The agent on ``node``, started the first time it is needed."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         if node not in self.agents:
             from harness.launch.ray.agent import NodeAgent
-            actor = ray.remote(NodeAgent).options(
+            actor = cast(AgentHandle, ray.remote(NodeAgent).options(
                 num_cpus=0, max_concurrency=64,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            ).remote(self.preload, list(sys.path), os.getcwd())
+            ).remote(self.preload, list(sys.path), os.getcwd()))
             host, _, _ = ray.get(actor.node.remote(), timeout=START_TIMEOUT)
             actor.prewarm.remote()
             self.agents[node], self.hosts[node] = actor, host
@@ -193,7 +222,7 @@ class RaySession:
                 ray.get([a.shutdown.remote() for a in self.agents.values()],
                         timeout=CALL_TIMEOUT)
             for actor in self.agents.values():
-                ray.kill(actor)
+                ray.kill(cast("ActorHandle", actor))
             ray.shutdown()
         self.agents.clear()
         if self.held is not None:
@@ -226,7 +255,7 @@ class RayWorkerHandle:
     """One worker on a Ray node, as :class:`~harness.launch.local.WorkerHandle`
     is one here: its agent answers for it."""
 
-    def __init__(self, index: int, agent, key: str, pid: int, link: ControllerLink,
+    def __init__(self, index: int, agent: AgentHandle, key: str, pid: int, link: ControllerLink,
                  local: bool = False):
         self.index, self.agent, self.key, self.pid, self.link = index, agent, key, pid, link
         self.local_pid = pid if local else None   # its pid is one of this machine's
@@ -301,7 +330,7 @@ class RayLauncher(Launcher):
     def __init__(self, address: Optional[str] = None, nodes: int = 2,
                  preload: Sequence[str] = ()) -> None:
         self.address, self.nodes, self.preload = address, nodes, tuple(preload)
-        self._agents: List[object] = []   # the last placement's agent per worker
+        self._agents: List[AgentHandle] = []   # the last placement's agent per worker
         self._runs = 0
 
     def _session(self) -> RaySession:
@@ -348,7 +377,7 @@ class RayLauncher(Launcher):
             pids = ray.get([self._agents[spec.index].start.remote(
                 key, spec, listener.getsockname()[:2], authkey, time.monotonic())
                 for key, spec in zip(keys, specs)], timeout=START_TIMEOUT)
-            conns = {}
+            conns: Dict[str, connection.Connection] = {}
             while len(conns) < len(specs):
                 sock, _ = listener.accept()
                 sock.settimeout(None)
