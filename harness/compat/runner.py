@@ -106,11 +106,11 @@ def light_testcases():
         def state(self):
             return {k: v for k, v in self.__dict__.items() if k != "_outcome"}
 
-        unittest.TestCase.__getstate__ = state
+        setattr(unittest.TestCase, "__getstate__", state)  # noqa: B010 - not a method mypy knows
         try:
             yield
         finally:
-            del unittest.TestCase.__getstate__
+            delattr(unittest.TestCase, "__getstate__")
 
 
 def _executing_eagerly() -> bool:
@@ -277,9 +277,10 @@ class MultiProcessRunner:
     def get_process_id(self, task_type, task_id):
         """The task's pid (None before it starts), once its cluster runs."""
         index = spec.check_task(task_type, task_id, self._order)
-        if index in self._pending or self._current() is None:
+        current = self._current()
+        if index in self._pending or current is None:
             return None
-        return self._current().pid(index)
+        return current.pid(index)
 
     def get_process_exit_code(self, task_type, task_id):
         """The task's exit code; None while it runs.  KeyError if never started."""

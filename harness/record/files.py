@@ -116,7 +116,7 @@ class Lines:
 
 
 def _plain(value):
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)

@@ -1,6 +1,8 @@
 """Worker side: progress and faults through a Keras ``fit``."""
 from __future__ import annotations
 
+from typing import Any
+
 from harness.core import protocol
 from harness.worker.actions import replaces_step
 
@@ -12,7 +14,7 @@ def make_keras_callback(ctx):
                          "way to skip a batch; use a custom loop with context().steps()")
     ctx.explicit_steps = True
     import tensorflow as tf
-    base = tf.keras.callbacks.Callback  # tf_keras when TF_USE_LEGACY_KERAS=1
+    base: Any = tf.keras.callbacks.Callback  # tf_keras when TF_USE_LEGACY_KERAS=1
 
     class MWMSProgress(base):
         """Reports each training batch to the harness as a step."""

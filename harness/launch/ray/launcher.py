@@ -164,7 +164,7 @@ class RaySession:
         self.hosts: Dict[str, str] = {}         # node id -> its address
         self.held = HeldCluster(nodes) if address is None else None
         target = self.held.address if self.held else address
-        done: List[BaseException] = []
+        done: List[Optional[BaseException]] = []
 
         def connect():
             try:
