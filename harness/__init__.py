@@ -30,13 +30,13 @@ _HOME = {
     "MemoryGrowth": "harness.diagnosis.memory",
     "Exploration": "harness.explore.search", "BreakingPlan": "harness.explore.search",
     "OrderDivergence": "harness.diagnosis.order",
-    **{name: "harness.diagnosis.observations" for name in (
+    **dict.fromkeys((
         "Outcome", "RunObservation", "WorkerObservation", "ReplicaCheck", "DivergentVariable",
-        "ReferenceCheck", "Collective", "CollectiveOp")},
-    **{name: "harness.errors" for name in (
+        "ReferenceCheck", "Collective", "CollectiveOp"), "harness.diagnosis.observations"),
+    **dict.fromkeys((
         "HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
         "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError",
-        "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed")},
+        "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed"), "harness.errors"),
 }
 # Modules of the public line, each loaded as ``harness.<name>`` when first used.
 _MODULES = ("faults", "strategies", "workloads", "compat", "record", "errors")
@@ -47,7 +47,8 @@ _MODULES = ("faults", "strategies", "workloads", "compat", "record", "errors")
 _PUBLIC = ("harness", *(f"harness.{m}" for m in _MODULES),
            "harness.compat.multi_process_runner", "harness.compat.multi_worker_test_base")
 
-__all__ = sorted([*_HOME, *_MODULES, "__version__"])
+# Made from the table above, the public line's one declaration.
+__all__ = sorted([*_HOME, *_MODULES, "__version__"])  # noqa: PLE0605
 
 if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr__
     from harness import compat, errors, faults, record, strategies, workloads  # noqa: F401

@@ -25,7 +25,7 @@ from harness.faults import (FAULT_TYPES, UNRESOLVED, BadTFConfig, Fault, StartDe
 __tracebackhide__ = hide_in_setup_errors
 
 
-def resolve(fault: Fault, shape: "tfconfig.ClusterShape") -> Fault:
+def resolve(fault: Fault, shape: tfconfig.ClusterShape) -> Fault:
     """``fault`` with its ``worker`` worked out from its ``task=`` in a cluster
     of ``shape``, or a FaultError; ``worker=`` counts the training tasks only."""
     if fault.task is None:
@@ -47,7 +47,7 @@ def resolve(fault: Fault, shape: "tfconfig.ClusterShape") -> Fault:
 
 
 def validate(faults: Iterable, num_workers: int, restarts: int = 0,
-             shape: Optional["tfconfig.ClusterShape"] = None) -> Tuple[Fault, ...]:
+             shape: Optional[tfconfig.ClusterShape] = None) -> Tuple[Fault, ...]:
     """Check a fault plan against a cluster of ``num_workers`` (of ``shape``,
     when it has a chief or an evaluator) restarted up to ``restarts`` times;
     return it as a tuple, each fault's ``task=`` resolved to its worker.

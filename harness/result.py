@@ -18,7 +18,8 @@ LOG_TAIL_LINES = 30
 class WorkerResult:
     """One worker's part of a run.
 
-    ``index`` is the worker's index (its ``TF_CONFIG`` task); ``return_value`` is what ``fn`` returned (None if it did not);
+    ``index`` is the worker's index (its ``TF_CONFIG`` task);
+    ``return_value`` is what ``fn`` returned (None if it did not);
     ``exception`` a :class:`WorkerError` (type name, message, traceback text)
     or None; ``exit_code`` is negative for death by a signal; ``log`` all the
     worker wrote to stdout and stderr, C++ logging included (head and tail
@@ -48,7 +49,7 @@ class WorkerResult:
     observation: Optional[WorkerObservation] = dataclasses.field(default=None, repr=False)
     attempt: int = 0
     pid: Optional[int] = None
-    attempts: Tuple["WorkerResult", ...] = dataclasses.field(default=(), repr=False)
+    attempts: Tuple[WorkerResult, ...] = dataclasses.field(default=(), repr=False)
 
     @property
     def restarts(self) -> int:
@@ -116,9 +117,9 @@ class RunResult:
     workers: Tuple[WorkerResult, ...]
     duration: float
     observation: RunObservation
-    verdict: "Verdict"
+    verdict: Verdict
     attempt: int = 0
-    attempts: Tuple["RunResult", ...] = ()
+    attempts: Tuple[RunResult, ...] = ()
     phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
@@ -239,7 +240,7 @@ class RunResult:
 
     # -- assertions ------------------------------------------------------
     def _check(self, outcome: str, culprits: Optional[Iterable[int]] = None,
-               step: Optional[int] = None, error: Optional[str] = None) -> "RunResult":
+               step: Optional[int] = None, error: Optional[str] = None) -> RunResult:
         __tracebackhide__ = True   # pytest shows the test's line, not this one
         problems = []
         if self.outcome != outcome:
@@ -263,37 +264,37 @@ class RunResult:
         __tracebackhide__ = True
         raise AssertionError(f"{self.diagnosis}\n{problem}")
 
-    def assert_completed(self) -> "RunResult":
+    def assert_completed(self) -> RunResult:
         """The run completed; else an AssertionError that starts with the diagnosis."""
         __tracebackhide__ = True
         return self._check(Outcome.COMPLETED)
 
     def assert_hang(self, culprits: Optional[Iterable[int]] = None,
-                    step: Optional[int] = None) -> "RunResult":
+                    step: Optional[int] = None) -> RunResult:
         """The run hung; with ``culprits`` and ``step``, blamed on exactly
         those workers, at that step."""
         __tracebackhide__ = True
         return self._check(Outcome.HANG, culprits, step)
 
     def assert_failed(self, culprits: Optional[Iterable[int]] = None,
-                      error: Optional[str] = None) -> "RunResult":
+                      error: Optional[str] = None) -> RunResult:
         """The run failed; ``error`` names the root error's type, or appears
         in a culprit's message."""
         __tracebackhide__ = True
         return self._check(Outcome.FAILED, culprits, error=error)
 
-    def assert_crashed(self, culprits: Optional[Iterable[int]] = None) -> "RunResult":
+    def assert_crashed(self, culprits: Optional[Iterable[int]] = None) -> RunResult:
         """A worker died (not by the harness's hand); ``culprits`` as above."""
         __tracebackhide__ = True
         return self._check(Outcome.CRASHED, culprits)
 
-    def assert_crashed_at_exit(self, culprits: Optional[Iterable[int]] = None) -> "RunResult":
+    def assert_crashed_at_exit(self, culprits: Optional[Iterable[int]] = None) -> RunResult:
         """Every worker returned its value (training completed), and then
         ``culprits``' processes died at exit (``Outcome.CRASHED_AT_EXIT``)."""
         __tracebackhide__ = True
         return self._check(Outcome.CRASHED_AT_EXIT, culprits)
 
-    def assert_no_straggler(self, max_wait: Optional[float] = None) -> "RunResult":
+    def assert_no_straggler(self, max_wait: Optional[float] = None) -> RunResult:
         """No worker is a straggler (see :attr:`stragglers`).  With
         ``max_wait``, a number in (0, 1]: a straggler is allowed as long as
         the others spend at most that share of each step waiting for it
@@ -313,7 +314,7 @@ class RunResult:
             self._fail(f"expected {expected}; the others wait {waits}")
         return self
 
-    def assert_memory_flat(self, mib_per_step: Optional[float] = None) -> "RunResult":
+    def assert_memory_flat(self, mib_per_step: Optional[float] = None) -> RunResult:
         """No worker's memory grows faster than ``mib_per_step`` MiB per step
         (a positive number; default
         :data:`~harness.diagnosis.memory.FLAT_MIB_PER_STEP`), by the rate
@@ -333,7 +334,7 @@ class RunResult:
                        f"step; " + "; ".join(problems))
         return self
 
-    def assert_culprit(self, worker: int) -> "RunResult":
+    def assert_culprit(self, worker: int) -> RunResult:
         """The diagnosis names ``worker``, alone and without doubt."""
         __tracebackhide__ = True
         if self.ambiguous or tuple(self.culprits) != (worker,):
@@ -341,7 +342,7 @@ class RunResult:
                        f"{tuple(self.culprits)}{' (ambiguous)' if self.ambiguous else ''}")
         return self
 
-    def assert_cannot_tell(self, candidates: Iterable[int]) -> "RunResult":
+    def assert_cannot_tell(self, candidates: Iterable[int]) -> RunResult:
         """The diagnosis says it cannot tell, and names exactly ``candidates``."""
         __tracebackhide__ = True
         candidates = tuple(sorted(candidates))

@@ -236,7 +236,7 @@ class RunSettings:
         """The cluster's shape: ``cluster``, else ``workers`` worker tasks."""
         return self.cluster if self.cluster is not None else ClusterShape(worker=self.workers)
 
-    def with_overrides(self, **overrides: Any) -> "RunSettings":
+    def with_overrides(self, **overrides: Any) -> RunSettings:
         """These settings with ``overrides`` (None: unchanged).  A shape sets
         ``workers`` to its number of tasks; ``workers`` alone is a cluster of
         workers only."""

@@ -278,7 +278,7 @@ def size_table(rows: Sequence[dict]) -> str:
 
 
 def _minutes(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
+    m, s = divmod(round(seconds), 60)
     return f"{m} min {s:02d} s"
 
 

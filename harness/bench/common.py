@@ -59,19 +59,17 @@ def machine_info() -> dict:
     """Cores, RAM, CPU model, load, Python and TensorFlow versions, without
     importing TensorFlow into this process."""
     cpu_model = None
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
     ram = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    ram = int(line.split()[1]) * 1024
-                    break
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                ram = int(line.split()[1]) * 1024
+                break
     return {
         "cores": os.cpu_count(),
         "ram_gib": None if ram is None else round(ram / (1 << 30), 1),

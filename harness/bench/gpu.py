@@ -27,6 +27,7 @@ import collections
 import datetime
 import json
 import os
+import pathlib
 import platform
 import shutil
 import statistics
@@ -81,7 +82,8 @@ def _command(*argv: str, timeout: float = 30) -> str:
     if not shutil.which(argv[0]):
         return ""
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout).stdout.strip()
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -145,11 +147,12 @@ def run_tests(timeout: float) -> dict:
         started = time.monotonic()
         status: Union[int, str]     # pytest's exit code, or "timeout"
         try:
-            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                                  check=False)
             status, tail = done.returncode, done.stdout[-3000:]
         except subprocess.TimeoutExpired as e:
             status, tail = "timeout", ((e.stdout or b"").decode(errors="replace"))[-3000:]
-        cases = junit_cases(open(report).read()) if os.path.exists(report) else []
+        cases = junit_cases(pathlib.Path(report).read_text()) if os.path.exists(report) else []
     return {"exit": status, "seconds": round(time.monotonic() - started, 1),
             "cases": cases, "output_tail": tail}
 
@@ -253,7 +256,8 @@ def fork_after_cuda() -> dict:
 def _probe_in_a_process(name: str, timeout: float = 240) -> dict:
     argv = [sys.executable, "-m", "harness.bench.gpu", "--probe", name]
     try:
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              check=False)
     except subprocess.TimeoutExpired:
         return {"result": "timeout", "detail": f"over {timeout:g} s"}
     lines = done.stdout.strip().splitlines()

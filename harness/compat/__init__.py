@@ -36,7 +36,7 @@ __all__ = ["install", "multi_process_runner", "multi_worker_test_base"]
 _MODULES = ("multi_process_runner", "multi_worker_test_base")
 
 if TYPE_CHECKING:
-    from harness.compat import multi_process_runner, multi_worker_test_base  # noqa: F401
+    from harness.compat import multi_process_runner, multi_worker_test_base
 
 
 def install() -> None:

@@ -56,7 +56,7 @@ _manager = None
 _manager_dir: Optional[str] = None
 _manager_lock = threading.Lock()
 _pickling_lock = threading.Lock()
-_live: "weakref.WeakSet[MultiProcessRunner]" = weakref.WeakSet()
+_live: weakref.WeakSet[MultiProcessRunner] = weakref.WeakSet()
 
 
 def manager():
@@ -187,7 +187,7 @@ class MultiProcessRunner:
             if self._joined:
                 raise ValueError("cannot start new processes after MultiProcessRunner.join() "
                                  "is called")
-            self._launch({i: (self._fn, self._args, self._kwargs) for i in range(self._n)})
+            self._launch(dict.fromkeys(range(self._n), (self._fn, self._args, self._kwargs)))
         if self._max_run_time is not None:
             self._timer = threading.Timer(self._max_run_time, self.terminate_all)
             self._timer.daemon = True

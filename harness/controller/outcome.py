@@ -90,10 +90,10 @@ def certain_to_recur(workers: Sequence[WorkerObservation]) -> Optional[NotRestar
     return None
 
 
-def judge(obs: RunObservation, story: Story = Story()) -> Verdict:
+def judge(obs: RunObservation, story: Optional[Story] = None) -> Verdict:
     """The verdict on an attempt: the rules on what was observed, then the
-    stages on what the controller knows of it."""
-    return conclude(diagnose(obs), obs, story)
+    stages on what the controller knows of it (``story``; none by default)."""
+    return conclude(diagnose(obs), obs, story or Story())
 
 
 def attempt_story(obs: RunObservation, plan: Sequence[Fault],

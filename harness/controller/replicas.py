@@ -114,7 +114,7 @@ def _layout_divergence(prints: Dict[int, Tuple[VariablePrint, ...]]) -> Optional
     workers = sorted(prints)
     longest = max((len(p) for p in prints.values()), default=0)
     for k in range(longest):
-        def layout(w: int) -> Optional[Tuple[str, tuple, str]]:
+        def layout(w: int, k: int = k) -> Optional[Tuple[str, tuple, str]]:
             p = prints[w]
             return None if k >= len(p) else (p[k].name, tuple(p[k].shape), p[k].dtype)
         groups: Dict[Optional[Tuple[str, tuple, str]], List[int]] = {}

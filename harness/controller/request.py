@@ -67,7 +67,7 @@ class RunRequest:
     exit_on_return: bool = False
     end_when_certain: bool = False
     progress: Optional[OnProgress] = None
-    network: NetworkChoice = NetworkChoice("host")
+    network: NetworkChoice = NetworkChoice("host")  # noqa: RUF009 - frozen, shared safely
 
     @property
     def fingerprint(self) -> bool:

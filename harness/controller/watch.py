@@ -159,7 +159,7 @@ class Steer:
 
 
 # A progress callback (run(progress=...)): it may return a hang timeout or a Steer.
-OnProgress = Callable[[Progress], Union[None, float, Steer]]
+OnProgress = Callable[[Progress], Union[float, Steer, None]]
 
 
 class WatchLoop:
@@ -319,7 +319,7 @@ class WatchLoop:
             else:
                 self._signal(action, now)
 
-    def _signal(self, action: "ParentAction", now: float) -> None:
+    def _signal(self, action: ParentAction, now: float) -> None:
         worker = self.workers[action.worker]
         if worker.seen.exit_code is not None or action.signal is None:
             return
@@ -438,7 +438,7 @@ class WatchLoop:
 
 
 RECEIVERS: Dict[str, Callable[..., None]] = {
-    **{kind: WatchLoop._on_ledger for kind in protocol.LEDGER_KINDS},
+    **dict.fromkeys(protocol.LEDGER_KINDS, WatchLoop._on_ledger),
     protocol.DRAIN: WatchLoop._on_drain,
     protocol.RETURNED: WatchLoop._on_returned,
     protocol.REPLICAS: WatchLoop._on_replicas,

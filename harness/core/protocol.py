@@ -178,7 +178,7 @@ class WorkerSpec:
 PROCESS_LOG_MARK = " log="
 
 
-def process_name(spec: "WorkerSpec") -> str:
+def process_name(spec: WorkerSpec) -> str:
     return f"mwms-worker-{spec.index}{PROCESS_LOG_MARK}{spec.log_path}"
 
 

@@ -16,17 +16,20 @@ tested on hand-built or recorded runs.  It works in four parts:
   the attempts of a run), from a :class:`~.story.Story` the controller
   gives; the verdict records each stage that changed it (``Verdict.stages``).
 
-Only this package makes or changes a :class:`Verdict` (``tests/unit/test_layout.py``
-holds the rest of the tree to that).  Its inputs are :mod:`.observations` and :mod:`.story`.  It may import :mod:`harness.core` and
-:mod:`harness.errors` only: no TensorFlow, no clock, no I/O.
+Only this package makes or changes a :class:`Verdict`
+(``tests/unit/test_one_verdict.py`` holds the rest of the tree to that).
+Its inputs are :mod:`.observations` and :mod:`.story`.  It may import
+:mod:`harness.core` and :mod:`harness.errors` only: no TensorFlow, no
+clock, no I/O.
 
 Outcome, by strict precedence: ``crashed`` if any worker died (ended without
 returning or raising, not by the harness's hand); else ``failed`` if any
-raised; else ``hang`` if the run ended by the hang detector, or the ledgers proved it
-can never complete (:mod:`.deadlock`), or a worker never returned; else ``failed`` if the replica check found the workers' models
+raised; else ``hang`` if the run ended by the hang detector, or the
+ledgers proved it can never complete (:mod:`.deadlock`), or a worker never
+returned; else ``failed`` if the replica check found the workers' models
 differ (error ``ReplicaDivergence``), or their collectives reduce the same
-tensors in another order (``CollectiveOrderDivergence``, :mod:`.order`), or the run differs from its
-single-worker reference (``ReferenceMismatch``); else ``crashed_at_exit`` if
+tensors in another order (``CollectiveOrderDivergence``, :mod:`.order`), or
+the run differs from its single-worker reference (``ReferenceMismatch``); else ``crashed_at_exit`` if
 a worker's process died after it returned (every worker returned: training
 completed); else ``completed``.  ``fault`` events are never used for blame;
 the text lists them as "injected".  ``Verdict.step`` is the step where the

@@ -84,8 +84,8 @@ def config_issues(obs: RunObservation) -> Tuple[Dict[int, List[str]], bool]:
             holders = [i for i, v in lists.items() if v == lst]
             return count[lst], len(lst) == n, sum(claimed.get(i) == i for i in holders)
 
-        best = max(score(l) for l in count)
-        tied = [l for l in count if score(l) == best]
+        best = max(score(lst) for lst in count)
+        tied = [lst for lst in count if score(lst) == best]
         ambiguous = len(tied) > 1
         ref = tied[0]
         for i, lst in lists.items():

@@ -112,7 +112,8 @@ def _gone(w: WorkerObservation, now: float, settle: float) -> bool:
 
 def _waits_for_ever_on(w: WorkerObservation) -> Optional[tuple]:
     """(function name, call number) of the call ``w`` is in, when it has
-    not finished nor died (the harness may have stopped it since), and the call's collectives have no timeout."""
+    not finished nor died (the harness may have stopped it since), and the
+    call's collectives have no timeout."""
     if w.finished or w.died or not _countable(w):
         return None
     call = ledger.pending_call(w)

@@ -57,9 +57,9 @@ def counts_by_step(w: WorkerObservation,
     broadcasts, say) belong to no step."""
     if not w.steps:
         return None
-    counts = {s: 0 for s in w.steps}
-    for step, name, n in _launches(w):
-        if step is not None and (functions is None or name in functions):
+    counts = dict.fromkeys(w.steps, 0)
+    for step, function, n in _launches(w):
+        if step is not None and (functions is None or function in functions):
             counts[step] = counts.get(step, 0) + n
     return counts
 
@@ -69,9 +69,9 @@ def counts_by_function(w: WorkerObservation, step: int) -> Dict[str, int]:
     are its own; ``<eager broadcast>`` for the variable initialisations
     made outside any function)."""
     counts: Dict[str, int] = collections.Counter()
-    for at, name, n in _launches(w):
+    for at, function, n in _launches(w):
         if at == step:
-            counts[name] += n
+            counts[function] += n
     return counts
 
 
@@ -228,7 +228,7 @@ def odd_collective(ws: Sequence[WorkerObservation]) -> Optional[Tuple[List[int],
         here = {i: (s[n][0].kind, s[n][0].shape, s[n][0].dtype) for i, s in seqs.items()}
         if len(set(here.values())) == 1:
             continue
-        (top, hits), *rest = collections.Counter(here.values()).most_common()
+        (top, hits), *_ = collections.Counter(here.values()).most_common()
         if 2 * hits <= len(here):
             return None
         odd = sorted(i for i, v in here.items() if v != top)

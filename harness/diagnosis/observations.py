@@ -246,7 +246,7 @@ class WorkerObservation:
         return (self.returned and self.error is None and self.exit_code not in (None, 0)
                 and not self.killed_by_harness)
 
-    def left_during(self, obs: "RunObservation") -> bool:
+    def left_during(self, obs: RunObservation) -> bool:
         """Returned, and its process ended by itself, as a script's does
         (``obs.exit_on_return``), or while the run was still watched: its
         peers saw it leave.  A worker that stays (``on_return="stay"``) ends
@@ -378,10 +378,10 @@ class RunObservation:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunObservation":
+    def from_dict(cls, d: dict) -> RunObservation:
         workers = []
-        for w in d["workers"]:
-            w = dict(w)
+        for recorded in d["workers"]:
+            w = dict(recorded)
             w["events"] = tuple(Event(**e) for e in w.get("events", ()))
             if w.get("error") is not None:
                 w["error"] = WorkerError(**w["error"])

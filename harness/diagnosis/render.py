@@ -222,7 +222,7 @@ EVALUATOR_ENDED = {Outcome.CRASHED: "died", Outcome.FAILED: "raised",
                    Outcome.CRASHED_AT_EXIT: "died at exit", Outcome.HANG: "never returned"}
 
 
-def evaluator_text(v: "Verdict", obs: RunObservation, e: WorkerObservation,
+def evaluator_text(v: Verdict, obs: RunObservation, e: WorkerObservation,
                    trouble: Optional[Outcome], training: Sequence[int]) -> str:
     """The text of a run with an evaluator: the training tasks' verdict
     ``v`` with the evaluator's line, or, when they completed and the
@@ -313,7 +313,7 @@ def task_story(ended: Sequence[WorkerObservation]) -> str:
     return "; ".join(f"{name(w.index)} {ended_as(w)} and was restarted" for w in ended)
 
 
-def task_restarts_text(v: "Verdict", ended: Sequence[WorkerObservation],
+def task_restarts_text(v: Verdict, ended: Sequence[WorkerObservation],
                        not_restarted: Sequence[NotRestarted]) -> str:
     """``v``'s text with the task restarts told first and the tasks not
     restarted noted after."""
@@ -324,7 +324,7 @@ def task_restarts_text(v: "Verdict", ended: Sequence[WorkerObservation],
     return f"{head}{v.text}{notes}"
 
 
-def attempts_text(v: "Verdict", attempts: Sequence["Verdict"]) -> str:
+def attempts_text(v: Verdict, attempts: Sequence[Verdict]) -> str:
     """The text of a run with restarts: its story, the last attempt's
     verdict ``v``, then each earlier attempt's, last first."""
     n = len(attempts)
@@ -336,7 +336,7 @@ def attempts_text(v: "Verdict", attempts: Sequence["Verdict"]) -> str:
     return "\n".join(parts)
 
 
-def missing_text(v: "Verdict", missing: Sequence[int], candidates: Sequence[int]) -> str:
+def missing_text(v: Verdict, missing: Sequence[int], candidates: Sequence[int]) -> str:
     """``v``'s text, the verdict on the workers that left files, told as
     "cannot tell" with the ``missing`` ones among the ``candidates``."""
     head, _, rest = v.text.partition("\n")

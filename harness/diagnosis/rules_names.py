@@ -61,7 +61,7 @@ def failed_lookups(w: WorkerObservation) -> Dict[str, str]:
         for address in pattern.findall(text):
             found.setdefault(address, "")
     why = next((m.group(1).strip() for m in (p.search(text) for p in _OS_ERROR_RES) if m), "")
-    return {a: why for a in found}
+    return dict.fromkeys(found, why)
 
 
 def unresolved_names(w: WorkerObservation) -> Dict[str, Tuple[str, Optional[float]]]:
@@ -151,8 +151,8 @@ def unresolved_address(f: Facts) -> Optional[Blame]:
         return None
     why = unresolved_names(f.worker(saw[0]))[leader][0]
     return _blame({0: leader}, why, saw,
-                  f"every worker waited in strategy creation for the coordination service "
-                  f"on it, with no error (TensorFlow retries the lookup in silence)", f)
+                  "every worker waited in strategy creation for the coordination service "
+                  "on it, with no error (TensorFlow retries the lookup in silence)", f)
 
 
 def _error_types(f: Facts, indexes: List[int]) -> str:

@@ -20,8 +20,8 @@ def is_library(path: str) -> bool:
     """Not the user's code.  "/harness/" also catches recorded runs from another
     checkout, at the price of hiding a user's own package named harness."""
     p = path.replace("\\", "/")
-    return (p.startswith("<") or "site-packages/" in p or "dist-packages/" in p
-            or "/lib/python3" in p or "/harness/" in p or p.startswith(_HARNESS_DIR))
+    return (p.startswith(("<", _HARNESS_DIR)) or "site-packages/" in p or "dist-packages/" in p
+            or "/lib/python3" in p or "/harness/" in p)
 
 
 def _in_tensorflow(frame: Frame) -> bool:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Sequence, Tuple
 
-from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text, never_acted_lines, not_restarted_text, task_restarts_text, why_not_acted)
+from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text,
+                                      never_acted_lines, not_restarted_text, task_restarts_text,
+                                      why_not_acted)
 from harness.diagnosis.echoes import is_echo
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,

@@ -78,7 +78,7 @@ class Story:
     not_acted: Tuple[NotActed, ...] = ()
     restarted: Tuple[WorkerObservation, ...] = ()
     tasks_not_restarted: Tuple[NotRestarted, ...] = ()
-    attempts: Tuple["Verdict", ...] = ()
+    attempts: Tuple[Verdict, ...] = ()
     not_restarted: Optional[NotRestarted] = None
     positions: Tuple[int, ...] = ()
     missing: Tuple[int, ...] = ()

@@ -257,8 +257,8 @@ def waits(obs: RunObservation) -> Dict[int, Tuple[Tuple[float, float], ...]]:
     report = stragglers(obs)
     out: Dict[int, List[Tuple[float, float]]] = {w.index: [] for w in obs.workers}
     if not report.calls:
-        return {i: () for i in out}
-    for s in _samples([w for w in obs.workers]):
+        return dict.fromkeys(out, ())
+    for s in _samples(list(obs.workers)):
         if s.function == report.function:
             for i, t in s.began.items():
                 if i != s.last:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import builtins
 import collections
 import dataclasses
+import itertools
 import random
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
@@ -99,7 +100,7 @@ class SearchProgress:
     def runs_per_minute(self) -> float:
         return 60.0 * self.runs / self.elapsed if self.elapsed > 0 else 0.0
 
-    def later(self, seconds: float, run: Optional[Progress] = None) -> "SearchProgress":
+    def later(self, seconds: float, run: Optional[Progress] = None) -> SearchProgress:
         """The same search ``seconds`` later, with the running plan's own progress."""
         return dataclasses.replace(self, elapsed=self.elapsed + seconds,
                                    left=max(0.0, self.left - seconds), run=run)
@@ -234,7 +235,7 @@ def longest_wait(result: RunResult) -> float:
         times = [0.0] + sorted(e.time for e in w.events if e.kind == "step")
         if w.finish_time is not None:
             times.append(w.finish_time)
-        longest = max([longest] + [b - a for a, b in zip(times, times[1:])])
+        longest = max([longest] + [b - a for a, b in itertools.pairwise(times)])
     return longest
 
 

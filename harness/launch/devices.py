@@ -80,10 +80,11 @@ def visible_gpus(env: Optional[Mapping[str, str]] = None) -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20,
+                             check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+    return [str(i) for i, _ in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
 
 
 _TF_GPUS = ("import tensorflow as tf; "
@@ -97,7 +98,7 @@ def tensorflow_gpus(visible: List[str], timeout: float = 180) -> Tuple[Optional[
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(visible), "TF_CPP_MIN_LOG_LEVEL": "3"}
     try:
         done = subprocess.run([sys.executable, "-c", _TF_GPUS], env=env, capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return None, f"TensorFlow took over {timeout:g} s to list the GPUs"
     words = done.stdout.split()

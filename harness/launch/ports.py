@@ -222,7 +222,7 @@ class PortReservation:
                 os.close(self._dir_fd)
             self._dir_fd = -1
 
-    def __enter__(self) -> "PortReservation":
+    def __enter__(self) -> PortReservation:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -163,7 +163,7 @@ def _being_made(path: str, me: int, opening: bool = False) -> bool:
         return opening
     mode = stat.S_IMODE(st.st_mode)
     return stat.S_ISDIR(st.st_mode) and st.st_uid != me and (
-        mode == 0o700 or opening and mode & 0o005 == 0o005)
+        mode == 0o700 or (opening and mode & 0o005 == 0o005))
 
 
 def open_state_dir(path: str, source: str) -> int:

@@ -172,7 +172,7 @@ class Namespace:
         self._cancel()
         end_anchor(self.anchor)
 
-    def __enter__(self) -> "Namespace":
+    def __enter__(self) -> Namespace:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -308,10 +308,11 @@ class Switch:
         if self.proxy is None:
             return configs
         out: List[Optional[dict]] = []
-        for src, config in enumerate(configs):
-            workers = (config or {}).get("cluster", {}).get("worker")
-            if config is not None and isinstance(workers, list):
-                config = copy.deepcopy(config)
+        for src, given in enumerate(configs):
+            workers = (given or {}).get("cluster", {}).get("worker")
+            config = given
+            if given is not None and isinstance(workers, list):
+                config = copy.deepcopy(given)
                 config["cluster"]["worker"] = [
                     f"{BRIDGE_HOST}:{self._proxy_port(src, self.addresses.index(a))}"
                     if a in self.addresses and a != self.addresses[src] else a for a in workers]
@@ -358,7 +359,7 @@ class Switch:
             end_anchor(self.proxy)
         end_anchor(self.anchor)
 
-    def __enter__(self) -> "Switch":
+    def __enter__(self) -> Switch:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -243,8 +243,8 @@ def _arrange(tasks: Sequence[files.TaskFiles]):
         sizes[size] += 1
         by_index[index].append(t)
     chosen = {}
-    for index, group in by_index.items():
-        group = sorted(group, key=lambda t: t.meta["clock"]["wall"])
+    for index, processes in by_index.items():
+        group = sorted(processes, key=lambda t: t.meta["clock"]["wall"])
         chosen[index] = group[-1]
         if len(group) > 1:
             notes.append(f"worker {index}: {len(group)} processes recorded "
@@ -274,7 +274,7 @@ def observe(tasks: Sequence[files.TaskFiles], require_all: bool = False) -> Anal
         if abs(off) >= 0.05:
             notes.append(f"worker {i}'s clock is {off:+.2f} s off worker {min(offsets)}'s "
                          f"(from when their calls ended): corrected")
-    wall = {i: (lambda t, _task=t, _off=offsets.get(i, 0.0): _task.to_wall(t) - _off)
+    wall = {i: (lambda t, _task=t, _off=offsets.get(i, 0.0): _task.to_wall(t) - _off)  # noqa: B008
             for i, t in chosen.items()}
     start = min(wall[i](t.meta["clock"]["monotonic"]) for i, t in chosen.items())
     clocks = {i: (lambda t, _w=wall[i]: _w(t) - start) for i in present}

@@ -63,7 +63,7 @@ WATCH_EVERY = 0.5
 PIPE_ROOM = 1 << 20
 _F_SETPIPE_SZ = 1031
 
-_installed: Optional["Recorder"] = None
+_installed: Optional[Recorder] = None
 
 
 def cluster_position(tf_config: Optional[dict]) -> Tuple[int, int]:
@@ -93,7 +93,7 @@ class Recorder:
         self.base = _claim(os.path.join(folder, files.stem(tf_config, files.hostname(), pid)))
         self.writer = progress.Writer(self.base + files.PROGRESS)
         self.events = files.Lines(self.base + files.EVENTS)
-        self.stack_file = open(self.base + files.STACKS, "a")
+        self.stack_file = open(self.base + files.STACKS, "a")  # noqa: SIM115 - the process's life
         self._sent = 0
         # signal -> where faulthandler writes its dump
         self._signal_files: Dict[int, signals.DumpFile] = {}

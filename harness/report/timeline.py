@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -263,9 +264,9 @@ def time_axis(p: Panel) -> Tuple[Callable[[float], float], List[float]]:
     bounds = sorted({round(min(max(s.start, 0.0), duration), 4)
                      for s in (longest.steps if longest else ())})
     knots = sorted({0.0, duration, *bounds})
-    seconds = [b - a for a, b in zip(knots, knots[1:])]
+    seconds = [b - a for a, b in itertools.pairwise(knots)]
     inside = [bool(bounds) and bounds[0] <= a and b <= bounds[-1]
-              for a, b in zip(knots, knots[1:])]
+              for a, b in itertools.pairwise(knots)]
     least = min(MIN_STEP_PX, room / max(1, 2 * sum(inside)))
     scale = room / duration
     for _ in range(20):   # shrink the rest until the steps' least room fits

@@ -17,16 +17,16 @@ from harness.faults import Fault
 from harness.plan import at_step
 from harness.worker.actions import act_out, replaces_step
 
-_current: Optional["WorkerContext"] = None
+_current: Optional[WorkerContext] = None
 
 
-def activate(ctx: "WorkerContext") -> None:
+def activate(ctx: WorkerContext) -> None:
     """Make ``ctx`` what :func:`context` returns in this process (the worker's entry point does)."""
     global _current
     _current = ctx
 
 
-def context() -> "WorkerContext":
+def context() -> WorkerContext:
     """The context of the worker this code runs in.
 
     Raises :class:`~harness.errors.NotInWorkerError` when called in the
@@ -46,11 +46,12 @@ class WorkerContext:
     (MWMS's order: the chief first, when there is one), ``num_workers``
     their number, ``task_type`` and ``task_index`` the task as its
     ``TF_CONFIG`` names it (``("worker", 1)``), ``is_chief`` true for index
-    0 (the chief, or worker 0 in a cluster of workers only), ``attempt`` which attempt of a run with restarts this is
-    (0, then 1 after the first restart, and so on), ``reference`` True in
-    the single-worker reference run of ``run(reference=True)`` (where
-    ``cluster_workers`` is still the N it stands in for), ``tf_config`` the dict its ``TF_CONFIG`` holds (None when a
-    fault removed it) and ``strategy`` the MultiWorkerMirroredStrategy ``fn``
+    0 (the chief, or worker 0 in a cluster of workers only), ``attempt``
+    which attempt of a run with restarts this is (0, then 1 after the first
+    restart, and so on), ``reference`` True in the single-worker reference
+    run of ``run(reference=True)`` (where ``cluster_workers`` is still the
+    N it stands in for), ``tf_config`` the dict its ``TF_CONFIG`` holds
+    (None when a fault removed it) and ``strategy`` the MultiWorkerMirroredStrategy ``fn``
     created, once it has.  ``run_dir`` is a directory of the run's own,
     shared by its workers and kept across its attempts and restarts (the
     place for the job's checkpoints), removed with the run (a reference run has one of its own,

@@ -358,7 +358,8 @@ def install(ledger: Ledger, function_module=None, collective_ops=None) -> Option
         return f"this TensorFlow has no {e.name}"
     function_class = getattr(function_module, "Function", None)
     missing = [name for name, _, _ in _HOOKED if not callable(getattr(collective_ops, name, None))]
-    if function_class is None or not callable(getattr(function_class, "__call__", None)):
+    # The class's own __call__ is what the ledger hooks, not "is it callable".
+    if function_class is None or not callable(getattr(function_class, "__call__", None)):  # noqa: B004
         missing.append("polymorphic_function.Function.__call__")
     if missing or function_class is None:
         return "this TensorFlow lacks " + ", ".join(missing)
@@ -383,7 +384,7 @@ def install(ledger: Ledger, function_module=None, collective_ops=None) -> Option
         original = getattr(collective_ops, name)
 
         def hooked(*args, _kind=kind, _how=how, _original=original,
-                   _timeout_at=_timeout_position(original), **kwargs):
+                   _timeout_at=_timeout_position(original), **kwargs):  # noqa: B008 - once per op
             return ledger.collective(_kind, _how, _original, args, kwargs, _timeout_at)
 
         hooked.__name__ = name

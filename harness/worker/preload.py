@@ -36,12 +36,12 @@ os.dup2(_devnull, 1)
 os.dup2(_devnull, 2)
 os.close(_devnull)
 
-import tensorflow  # noqa: E402,F401
+import tensorflow  # noqa: E402
 import tensorflow.python.distribute.collective_all_reduce_strategy  # noqa: E402,F401
 import dill  # noqa: E402,F401
 
-import harness.worker  # noqa: E402,F401
-import harness.worker.sync  # noqa: E402,F401
+import harness.worker  # noqa: E402
+import harness.worker.sync  # noqa: E402
 import harness.worker.ledger  # noqa: E402,F401
 
 # Not tf_keras: importing it here would make tf.keras tf_keras in every
@@ -70,7 +70,7 @@ for _name in filter(None, (n.strip() for n in os.environ.get("MWMS_PRELOAD", "")
     _threads = threading.active_count()
     try:
         importlib.import_module(_name)
-    except BaseException as _e:   # noqa: B902  (a SystemExit at import must not end the server)
+    except BaseException as _e:   # a SystemExit at import must not end the server
         _problems.append(f"{_name}: {type(_e).__name__}: {_e}")
         continue
     if threading.active_count() > _threads:

@@ -108,8 +108,9 @@ def redirect_output(log_path: str) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     os.close(devnull)
-    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
-    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+    # The process's own streams, for its whole life.
+    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
 
 
 def flush_output() -> None:

@@ -35,6 +35,7 @@ def check_step_sync(ctx, step: int) -> None:
     mine = np.zeros(n, dtype=np.float32)
     mine[ctx.index] = step + 1
     per_worker = max(1, strategy.num_replicas_in_sync // n)
-    seen = [int(round(v / per_worker)) - 1 for v in check(tf.constant(mine)).numpy()]
+    seen = [int(round(v / per_worker)) - 1  # noqa: RUF046 - numpy's round gives a float
+            for v in check(tf.constant(mine)).numpy()]
     if len(set(seen)) > 1:
         raise StepDesyncError(seen)

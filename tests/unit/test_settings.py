@@ -256,3 +256,8 @@ def test_a_list_of_workers_and_a_cluster_shape_are_refused_together():
 def test_only_the_options_marked_for_it_take_a_list():
     with pytest.raises(SettingError, match=r"mwms\(timeout=\.\.\.\)"):
         parse_marker({"timeout": [5, 10]})
+
+
+def test_every_fault_kind_is_on_the_public_line():
+    from harness import faults
+    assert {cls.__name__ for cls in faults.FAULT_TYPES} <= set(faults.__all__)

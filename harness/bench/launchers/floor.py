@@ -46,7 +46,7 @@ def _child(request: dict, config: dict, out: int, release: int) -> None:
         value = fn(**request["kwargs"])
         answer = {"ok": True, "value": value, "forked": forked, "began": began,
                   "ended": time.monotonic()}
-    except BaseException as e:   # noqa: B902  (whatever it was, the server must hear of it)
+    except BaseException as e:   # whatever it was, the server must hear of it
         answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     with os.fdopen(out, "w") as f:
         f.write(json.dumps(answer, default=repr))
@@ -84,7 +84,7 @@ def serve() -> None:
             children.append((pid, read))
         os.close(hold)
         answers = []
-        for pid, read in children:
+        for _pid, read in children:
             with os.fdopen(read) as f:
                 text = f.read()
             answers.append(json.loads(text) if text else {"ok": False, "error": "no answer"})
@@ -119,7 +119,7 @@ class FloorServer:
         self.proc = subprocess.Popen([sys.executable, "-c", SERVE_CODE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
                                      env=dict(os.environ, TMPDIR=self.tmpdir),
-                                     preexec_fn=set_parent_death_signal)
+                                     preexec_fn=set_parent_death_signal)  # noqa: PLW1509 - no threads yet
         # Both asked for with PIPE, so Popen made both.
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._requests, self._answers = self.proc.stdin, self.proc.stdout

@@ -182,7 +182,7 @@ class RunnerLauncher:
             f.write(_RUNNER_SCRIPT.format(python=sys.executable))
         os.chmod(script, os.stat(script).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         self.log_path = os.path.join(self._dir, "runner.log")
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - the server's log, closed with it
         env = worker_environments(1)[0]
         env["BENCH_RUNNER_LOG"] = self.log_path
         # Autograph's generated files (one per traced function per worker)
@@ -195,7 +195,7 @@ class RunnerLauncher:
         # Both asked for with PIPE, so Popen made both.
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._commands, self._answers = self.proc.stdin, self.proc.stdout
-        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._lines: queue.Queue[Optional[str]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         ready = self._reply(SAFETY_TIMEOUT)
         self.startup_s = time.monotonic() - t0
@@ -230,7 +230,7 @@ class RunnerLauncher:
     def run(self, workload: Workload, stamp_dir: str) -> dict:
         timeout = run_timeout(workload)
         cmd = {"cmd": "run", "workers": workload.workers,
-               "kwargs": worker_kwargs(workload, stamp_dir), "timeout": int(round(timeout))}
+               "kwargs": worker_kwargs(workload, stamp_dir), "timeout": round(timeout)}
         self._commands.write(json.dumps(cmd) + "\n")
         self._commands.flush()
         # Its report of a hang comes at about T + 30 s (SIGTERM, a 30 s wait

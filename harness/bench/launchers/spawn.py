@@ -56,8 +56,9 @@ class SpawnLauncher:
             t0 = time.monotonic()
             try:
                 for i in range(n):
-                    stdout = open(os.path.join(stamp_dir, f"stdout.{i}"), "w+")
-                    stderr = open(os.path.join(stamp_dir, f"stderr.{i}"), "w+")
+                    # Each worker's output, closed once the workers have ended.
+                    stdout = open(os.path.join(stamp_dir, f"stdout.{i}"), "w+")  # noqa: SIM115
+                    stderr = open(os.path.join(stamp_dir, f"stderr.{i}"), "w+")  # noqa: SIM115
                     outs.append(stdout)
                     logs.append(stderr)
                     # The worker gets SIGKILL if the benchmark dies, even by
@@ -65,7 +66,7 @@ class SpawnLauncher:
                     self._procs.append(subprocess.Popen(
                         [sys.executable, "-c", SPAWN_CODE, spec], env=envs[i],
                         stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                        preexec_fn=set_parent_death_signal))
+                        preexec_fn=set_parent_death_signal))  # noqa: PLW1509 - no threads
                 timed_out = False
                 for p in self._procs:
                     try:

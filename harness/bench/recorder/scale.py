@@ -105,7 +105,7 @@ def analyze(dirs: Sequence[str]) -> Tuple[float, float, int, str]:
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         lines = out.read().splitlines()
-    first = next((l for l in lines if not l.startswith("note:")), "")
+    first = next((ln for ln in lines if not ln.startswith("note:")), "")
     return seconds, usage.ru_maxrss / 1024, proc.returncode, first
 
 

@@ -83,7 +83,7 @@ def main(argv) -> None:
         for i in range(1, nodes):
             cluster.add_node(num_cpus=1, resources={f"mwms_node_{i}": 1})
         cluster.wait_for_nodes()
-    except BaseException as e:   # noqa: BLE001 - said to the controller, then cleaned
+    except BaseException as e:   # said to the controller, then cleaned
         print(f"failed {type(e).__name__}: {e}".replace("\n", " "), flush=True)
         end()
     # Ray's nodes install a SIGTERM handler of their own in this process

@@ -100,7 +100,7 @@ def main(argv) -> None:
         for i in range(nodes):
             start_node(switch, i, env)
         wait_for_nodes(switch, tmpdir, env, nodes + 1)
-    except BaseException as e:   # noqa: BLE001 - said to the caller, then cleaned
+    except BaseException as e:   # said to the caller, then cleaned
         print(f"failed {type(e).__name__}: {e}".replace("\n", " "), flush=True)
         holder.end()
     user_ns, net_ns = switch.paths(0)[0], f"/proc/{switch.anchor.pid}/ns/net"

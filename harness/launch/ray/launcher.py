@@ -105,7 +105,7 @@ class HeldCluster:
         # Short: Ray's unix socket paths under it must fit in 107 bytes.
         self.tmpdir = tempfile.mkdtemp(prefix="mwms-ray-", dir="/tmp")
         scratch.remove_at_end(self.tmpdir)
-        self.log = open(os.path.join(self.tmpdir, "holder.log"), "wb")
+        self.log = open(os.path.join(self.tmpdir, "holder.log"), "wb")  # noqa: SIM115 - closed in close()
         self.holder = subprocess.Popen(
             [sys.executable, "-m", "harness.launch.ray.holder", str(nodes), self.tmpdir],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, close_fds=True,
@@ -170,7 +170,7 @@ class RaySession:
             try:
                 ray.init(address=target, log_to_driver=False, namespace="pytest-mwms",
                          include_dashboard=False)
-            except BaseException as e:   # noqa: BLE001 - re-raised below
+            except BaseException as e:   # re-raised below
                 done.append(e)
             else:
                 done.append(None)
@@ -269,7 +269,7 @@ class RayWorkerHandle:
         import ray
         try:
             code = ray.get(self.agent.wait.remote(self.key))
-        except Exception:   # noqa: BLE001 - the agent (or its node) is gone
+        except Exception:   # the agent (or its node) is gone
             code = -9
         self.link.join(5)   # what the worker sent before it died is read first
         self.exitcode = code if code is not None else -9
@@ -290,7 +290,7 @@ class RayWorkerHandle:
         try:
             return ray.get(getattr(self.agent, method).remote(self.key, *args),
                            timeout=CALL_TIMEOUT)
-        except Exception:   # noqa: BLE001 - the agent is gone: nothing left to act on
+        except Exception:   # the agent is gone: nothing left to act on
             return None
 
     def send_signal(self, sig: int) -> bool:
@@ -401,7 +401,7 @@ class RayLauncher(Launcher):
         return handles
 
 
-def _launcher(settings) -> "RayLauncher":
+def _launcher(settings) -> RayLauncher:
     return RayLauncher(settings.ray_address, settings.ray_nodes, settings.preload)
 
 

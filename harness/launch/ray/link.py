@@ -57,7 +57,7 @@ class NodeLink:
     def __init__(self, sock, pipe, progress_path: str, paths: Dict[str, str], offset: float):
         self.sock, self.pipe, self.paths, self.offset = sock, pipe, paths, offset
         self.reader = progress.Reader(progress_path)
-        self.sent: Dict[str, int] = {name: 0 for name in paths}
+        self.sent: Dict[str, int] = dict.fromkeys(paths, 0)
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.poller = threading.Thread(target=self._poll, daemon=True, name="link-poll")
@@ -79,7 +79,7 @@ class NodeLink:
                             self._send_new()
                             self.sock.send(("msg", data))
                     else:
-                        kind, data = self.sock.recv()
+                        _, data = self.sock.recv()
                         self.pipe.send_bytes(data)
         except (EOFError, OSError):
             pass
