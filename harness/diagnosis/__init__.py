@@ -7,9 +7,9 @@ tested on hand-built or recorded runs.  It works in four parts:
 * :mod:`.facts`: what the rules need, worked out once (outcome, steps,
   phases, ``TF_CONFIG`` issues from :mod:`.configs`, root errors, collective
   mismatches and echoes from :mod:`.echoes`, stacks from :mod:`.stacks`);
-* :mod:`.rules`: the table of blame rules (the functions in
-  ``rules_any``, ``rules_failed`` and ``rules_stuck``); the first that
-  applies and answers wins, and the verdict names it (``Verdict.rule``);
+* :mod:`.rules`: the table of blame rules (the functions of the
+  ``rules_*`` modules); the first that applies and answers wins, and the
+  verdict names it (``Verdict.rule``);
 * :mod:`.render`: the text a person reads first;
 * :mod:`.stages`: the table of what the harness alone knows, applied after
   the rules by :func:`conclude` (a fault that never acted, the restarts,

@@ -4,8 +4,9 @@ applies to the run's situation and answers wins, as with pytest's
 ``firstresult`` hooks.  Adding a rule is one function, in the module of
 the situations it reads (``rules_any``: any run gone wrong; ``rules_failed``:
 a worker raised; ``rules_stuck``: a hang, or errors that name no worker;
-``rules_start``: a worker that joined late; ``rules_names``: an address
-that did not resolve), plus one row.
+``rules_counts``: the ledgers' per-step counts; ``rules_start``: a worker
+that joined late; ``rules_names``: an address that did not resolve), plus
+one row.
 
 The order of the table is the order of trust (``tests/unit/test_rules.py``
 holds this list to the table's order):
@@ -43,7 +44,9 @@ holds this list to the table's order):
   and left (its process ended) while the others still needed it in a
   collective (``left_early``); the collective ledgers
   (``collective_counts``: who launched a collective the others did not, or
-  did not launch one they did); the odd one out by state among three or
+  did not launch one they did; but a worker whose last step holds its
+  loop's end while its peers went on is one step short or they are one
+  step over, and without a majority it cannot tell); the odd one out by state among three or
   more (``majority``); the one behind, when it waits outside TensorFlow
   (``behind``); a split with no majority (``split``, ambiguous); the task
   the heartbeat errors name (``heartbeat``); a worker stuck mid-loop
@@ -88,7 +91,8 @@ from harness.diagnosis.rules_stuck import left_early
 from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_mismatch, sync_check
 from harness.diagnosis.rules_names import unresolved_address
 from harness.diagnosis.rules_start import late_start
-from harness.diagnosis.rules_stuck import (behind, collective_counts, heartbeat, majority, no_evidence,
+from harness.diagnosis.rules_counts import collective_counts
+from harness.diagnosis.rules_stuck import (behind, heartbeat, majority, no_evidence,
                                            outside_tensorflow, split, stopped)
 
 

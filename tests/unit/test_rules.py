@@ -298,6 +298,46 @@ def test_collective_counts_name_the_extra_collective_with_two_workers():
     assert "launched 2 collectives in step 5, and 1 in each of its other steps" in b.reason
 
 
+def _ended_early(i: int, n: int, last: int, went_on: bool):
+    """Worker ``i`` of ``n`` whose loop ended after step ``last`` with one
+    collective more there (its epoch's end), blocked in it; or one that
+    went on to the next step, blocked there (``went_on``)."""
+    steps = range(last + 2) if went_on else range(last + 1)
+    per_step = {s: (2 if (s == last and not went_on) else 1) for s in steps}
+    return with_ledger(blocked(i, n, steps=steps), per_step, blocked=True)
+
+
+def test_a_loop_ended_a_step_early_against_a_peer_that_went_on_cannot_tell_at_two():
+    """Uneven data (one worker's epoch a batch shorter) and a skipped step
+    look the same with 2 workers: the one whose last step holds its loop's
+    end, or the peer with a step more."""
+    obs = run(_ended_early(0, 2, 7, went_on=False), _ended_early(1, 2, 7, went_on=True),
+              ended_by="hang")
+    b = blame(R.collective_counts, obs)
+    assert (list(b.culprits), b.step, b.ambiguous) == ([0, 1], 7, True)
+    assert "worker 0 ended its loop after step 7" in b.reason
+    assert "worker 1 went on to step 8" in b.reason
+
+
+def test_from_three_workers_the_loop_that_ended_alike_is_the_majority():
+    obs = run(_ended_early(0, 3, 7, went_on=False), _ended_early(1, 3, 7, went_on=True),
+              _ended_early(2, 3, 7, went_on=False), ended_by="hang")
+    b = blame(R.collective_counts, obs)
+    assert (list(b.culprits), b.ambiguous) == ([1], False)
+    one_short = run(_ended_early(0, 3, 7, went_on=False), _ended_early(1, 3, 7, went_on=True),
+                    _ended_early(2, 3, 7, went_on=True), ended_by="hang")
+    b = blame(R.collective_counts, one_short)
+    assert (list(b.culprits), b.ambiguous) == ([0], False)
+
+
+def test_an_extra_collective_in_the_last_step_is_named_when_no_peer_went_on():
+    extra = with_ledger(blocked(0, 2), {s: (2 if s == 9 else 1) for s in range(10)},
+                        blocked=True)
+    obs = run(extra, with_ledger(returned(1, 2)), ended_by="hang")
+    b = blame(R.collective_counts, obs)
+    assert (list(b.culprits), b.step, b.ambiguous) == ([0], 9, False)
+
+
 def test_collective_counts_without_steps_cannot_tell_at_two_and_use_the_majority_from_three():
     two = run(with_ledger(blocked(0, 2, events=events([], 2)), calls_without_steps=10,
                           blocked=True),
