@@ -80,6 +80,10 @@ def test_keras3_fit_under_mwms(mwms_cluster, monkeypatch):
     result.assert_failed(culprits=range(n), error="ValueError")
     assert all("PerReplica" in w.exception.message for w in result.workers)
     assert all(w.last_step is None for w in result.workers)
+    # Told as what it is, with the fix; the error's line keeps its reason.
+    assert "known: Keras 3's fit does not run under MultiWorkerMirroredStrategy" in \
+        result.diagnosis and "TF_USE_LEGACY_KERAS=1" in result.diagnosis
+    assert "to a Tensor." in result.diagnosis.splitlines()[0]
 
 
 @pytest.mark.timeout(60)

@@ -87,6 +87,8 @@ def test_model_outside_scope(mwms_cluster):
     n = mwms_cluster.num_workers
     result.assert_failed(culprits=range(n), error="ValueError")
     assert all("colocate_vars_with" in w.exception.message for w in result.workers)
+    assert "known: the model's variables were created outside strategy.scope()" in \
+        result.diagnosis
     assert all(w.last_step == 0 for w in result.workers)
 
 
@@ -116,6 +118,7 @@ def test_optimizer_outside_scope(mwms_cluster):
     result.assert_failed(culprits=range(n), error="RuntimeError")
     assert all("Mixing different tf.distribute.Strategy objects" in w.exception.message
                for w in result.workers)
+    assert "known: the optimizer (or a variable) was created outside" in result.diagnosis
 
 
 @pytest.mark.timeout(60)
@@ -142,3 +145,5 @@ def test_strategy_created_after_other_ops(mwms_cluster):
     assert all("Collective ops must be configured at program startup" in w.exception.message
                for w in result.workers)
     assert all(w.last_step is None for w in result.workers)
+    assert "known: TensorFlow ran ops before MultiWorkerMirroredStrategy() was created" in \
+        result.diagnosis

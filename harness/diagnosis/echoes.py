@@ -93,7 +93,62 @@ def error_text(error: WorkerError) -> str:
     mismatch ``TYPE: TensorFlow's sentence about it`` (its first line is
     often only "Graph execution error:" or the op that aborted)."""
     sentence = collective_mismatch(error.message)
-    return f"{short_type(error.type_name)}: {sentence}" if sentence else str(error)
+    if sentence:
+        return f"{short_type(error.type_name)}: {sentence}"
+    line = reason_line(error.message)
+    return f"{error.type_name}: {line}" if line else error.type_name
+
+
+_OPENS, _CLOSES = "([{", ")]}"
+# A value printed inside a message (a tensor, a PerReplica) keeps this many
+# characters at each end; what is between is elided.
+KEPT_OF_A_VALUE = 24
+
+
+def _depth(text: str) -> int:
+    return sum(text.count(c) for c in _OPENS) - sum(text.count(c) for c in _CLOSES)
+
+
+def _elide_values(text: str) -> str:
+    """``text`` with the inside of each long bracketed value shortened to its
+    two ends: the reason around a printed tensor is what a person reads."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c in _OPENS:
+            depth, j = 0, i
+            while j < len(text):
+                depth += (text[j] in _OPENS) - (text[j] in _CLOSES)
+                if depth == 0:
+                    break
+                j += 1
+            inside = text[i + 1:j]
+            if len(inside) > 3 * KEPT_OF_A_VALUE:
+                inside = f"{inside[:KEPT_OF_A_VALUE]}...{inside[-KEPT_OF_A_VALUE:]}"
+            out.append(c + inside + text[j:j + 1])
+            i = j + 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def reason_line(message: str) -> str:
+    """An error message as one line that is never cut before its reason:
+    its first line, or, where that line opens a printed value it does not
+    close (``Attempt to convert a value (PerReplica:{``), the lines up to
+    where the value closes and the sentence goes on, with long values
+    shortened to their ends."""
+    lines = [ln.strip() for ln in (message or "").strip().splitlines()]
+    if not lines or _depth(lines[0]) <= 0:
+        return lines[0] if lines else ""
+    taken, depth = [], 0
+    for ln in lines:
+        taken.append(ln)
+        depth += _depth(ln)
+        if depth <= 0 and not ln.endswith(tuple(_CLOSES)):
+            break
+    return _elide_values(" ".join(" ".join(taken).split()))
 
 
 # A worker whose input ran out raises these; it is a cause only when nothing

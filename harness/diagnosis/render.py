@@ -15,6 +15,7 @@ from harness.diagnosis.observations import (EndedBy, Outcome, ReplicaCheck, RunO
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
                                       short_type, tasks_named_unhealthy, telling_line)
+from harness.diagnosis.known import known_lines
 from harness.diagnosis.facts import DIVERGED, Facts, reference_steps, state, where_stopped
 from harness.diagnosis.order import order_lines
 from harness.diagnosis.blame import Blame
@@ -112,7 +113,7 @@ def error_lines(f: Facts) -> List[str]:
                 f"{names([w.index for w in f.mismatches])}: the members of a collective "
                 f"disagree, and the error does not say which worker is wrong"]
     if not is_echo(first):
-        return [f"root error: {first}{where_raised(first.traceback)}"]
+        return [f"root error: {error_text(first)}{where_raised(first.traceback)}"]
     return [("the errors are TensorFlow reporting the death" if f.outcome == Outcome.CRASHED else
              "no root error: every error is TensorFlow reporting a peer's failure")
             + f" (first: {first})"]
@@ -214,7 +215,7 @@ def note_lines(f: Facts) -> List[str]:
         lines.append(f"injected: {names([i])}{at}: {e.data}")
     if len(faults) > MAX_FAULTS_LISTED:
         lines.append(f"injected: ... and {len(faults) - MAX_FAULTS_LISTED} more")
-    return lines + error_lines(f)
+    return lines + error_lines(f) + known_lines(ws)
 
 
 # How an evaluator ended, by the outcome it gives a run whose training completed.

@@ -6,7 +6,7 @@ from typing import Optional
 
 from harness.core import protocol
 from harness.diagnosis.observations import Outcome, WorkerObservation, error_of
-from harness.diagnosis.echoes import exit_text, is_echo, short_type
+from harness.diagnosis.echoes import error_text, exit_text, is_echo, short_type
 from harness.diagnosis.facts import Facts, or_inf, where_stopped
 from harness.diagnosis.words import divergence_text, names
 from harness.diagnosis.blame import Blame, SIMULTANEOUS
@@ -191,9 +191,10 @@ def crash(f: Facts) -> Optional[Blame]:
     culprits = [w for w in died if not consequence(w)]
     if not culprits:   # every death came after a peer's own root error
         first = min(roots, key=lambda w: or_inf(w.finish_time))
-        return Blame([first.index], f"raised {first.error} before any worker died",
+        said = error_text(error_of(first))
+        return Blame([first.index], f"raised {said} before any worker died",
                      first.last_step, headline=f"{names([w.index for w in died])} died "
-                     f"after {names([first.index])} raised {first.error}; culprit: "
+                     f"after {names([first.index])} raised {said}; culprit: "
                      f"{names([first.index])} (its error came first)")
     parts = [f"{names([w.index])} died ({exit_text(w.exit_code)}) {where_stopped(w)}"
              for w in culprits]

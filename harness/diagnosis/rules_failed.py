@@ -6,7 +6,7 @@ import collections
 from typing import Dict, Optional
 
 from harness.errors import StepDesyncError, odd_ones_out
-from harness.diagnosis.echoes import is_end_of_input, shape_mismatches, short_type
+from harness.diagnosis.echoes import error_text, is_end_of_input, shape_mismatches, short_type
 from harness.diagnosis import ledger
 from harness.diagnosis.facts import Facts
 from harness.diagnosis.observations import error_of
@@ -98,8 +98,9 @@ def root_error(f: Facts) -> Optional[Blame]:
     first = roots[0]
     kind = short_type(error_of(first).type_name)
     same = [w.index for w in roots if short_type(error_of(w).type_name) == kind]
-    head = f"{names(same)} raised {first.error} (root error"
+    said = error_text(error_of(first))
+    head = f"{names(same)} raised {said} (root error"
     if f.echoes:
         kinds = "/".join(sorted({short_type(error_of(w).type_name) for w in f.echoes}))
         head += f"; {names([w.index for w in f.echoes])} reported it as {kinds}"
-    return Blame(same, f"raised {first.error}", first.last_step, headline=head + ")")
+    return Blame(same, f"raised {said}", first.last_step, headline=head + ")")

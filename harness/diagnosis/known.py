@@ -1,0 +1,76 @@
+"""Failures TensorFlow or Keras gives for a known reason, told as such:
+what it is, what to do, and where it is written up.  A table of rows, each
+matching a worker's error by its type and TensorFlow's own words, as the
+catalogue's scenarios measured them (each row is held by the scenario that
+names it, on TensorFlow 2.21).  The rules still decide who is to blame; a
+row only adds what the error means.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+from harness.core.protocol import WorkerError
+from harness.diagnosis.echoes import short_type
+from harness.diagnosis.observations import WorkerObservation
+from harness.diagnosis.words import names
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    name: str
+    type_name: str     # the error's type, short
+    words: str         # what its message says, in TensorFlow's or Keras's words
+    what: str          # what it means
+    fix: str
+    link: str
+
+
+DISTRIBUTED_GUIDE = "https://www.tensorflow.org/guide/distributed_training"
+
+KNOWN: Tuple[Known, ...] = (
+    # scenarios/test_keras.py::test_keras3_fit_under_mwms
+    Known("keras3_fit", "ValueError", "Attempt to convert a value (PerReplica",
+          "Keras 3's fit does not run under MultiWorkerMirroredStrategy",
+          "fit with tf_keras (pip install tf_keras; TF_USE_LEGACY_KERAS=1), or a custom "
+          "training loop", "https://github.com/keras-team/keras/issues/20585"),
+    # scenarios/test_scope.py::test_model_outside_scope
+    Known("model_outside_scope", "ValueError",
+          "`colocate_vars_with` must only be passed a variable created in this "
+          "tf.distribute.Strategy.scope()",
+          "the model's variables were created outside strategy.scope()",
+          "build the model inside `with strategy.scope():`", DISTRIBUTED_GUIDE),
+    # scenarios/test_scope.py::test_optimizer_outside_scope
+    Known("optimizer_outside_scope", "RuntimeError",
+          "Mixing different tf.distribute.Strategy objects",
+          "the optimizer (or a variable) was created outside this strategy's scope",
+          "create the model and its optimizer inside `with strategy.scope():`",
+          DISTRIBUTED_GUIDE),
+    # scenarios/test_scope.py::test_strategy_created_after_other_ops
+    Known("strategy_after_ops", "RuntimeError",
+          "Collective ops must be configured at program startup",
+          "TensorFlow ran ops before MultiWorkerMirroredStrategy() was created",
+          "create the strategy first, before any other TensorFlow call",
+          "https://github.com/tensorflow/tensorflow/issues/34568"),
+)
+
+
+def known_of(error: Optional[WorkerError]) -> Optional[Known]:
+    """The row of :data:`KNOWN` that ``error`` is, or None."""
+    if error is None:
+        return None
+    kind = short_type(error.type_name)
+    return next((k for k in KNOWN if k.type_name == kind and k.words in (error.message or "")),
+                None)
+
+
+def known_lines(workers: Sequence[WorkerObservation]) -> List[str]:
+    """A line for each known failure among the workers' errors: who raised
+    it, what it means, the fix and the link."""
+    raised: dict = {}
+    for w in workers:
+        k = known_of(w.error)
+        if k is not None:
+            raised.setdefault(k, []).append(w.index)
+    return [f"known: {k.what} ({names(ws)} raised it): {k.fix}; see {k.link}"
+            for k, ws in raised.items()]
