@@ -36,8 +36,7 @@ KNOWN: Tuple[Known, ...] = (
           "training loop", "https://github.com/keras-team/keras/issues/20585"),
     # scenarios/test_scope.py::test_model_outside_scope
     Known("model_outside_scope", "ValueError",
-          "`colocate_vars_with` must only be passed a variable created in this "
-          "tf.distribute.Strategy.scope()",
+          "`colocate_vars_with` must only be passed a variable created in this",
           "the model's variables were created outside strategy.scope()",
           "build the model inside `with strategy.scope():`", DISTRIBUTED_GUIDE),
     # scenarios/test_scope.py::test_optimizer_outside_scope
