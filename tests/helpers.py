@@ -1,5 +1,6 @@
 """Shared helpers for the harness's own tests (no TensorFlow at import)."""
 import os
+import textwrap
 import uuid
 
 import psutil
@@ -67,3 +68,33 @@ def tutorial_loop(steps=10, pause=0.0, evaluate_every=0):
             float(eval_step())
         time.sleep(pause)   # data loading, logging: time between collectives
     return total
+
+
+# Prepended to a script whose run must complete.  Leave together: a worker whose process
+# ends right after the last all-reduce can cut a peer's read of its data,
+# so every worker first waits at the coordination service's barrier; and
+# the chief, which hosts that service, ends only once each peer has its
+# answer from the barrier (a peer still waiting for it when the chief's
+# process ended got "UnavailableError: Socket closed", seen in CI on
+# TensorFlow 2.15.1).  A peer says so with a file in `where`, the chief
+# waits for them all and removes them.
+LEAVE_TOGETHER = textwrap.dedent('''\
+    def leave_together(strategy, where):
+        import glob, os, time
+        from tensorflow.python.eager import context
+        context.context().wait_at_barrier("training-done", 60000)
+        task_id = strategy.cluster_resolver.task_id
+        if task_id:
+            open(os.path.join(where, f"left-{task_id}"), "w").close()
+            return
+        peers = strategy.cluster_resolver.cluster_spec().num_tasks("worker") - 1
+        deadline = time.monotonic() + 60
+        while len(glob.glob(os.path.join(where, "left-*"))) < peers:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the chief's peers never said they left")
+            time.sleep(0.01)
+        for path in glob.glob(os.path.join(where, "left-*")):
+            os.remove(path)
+
+
+''')

@@ -16,11 +16,14 @@ import pytest
 from harness import SettingError
 from harness.settings import OPTIONS
 from harness.validators import parse_choice, parse_restarts, parse_seconds, parse_workers
+from helpers import LEAVE_TOGETHER
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leftover_workers")]
 
-# Counts its steps with harness.context().steps(), where step faults act.
-STEPS_PY = textwrap.dedent('''\
+# Counts its steps with harness.context().steps(), where step faults act;
+# with --together DIR its workers leave together (a run that must complete:
+# tests/helpers.py's LEAVE_TOGETHER says why).
+STEPS_PY = LEAVE_TOGETHER + textwrap.dedent('''\
     import argparse
 
     import tensorflow as tf
@@ -29,6 +32,7 @@ STEPS_PY = textwrap.dedent('''\
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--together", default=None)
     args = parser.parse_args()
     print(f"started attempt {harness.context().attempt}", flush=True)
 
@@ -45,6 +49,8 @@ STEPS_PY = textwrap.dedent('''\
     for step in harness.context().steps(args.steps):
         train_step()
     print(f"trained {args.steps} steps")
+    if args.together:
+        leave_together(strategy, args.together)
 ''')
 
 
@@ -57,7 +63,8 @@ def harness_cli(tmp_path, *args, timeout=90, command="run"):
 
 @pytest.mark.timeout(120)
 def test_completing_script_exits_0_and_prints_the_diagnosis(tmp_path):
-    proc = harness_cli(tmp_path, "-n", "2", "--timeout", "30", "steps.py", "--", "--steps", "5")
+    proc = harness_cli(tmp_path, "-n", "2", "--timeout", "30", "steps.py", "--", "--steps", "5",
+                       "--together", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "COMPLETED: all 2 workers returned" in proc.stdout
     assert "ran 5 steps (0-4)" in proc.stdout    # the script got its argument
@@ -111,7 +118,7 @@ def test_outcome_other_than_expected_exits_1(tmp_path):
 @pytest.mark.timeout(120)
 def test_restarts_recover_a_crash_and_the_replicas_are_checked(tmp_path):
     proc = harness_cli(tmp_path, "--grace", "1", "--restarts", "1", "--check-replicas",
-                       "--fault", "Crash(worker=1, step=2)", "steps.py")
+                       "--fault", "Crash(worker=1, step=2)", "steps.py", "--together", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "COMPLETED after 1 restart: attempt 0 CRASHED, attempt 1 COMPLETED" in out

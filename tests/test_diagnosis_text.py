@@ -68,7 +68,13 @@ def test_a_skipped_step_is_a_collective_mismatch_on_every_worker_not_an_echo(mwm
     last = mwms_cluster.num_workers - 1
     result = mwms_cluster.run(metric_loop, args=(metric_dtype, load),
                               faults=[F.SkipStep(last, SKIPPED)], **RUN)
-    result.assert_failed().assert_culprit(last)
+    result.assert_failed()
+    # With 2 workers the skipper (its loop's end a step early) looks the same
+    # as a peer with a step more: it cannot tell; from 3, the majority's.
+    if mwms_cluster.num_workers == 2:
+        result.assert_cannot_tell([0, 1])
+    else:
+        result.assert_culprit(last)
     text = result.diagnosis
     raised = [w for w in result.workers if w.exception is not None]
     assert raised, text
@@ -77,7 +83,7 @@ def test_a_skipped_step_is_a_collective_mismatch_on_every_worker_not_an_echo(mwm
     for w in result.workers:
         line = _worker_line(text, w.index)
         assert re.search(r"; ran \d+ steps? \([\d,-]+\)", line), line
-        assert line.endswith("  <- culprit") == (w.index == last), line
+        assert line.endswith("  <- culprit") == (w.index in result.culprits), line
         assert "echo" not in line, line
     assert "echo" not in text and "no root error" not in text, text
     root = next(ln for ln in text.splitlines() if ln.startswith("root error: "))

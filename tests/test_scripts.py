@@ -19,37 +19,9 @@ from harness.controller import Cluster
 from harness.faults import Crash
 from harness.controller.scripts import IMPORT_TIME_ENV, ScriptMain, check_import_time_env, script_main
 from harness.settings import RunSettings
+from helpers import LEAVE_TOGETHER
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers")]
-
-# Prepended to every script here.  Leave together: a worker whose process
-# ends right after the last all-reduce can cut a peer's read of its data,
-# so every worker first waits at the coordination service's barrier; and
-# the chief, which hosts that service, ends only once each peer has its
-# answer from the barrier (a peer still waiting for it when the chief's
-# process ended got "UnavailableError: Socket closed", seen in CI on
-# TensorFlow 2.15.1).  A peer says so with a file in `where`, the chief
-# waits for them all and removes them.
-LEAVE_TOGETHER = textwrap.dedent('''\
-    def leave_together(strategy, where):
-        import glob, os, time
-        from tensorflow.python.eager import context
-        context.context().wait_at_barrier("training-done", 60000)
-        task_id = strategy.cluster_resolver.task_id
-        if task_id:
-            open(os.path.join(where, f"left-{task_id}"), "w").close()
-            return
-        peers = strategy.cluster_resolver.cluster_spec().num_tasks("worker") - 1
-        deadline = time.monotonic() + 60
-        while len(glob.glob(os.path.join(where, "left-*"))) < peers:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the chief's peers never said they left")
-            time.sleep(0.01)
-        for path in glob.glob(os.path.join(where, "left-*")):
-            os.remove(path)
-
-
-''')
 
 # A tutorial-style custom training loop: a linear model on synthetic data,
 # distributed with distribute_datasets_from_function, one all-reduce of the
