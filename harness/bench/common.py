@@ -13,7 +13,7 @@ import json
 import os
 import platform
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from harness import NotInWorkerError, context
 
@@ -121,6 +121,20 @@ def log(msg: str) -> None:
 
 def on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
+
+
+def run_and_write(run_bench: Callable[[], dict], json_path: str, markdown_path: Optional[str],
+                  ok: Callable[[dict], bool]) -> int:
+    """A program's end: run it, write its results, and exit 0 when ``ok``
+    says they hold; 130, writing nothing, when interrupted (the program
+    has stopped what it started by then)."""
+    try:
+        results = run_bench()
+    except KeyboardInterrupt:
+        log("interrupted; nothing written")
+        return 130
+    write_results(results, json_path, markdown_path)
+    return 0 if ok(results) else 1
 
 
 def write_results(results: dict, json_path: str, markdown_path: Optional[str]) -> None:

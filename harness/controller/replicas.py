@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from harness.errors import SettingError
 from harness.core.protocol import VariablePrint
 from harness.diagnosis.observations import DivergentVariable, Outcome, ReferenceCheck, ReplicaCheck
+from harness.diagnosis.words import divergence_text
 
 # allclose's atol and rtol both, for check_replicas=True.
 DEFAULT_TOLERANCE = 1e-6
@@ -80,10 +81,8 @@ def compare_reference(worker, returned, load, ref_outcome: str, ref_text: str, r
                               found.max_difference,
                               f"{found.variable} {how} from the single-worker reference "
                               f"(tolerance {tolerance:g})"
-                              + ("" if found.max_difference is not None else
-                                 f": {found.detail} " + "; ".join(
-                                     f"{'the run' if 0 in side else 'the reference'}: {layout}"
-                                     for side, layout in zip(found.sides, found.layouts))))
+                              + ("" if found.max_difference is not None else ": " + divergence_text(
+                                  found, lambda side: "the run" if 0 in side else "the reference")))
     difference = _returned_difference(returned, ref_returned, tolerance)
     if difference is not None:
         return ReferenceCheck(Outcome.COMPLETED, len(mine), tolerance, "fn's return value", difference,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence
 
 if TYPE_CHECKING:
     from harness.diagnosis.observations import DivergentVariable
@@ -80,12 +80,14 @@ def steps_text(steps: Sequence[int], ref: Sequence[int]) -> str:
     return text
 
 
-def divergence_text(found: DivergentVariable) -> str:
+def divergence_text(found: DivergentVariable,
+                    name_of: Callable[[Sequence[int]], str] = names) -> str:
     """A :class:`~harness.diagnosis.observations.DivergentVariable` said
-    whole: what differs, then who sides with whom."""
+    whole: what differs, then who sides with whom (each side named by
+    ``name_of``: the workers, by default)."""
     if found.layouts:
         return f"{found.detail} " + "; ".join(
-            f"{names(side)}: {layout}" for side, layout in zip(found.sides, found.layouts))
+            f"{name_of(side)}: {layout}" for side, layout in zip(found.sides, found.layouts))
     return f"{found.detail}: " + " | ".join(
-        f"{names(side)} agree" if len(side) > 1 else f"{names(side)} alone"
+        f"{name_of(side)} agree" if len(side) > 1 else f"{name_of(side)} alone"
         for side in found.sides)

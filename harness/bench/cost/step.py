@@ -28,7 +28,7 @@ import time
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from harness.bench.common import (log, machine_busy_seconds, machine_info, machine_line,
-                                  on_sigterm, parse_list, stats, write_results)
+                                  on_sigterm, parse_list, run_and_write, stats)
 
 
 class Variant(NamedTuple):
@@ -386,14 +386,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    try:
-        results = run_bench(args)
-    except KeyboardInterrupt:
-        log("interrupted; nothing written")
-        return 130
-    write_results(results, args.json, args.markdown)
-    runs = results["runs"] + ([results["cold"]] if results["cold"] else [])
-    return 0 if runs and all(r.get("ok") for r in runs) else 1
+
+    def ok(results: dict) -> bool:
+        runs = results["runs"] + ([results["cold"]] if results["cold"] else [])
+        return bool(runs) and all(r.get("ok") for r in runs)
+    return run_and_write(lambda: run_bench(args), args.json, args.markdown, ok)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Type
 
 from harness.bench.common import (log, machine_info, machine_line, on_sigterm, parse_list,
-                                  write_results)
+                                  run_and_write)
 from harness.bench.launchers.cluster import HarnessLauncher, RayLauncher
 from harness.bench.launchers.floor import FloorLauncher
 from harness.bench.launchers.measure import Launcher
@@ -154,11 +154,6 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    try:
-        results = run_bench(args)
-    except KeyboardInterrupt:
-        # run_bench has already stopped every launcher and all they started.
-        log("interrupted; nothing written")
-        return 130
-    write_results(results, args.json, args.markdown)
-    return 0 if all(r.get("ok") for r in results["runs"]) and not results["launcher_errors"] else 1
+    return run_and_write(
+        lambda: run_bench(args), args.json, args.markdown,
+        lambda r: all(x.get("ok") for x in r["runs"]) and not r["launcher_errors"])

@@ -37,8 +37,8 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from harness.bench.common import (log, machine_info, machine_line, on_sigterm, stats,
-                                  write_results)
+from harness.bench.common import (log, machine_info, machine_line, on_sigterm, run_and_write,
+                                  stats)
 from harness.bench.recorder.job import JOB_SCRIPT, WITH, WITHOUT, run_job
 from harness.bench.recorder.probe import BLOCK
 
@@ -307,14 +307,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    try:
-        results = run_bench(args)
-    except KeyboardInterrupt:
-        log("interrupted; nothing written")
-        return 130
-    write_results(results, args.out, args.markdown)
-    runs = results["runs"] + ([results["probe"]] if results["probe"] else [])
-    return 0 if all(r.get("ok") for r in runs) else 1
+
+    def ok(results: dict) -> bool:
+        runs = results["runs"] + ([results["probe"]] if results["probe"] else [])
+        return all(r.get("ok") for r in runs)
+    return run_and_write(lambda: run_bench(args), args.out, args.markdown, ok)
 
 
 if __name__ == "__main__":
