@@ -78,7 +78,11 @@ def test_a_task_restarted_at_once_makes_every_peer_fail_and_restart(mwms_cluster
     others wait in step 3's all-reduce, and is back within a second.  Its
     new process cannot join the running collective group: worker 0 raises
     ``AbortedError`` ("/job:worker/replica:0/task:1 unexpectedly tried to
-    connect with a different incarnation. It has likely restarted."), and
+    connect with a different incarnation. It has likely restarted.") when
+    the new process answers TensorFlow's check of the peer's health, and
+    ``UnavailableError`` when the check ran out before the new process was
+    up (22 of 22 runs here, idle and with the cores busy, gave the first; a
+    CI run on a loaded 2-core machine gave the second), and
     with 3 or 4 workers the others raise ``UnavailableError`` ("Connection
     reset by peer") or the same ``AbortedError``.  Each restarted process
     builds a strategy anew.  A peer restarted while another still ran its
@@ -100,8 +104,11 @@ def test_a_task_restarted_at_once_makes_every_peer_fail_and_restart(mwms_cluster
     result.assert_completed()
     crashed = result.workers[1].attempts[0]
     assert (crashed.exit_code, crashed.last_step, crashed.exception) == (1, AT, None)
-    assert _first_error(result, 0).type_name.endswith("AbortedError")
-    assert "different incarnation" in _first_error(result, 0).message
+    first = _first_error(result, 0)
+    assert result.workers[0].attempts[0].last_step == AT, result.diagnosis
+    assert first.type_name.rpartition(".")[2] in ("AbortedError", "UnavailableError"), first
+    if first.type_name.endswith("AbortedError"):
+        assert "different incarnation" in first.message, first.message
     for i in range(2, workers):
         assert _first_error(result, i).type_name.rpartition(".")[2] in (
             "UnavailableError", "AbortedError"), result.diagnosis
