@@ -328,22 +328,22 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def write_region(path: str, region: str) -> bool:
+def write_region(path: str, region: str, start: str = START, end: str = END) -> bool:
     """Put ``region`` between the markers of ``path``; True when it changed."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    if START not in text or END not in text:
-        raise SystemExit(f"{path} has no {START} ... {END} region")
-    head, rest = text.split(START, 1)
-    new = f"{head}{START}\n{region}\n{END}{rest.split(END, 1)[1]}"
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} region")
+    head, rest = text.split(start, 1)
+    new = f"{head}{start}\n{region}\n{end}{rest.split(end, 1)[1]}"
     with open(path, "w", encoding="utf-8") as f:
         f.write(new)
     return new != text
 
 
-def region_of(text: str) -> str:
+def region_of(text: str, start: str = START, end: str = END) -> str:
     """What the page holds between its markers (the newlines next to them excluded)."""
-    return text.split(START + "\n", 1)[1].split("\n" + END, 1)[0]
+    return text.split(start + "\n", 1)[1].split("\n" + end, 1)[0]
 
 
 def dump(doc: dict) -> str:
