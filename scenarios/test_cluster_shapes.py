@@ -181,6 +181,83 @@ def test_the_evaluator_crashes_while_training_goes_on(mwms_cluster):
     assert len(training[0]) == 10 and training[0] == training[1] == training[2]
 
 
+def train_with_tfjob_evaluator(tfjob_config=True):
+    """The seed's loop on the chief and the workers; the evaluator builds the
+    same strategy to evaluate with.  With ``tfjob_config`` the evaluator's
+    ``TF_CONFIG`` is TFJob's: its cluster lists the chief and the workers
+    but not the evaluator; without it the evaluator evaluates with the
+    default strategy (no collectives), as Keras's ``SidecarEvaluator`` does."""
+    import tensorflow as tf
+
+    import harness
+    from harness.workloads import seed_training_loop
+    ctx = harness.context()
+    if ctx.task_type != "evaluator":
+        return seed_training_loop(epochs=1, steps_per_epoch=5, steps=ctx.steps)
+    if tfjob_config:
+        # The harness writes the evaluator's TF_CONFIG as TFJob does.
+        assert "evaluator" not in json.loads(os.environ["TF_CONFIG"])["cluster"]
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        strategy = tf.distribute.get_strategy()
+    with strategy.scope():
+        total = tf.Variable(0.0)
+    for _ in ctx.steps(3):
+        total.assign_add(1.0)
+    return float(total.numpy())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.mwms(cluster=WITH_EVALUATOR)
+@scenario(outcome="failed", source="kubeflow/trainer#1139 (TFJob leaves the evaluator out of "
+          "TF_CONFIG's cluster)", fixed_by="test_the_evaluator_evaluates_without_the_strategy")
+def test_the_evaluator_builds_the_strategy_from_tfjobs_tf_config(mwms_cluster):
+    """The evaluator builds ``MultiWorkerMirroredStrategy()`` from a
+    ``TF_CONFIG`` that, as TFJob writes it, leaves the evaluator out of the
+    cluster.
+
+    TensorFlow: TensorFlow 2.21, measured: the strategy counts the tasks of
+    the evaluator's own type and raises ``KeyError: 'evaluator'``
+    (``multi_worker_util.worker_count``); the chief and the workers train on
+    and complete.
+
+    Source: kubeflow/trainer#1139: TFJob leaves the evaluator out of the
+    cluster in ``TF_CONFIG``, and the evaluator's strategy fails.
+
+    Fix: the evaluator evaluates outside the training strategy (Keras's
+    ``SidecarEvaluator``, or the default strategy).
+    """
+    result = mwms_cluster.run(train_with_tfjob_evaluator, timeout=20)
+    result.assert_failed()
+    assert result.culprit_tasks == (("evaluator", 0),)
+    evaluator = result.tasks[("evaluator", 0)]
+    assert evaluator.exception.type_name.endswith("KeyError")
+    assert "known: the evaluator's TF_CONFIG has no 'evaluator' in its cluster" in \
+        result.diagnosis, result.diagnosis
+    assert "kubeflow/trainer/issues/1139" in result.diagnosis
+    losses = [result.tasks[t].return_value for t in (("chief", 0), ("worker", 0), ("worker", 1))]
+    assert losses[0] == losses[1] == losses[2] and len(losses[0]) == 5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.mwms(cluster=WITH_EVALUATOR)
+@scenario(outcome="completed", source="kubeflow/trainer#1139; Keras SidecarEvaluator")
+def test_the_evaluator_evaluates_without_the_strategy(mwms_cluster):
+    """Fixed: the evaluator evaluates with the default strategy.
+
+    TensorFlow: the chief and the workers train and complete; the evaluator
+    runs its three evaluations and returns.
+
+    Source: Keras's ``SidecarEvaluator``.
+
+    Fix: this.
+    """
+    result = mwms_cluster.run(train_with_tfjob_evaluator, kwargs={"tfjob_config": False},
+                              timeout=20)
+    result.assert_completed()
+    assert result.tasks[("evaluator", 0)].return_value == 3.0
+
+
 def train_with_its_own_tf_config(chief_port_offset=0):
     """The seed's loop, where worker 1's ``TF_CONFIG`` names another chief
     address (``chief_port_offset`` added to the port), as a launcher that

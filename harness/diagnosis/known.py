@@ -51,6 +51,11 @@ KNOWN: Tuple[Known, ...] = (
           "TensorFlow ran ops before MultiWorkerMirroredStrategy() was created",
           "create the strategy first, before any other TensorFlow call",
           "https://github.com/tensorflow/tensorflow/issues/34568"),
+    # scenarios/test_cluster_shapes.py::test_the_evaluator_builds_the_strategy_from_tfjobs_tf_config
+    Known("evaluator_outside_the_cluster", "KeyError", "'evaluator'",
+          "the evaluator's TF_CONFIG has no 'evaluator' in its cluster",
+          "evaluate without MultiWorkerMirroredStrategy (SidecarEvaluator)",
+          "https://github.com/kubeflow/trainer/issues/1139"),
 )
 
 

@@ -231,13 +231,14 @@ def evaluator_text(v: Verdict, obs: RunObservation, e: WorkerObservation,
     own headline first."""
     line = f"  {name(e.index)} (outside the collectives): {worker_line(e, ())}"
     head, _, rest = v.text.partition("\n")
+    known = "\n".join(cut(k) for k in known_lines([e]))
     if trouble is not None:
         head = (f"{trouble.upper()}: the evaluator {EVALUATOR_ENDED[trouble]}; the training "
                 f"tasks ({names(training)}) completed")
-        return "\n".join(filter(None, [head, line + CULPRIT_MARK, rest]))
+        return "\n".join(filter(None, [head, line + CULPRIT_MARK, rest, known]))
     if v.outcome == Outcome.COMPLETED:
         head = f"COMPLETED: all {len(obs.workers)} tasks returned in {obs.duration:.1f}s"
-    return "\n".join(filter(None, [head, rest, line]))
+    return "\n".join(filter(None, [head, rest, line, known]))
 
 
 def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
