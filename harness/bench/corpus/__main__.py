@@ -13,84 +13,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import shutil
 import sys
-import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional
 
 from harness.bench import accuracy
 from harness.bench.common import machine_info, machine_line
-from harness.bench.corpus import ERRORS, Answer, Case, cases, judge
+from harness.bench.corpus import ERRORS, Answer, Case, cases
 from harness.bench.corpus import table as corpus_table
+from harness.bench.corpus.run import run_all
 
 ROOT = accuracy.ROOT
 DOC_JSON = os.path.join(ROOT, "docs", "corpus.json")
 START, END = corpus_table.START, corpus_table.END
-
-
-def _env(case: Case, minor) -> dict:
-    from harness.core import versions
-    return versions.keras2_env(minor) if case.keras == "tf_keras" else {}
-
-
-def _shape(case: Case, size: int):
-    from harness.core.tfconfig import ClusterShape
-    return ClusterShape(chief=1, worker=size - 1) if case.chief else ClusterShape(worker=size)
-
-
-def record(case: Case, size: int, variant: str, result, seconds: float) -> dict:
-    """One run's row of the JSON."""
-    truth = case.truth_at(size)
-    answer = judge(variant, str(result.outcome) == "completed", result.culprits,
-                   bool(result.ambiguous), truth)
-    row = {"case": case.name, "family": case.family, "workers": size, "chief": case.chief,
-           "variant": variant, "truth": str(truth), "truth_tasks": sorted(truth.tasks),
-           "outcome": str(result.outcome), "culprits": list(result.culprits),
-           "ambiguous": bool(result.ambiguous), "answer": answer.value,
-           "rule": getattr(result.verdict, "rule", None),
-           "headline": result.diagnosis.splitlines()[0] if result.diagnosis else "",
-           "seconds": round(seconds, 2)}
-    if answer in ERRORS:
-        row["report"] = result.report()
-    return row
-
-
-def run_all(chosen: Sequence[Case], sizes: Optional[Sequence[int]], out=sys.stdout) -> List[dict]:
-    """Every case on every size it names (within ``sizes``), broken then fixed."""
-    from harness.controller.cluster import Cluster
-    from harness.core import versions
-    minor = versions.installed_minor()
-    planned = [(c, n, v) for c in chosen for n in c.sizes if not sizes or n in sizes
-               for v in ("broken", "fixed")]
-    clusters: Dict[Tuple[int, bool], Cluster] = {}
-    rows: List[dict] = []
-    for i, (case, size, variant) in enumerate(planned, 1):
-        key = (size, case.chief)
-        if key not in clusters:
-            clusters.clear()
-            clusters[key] = Cluster(cluster=_shape(case, size).spec(), workers=size)
-        directory = tempfile.mkdtemp(prefix="mwms-corpus-")
-        try:
-            t0 = time.monotonic()
-            result = clusters[key].run(
-                getattr(case, variant), args=(directory,), kwargs=dict(case.kwargs),
-                env=_env(case, minor), timeout=case.timeout, grace=case.grace, **case.run)
-            seconds = time.monotonic() - t0
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-        clusters[key].runs.clear()
-        row = record(case, size, variant, result, seconds)
-        rows.append(row)
-        loud = Answer(row["answer"]) in ERRORS
-        print(f"[{i:3d}/{len(planned)}] {size}{'c' if case.chief else 'w'} {case.name:44s} "
-              f"{variant:6s} {row['outcome']:9s} {tuple(row['culprits'])!s:10s}"
-              f"{' ambiguous' if row['ambiguous'] else ''} -> {row['answer']}"
-              f"{'  <<<<<<<<' if loud else ''} ({seconds:.1f} s)", file=out, flush=True)
-        if loud:
-            print(f"!!! {row['answer'].upper()}: {case.name} ({variant}) on {size} tasks, "
-                  f"truth {row['truth']}\n{row['report']}\n!!!", file=out, flush=True)
-    return rows
 
 
 def _select(names: Optional[str]) -> List[Case]:
