@@ -108,10 +108,13 @@ def troubled_loop(trouble=None, on=None):
         step()
 
 
-TROUBLES = {   # the twin's trouble, its fault, the outcome, how the run ends
-    "exit": (lambda w: Crash(w, AT), "crashed", "grace_expired"),
-    "stop": (lambda w: Pause(w, AT, None), "hang", "deadlock"),
-    "extra": (lambda w: ExtraCollective(w, AT), "hang", "deadlock"),
+TROUBLES = {   # the twin's trouble, its fault, the outcome, how the run may end
+    # A dead peer ends the run as certain unless the survivor's pending
+    # receive sees the socket close and raises first (TensorFlow 2.15.1 did
+    # in a CI run on a loaded machine): then every worker has finished.
+    "exit": (lambda w: Crash(w, AT), "crashed", ("grace_expired", "all_finished")),
+    "stop": (lambda w: Pause(w, AT, None), "hang", ("deadlock",)),
+    "extra": (lambda w: ExtraCollective(w, AT), "hang", ("deadlock",)),
 }
 
 
@@ -127,6 +130,6 @@ def test_a_certain_end_comes_without_the_grace_or_the_timeout(mwms_cluster, trou
                               ledger="collectives", end_when_certain=True)
     assert result.outcome == outcome, result.diagnosis
     assert result.culprits == (last,), result.diagnosis
-    assert result.observation.ended_by == ended_by, result.diagnosis
+    assert result.observation.ended_by in ended_by, result.diagnosis
     # Far below the 30 s grace and timeout; generous, for a busy machine.
     assert result.observation.duration < 20.0, result.diagnosis
