@@ -40,7 +40,9 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults as F
-from harness.bench.common import machine_info, machine_line
+from harness.bench.common import dump, machine_info, machine_line
+from harness.bench.common import region_of as region_between
+from harness.bench.common import write_region as write_between
 from harness.explore.attribution import Attribution
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -328,30 +330,14 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def write_region(path: str, region: str, start: str = START, end: str = END) -> bool:
-    """Put ``region`` between the markers of ``path``; True when it changed."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if start not in text or end not in text:
-        raise SystemExit(f"{path} has no {start} ... {end} region")
-    head, rest = text.split(start, 1)
-    new = f"{head}{start}\n{region}\n{end}{rest.split(end, 1)[1]}"
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(new)
-    return new != text
+def write_region(path: str, region: str) -> bool:
+    """Put ``region`` between the accuracy table's markers of ``path``."""
+    return write_between(path, region, START, END)
 
 
-def region_of(text: str, start: str = START, end: str = END) -> str:
-    """What the page holds between its markers (the newlines next to them excluded)."""
-    return text.split(start + "\n", 1)[1].split("\n" + end, 1)[0]
-
-
-def dump(doc: dict) -> str:
-    """The JSON document, one run a line (diffs stay readable)."""
-    head = {k: v for k, v in doc.items() if k != "runs"}
-    text = json.dumps(head, indent=1, sort_keys=True)
-    runs = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in doc["runs"])
-    return text[:-2] + ',\n "runs": [\n' + runs + "\n ]\n}\n"
+def region_of(text: str) -> str:
+    """What the page holds between the accuracy table's markers."""
+    return region_between(text, START, END)
 
 
 # -- the command -------------------------------------------------------------------------

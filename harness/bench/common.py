@@ -157,3 +157,32 @@ def worker_index() -> int:
         return context().index
     except NotInWorkerError:
         return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+
+
+# -- a generated page's region and its JSON ---------------------------------------
+
+def write_region(path: str, region: str, start: str, end: str) -> bool:
+    """Put ``region`` between the markers ``start`` and ``end`` of the page at
+    ``path``; True when it changed."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if start not in text or end not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} region")
+    head, rest = text.split(start, 1)
+    new = f"{head}{start}\n{region}\n{end}{rest.split(end, 1)[1]}"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)
+    return new != text
+
+
+def region_of(text: str, start: str, end: str) -> str:
+    """What the page holds between its markers (the newlines next to them excluded)."""
+    return text.split(start + "\n", 1)[1].split("\n" + end, 1)[0]
+
+
+def dump(doc: dict) -> str:
+    """The JSON document, one run a line (diffs stay readable)."""
+    head = {k: v for k, v in doc.items() if k != "runs"}
+    text = json.dumps(head, indent=1, sort_keys=True)
+    runs = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in doc["runs"])
+    return text[:-2] + ',\n "runs": [\n' + runs + "\n ]\n}\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench import accuracy
+from harness.bench.common import region_of
 from harness.bench.corpus import (ERRORS, FAMILIES, Answer, Case, Truth, at_fault, cases, judge,
                                   no_single)
 from harness.bench.corpus import table
@@ -101,7 +101,7 @@ def test_the_tables_count_each_answer_by_family_and_by_cluster():
 
 def test_the_page_section_is_what_the_generator_makes_of_the_json():
     page = (ROOT / "docs" / "accuracy.md").read_text(encoding="utf-8")
-    assert accuracy.region_of(page, table.START, table.END) == table.markdown(_doc())
+    assert region_of(page, table.START, table.END) == table.markdown(_doc())
 
 
 def test_the_published_corpus_holds_every_case_and_no_error():
