@@ -346,8 +346,11 @@ def restored_text(found: Sides) -> str:
 
 def pasts_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str:
     """``v``'s text, told as "cannot tell" because the workers resumed
-    from the different pasts ``found``."""
+    from the different pasts ``found``; a verdict that cannot tell already,
+    naming every side, keeps its headline and gets what each restored."""
     head, _, rest = v.text.partition("\n")
+    if v.ambiguous and set(candidates) <= set(v.culprits):
+        return "\n".join([head, f"resumed from: {restored_text(found)}"] + ([rest] if rest else []))
     return "\n".join([
         f"{v.outcome.upper()}: cannot tell who is to blame: the workers resumed from different "
         f"checkpoints, so they did not do the same work, and those that agree are not right "

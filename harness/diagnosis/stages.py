@@ -132,13 +132,14 @@ def different_pasts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     ckpt-3, another nothing) did not do the same work: a verdict that
     rests on which of them agree, or on who went on longest, is no
     evidence.  Unless it names one worker by its own error or death, it
-    becomes "cannot tell", naming every side, and says what each restored."""
+    becomes "cannot tell", naming every side; either way the text says
+    what each restored."""
     ws = resumed(obs, story)
     if v.outcome == Outcome.COMPLETED or not pasts.differ(ws) or direct_evidence(v, obs):
         return None
     found = pasts.sides(ws)
     candidates = tuple(sorted({i for _, side in found for i in side} | set(v.culprits)))
-    if v.ambiguous and set(candidates) <= set(v.culprits):
+    if "\nresumed from: " in v.text:   # told at the attempt's level already
         return None
     return dict(culprits=candidates, ambiguous=True, text=pasts_text(v, found, candidates))
 

@@ -126,4 +126,9 @@ def test_an_ambiguous_verdict_is_widened_to_every_side():
     found = conclude(v, obs, Story())
     assert found.culprits == (0, 1, 2) and found.ambiguous
     whole = dataclasses.replace(v, culprits=(0, 1, 2))
-    assert conclude(whole, obs, Story()) == whole
+    told = conclude(whole, obs, Story())
+    assert (told.culprits, told.ambiguous) == (whole.culprits, True)
+    assert told.text.splitlines()[0] == whole.text.splitlines()[0]
+    assert told.text.splitlines()[1] == ("resumed from: worker 0 restored ckpt-3; "
+                                         "workers 1,2 restored nothing")
+    assert conclude(told, obs, Story()) == told   # once, at the attempt's level or the run's

@@ -200,7 +200,9 @@ def _step_file(directory: str, shared: bool):
     latest = tf.train.latest_checkpoint(checkpoint_dir)
     if latest:
         checkpoint.restore(latest)
-    chief_file = os.path.join(directory, "step-chief.txt")
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    chief = ("chief", 0) if "chief" in cluster else ("worker", 0)
+    chief_file = os.path.join(directory, "step-{}-{}.txt".format(*chief))
     mine = chief_file if shared else os.path.join(directory, f"step-{task_type}-{task_id}.txt")
     start = 0
     if os.path.exists(mine):
