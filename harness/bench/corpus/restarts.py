@@ -302,10 +302,10 @@ def _non_chiefs(size: int):
     return at_fault(1) if size == 2 else no_single(range(1, size))
 
 
-# On TensorFlow 2.21.0 each broken job's last attempt hangs, the workers that
-# resumed later waiting in a step the others never launch, except
-# save_on_chief_only_sync_on_read's, which fails (InvalidArgumentError: the
-# chief's eager all-reduce meets its peers' next step); each fixed twin completes.
+# On TensorFlow 2.21.0 each broken custom loop's last attempt hangs, the
+# workers that started again from step 0 waiting in a step the others never
+# launch; backup_dir_per_worker's fit and save_on_chief_only_sync_on_read fail
+# (InvalidArgumentError: collectives that do not match); each fixed twin completes.
 CASES = (
     Case("restore_from_own_write_dir", "restarts and checkpoints",
          TUTORIAL_CTL + ": its non-chief workers write to a temporary directory they delete",
