@@ -154,3 +154,23 @@ def test_without_steps_exact_from_three_and_never_wrong_at_two(mwms_cluster, n):
         result.assert_cannot_tell([0, 1])
     else:
         result.assert_culprit(skipper)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_restore_from_the_wrong_directory_never_names_the_chief_alone(mwms_cluster, tmp_path, n):
+    """The tutorial's write-directory pattern misused (issue 44): after a
+    restart of the cluster each worker restores from the directory it
+    writes to, so worker 0 resumes from its checkpoint at step 3 while the
+    others, whose temporary directories were deleted, start again from step
+    0; worker 0 returns after its 3 steps and the others wait in their 4th
+    (TensorFlow 2.21.0).  Which workers agree is no evidence when their
+    pasts differ: the verdict cannot tell, and says what each restored."""
+    from harness.bench.corpus.restarts import restore_own_write_dir
+    mwms_cluster.settings = mwms_cluster.settings.with_overrides(workers=n)
+    result = mwms_cluster.run(restore_own_write_dir, args=(str(tmp_path),), timeout=10, grace=2,
+                              restarts=1, restart_policy="cluster")
+    result.assert_hang()
+    others = "worker 1" if n == 2 else "workers 1,2"
+    assert result.ambiguous and set(result.culprits) == set(range(n)), result.report()
+    assert "different_pasts" in result.verdict.stages
+    assert f"resumed from: worker 0 restored ckpt-3; {others} restored nothing" in result.diagnosis

@@ -52,6 +52,10 @@ class Kind(TextEnum):
     # (harness.worker.names): data {"address": "HOST:PORT", "error": text}.
     NAME_UNRESOLVED = "name_unresolved"
     NAME_RESOLVED = "name_resolved"
+    # A checkpoint restore fn asked of TensorFlow (harness.worker.checkpoints):
+    # data {"path": the checkpoint read, or None: nothing to restore};
+    # step: the step whose boundary was reported last (None: before the first).
+    RESTORED = "restored"
 
 
 STARTED, STRATEGY_CREATING, STRATEGY_CREATED = Kind.STARTED, Kind.STRATEGY_CREATING, Kind.STRATEGY_CREATED
@@ -59,6 +63,7 @@ STEP, STEPS_DONE, FAULT, RETURNED, RAISED = Kind.STEP, Kind.STEPS_DONE, Kind.FAU
 REPLICAS, DRAIN, LEDGER_OFF = Kind.REPLICAS, Kind.DRAIN, Kind.LEDGER_OFF
 LEDGER_FUNCTION, LEDGER_COLLECTIVE = Kind.LEDGER_FUNCTION, Kind.LEDGER_COLLECTIVE
 NAME_UNRESOLVED, NAME_RESOLVED = Kind.NAME_UNRESOLVED, Kind.NAME_RESOLVED
+RESTORED = Kind.RESTORED
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_OFF)
 

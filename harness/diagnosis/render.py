@@ -18,6 +18,7 @@ from harness.diagnosis.echoes import (error_text, exit_text, is_collective_misma
 from harness.diagnosis.known import known_lines
 from harness.diagnosis.facts import DIVERGED, Facts, reference_steps, state, where_stopped
 from harness.diagnosis.order import order_lines
+from harness.diagnosis.pasts import Sides
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.deadlock import certain_deadlock
 from harness.diagnosis.memory import memory_lines
@@ -336,6 +337,27 @@ def attempts_text(v: Verdict, attempts: Sequence[Verdict]) -> str:
     for k in reversed(range(n - 1)):
         parts += [f"--- attempt {k} ---", attempts[k].text]
     return "\n".join(parts)
+
+
+def restored_text(found: Sides) -> str:
+    """``worker 0 restored ckpt-3; workers 1,2 restored nothing``."""
+    return "; ".join(f"{names(side)} restored {checkpoint or 'nothing'}"
+                     for checkpoint, side in found)
+
+
+def pasts_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str:
+    """``v``'s text, told as "cannot tell" because the workers resumed
+    from the different pasts ``found``; a verdict that cannot tell already,
+    naming every side, keeps its headline and gets what each restored."""
+    head, _, rest = v.text.partition("\n")
+    if v.ambiguous and set(candidates) <= set(v.culprits):
+        return "\n".join([head, f"resumed from: {restored_text(found)}"] + ([rest] if rest else []))
+    return "\n".join([
+        f"{v.outcome.upper()}: cannot tell who is to blame: the workers resumed from different "
+        f"checkpoints, so they did not do the same work, and those that agree are not right "
+        f"because they agree; candidates: {names(candidates)}",
+        f"resumed from: {restored_text(found)}",
+        f"  without the pasts: {head}"] + ([rest] if rest else []))
 
 
 def missing_text(v: Verdict, missing: Sequence[int], candidates: Sequence[int]) -> str:

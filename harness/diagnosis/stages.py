@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Sequence, Tuple
 
+from harness.diagnosis import pasts
 from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text,
-                                      never_acted_lines, not_restarted_text, task_restarts_text,
-                                      why_not_acted)
+                                      never_acted_lines, not_restarted_text, pasts_text,
+                                      task_restarts_text, why_not_acted)
 from harness.diagnosis.echoes import is_echo
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,
@@ -109,6 +110,40 @@ def task_restart(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     return dict(culprits=(first.index,), ambiguous=False, step=first.last_step)
 
 
+def resumed(obs: RunObservation, story: Story) -> Tuple[WorkerObservation, ...]:
+    """The training tasks whose processes resumed from a past of their
+    own choosing: under ``restart_policy="task"``, the restarted ones (a
+    task never restarted goes on from where its process is); else all."""
+    training = tuple(w for w in obs.workers if w.index != obs.evaluator)
+    if not story.restarted:
+        return training
+    return tuple(w for w in training if story.restarts_of(w.index) > 0)
+
+
+def direct_evidence(v: Verdict, obs: RunObservation) -> bool:
+    """``v`` names one worker by what that worker itself did: an error of
+    its own, or its death."""
+    return own_cause(v, obs) is not None or (
+        len(v.culprits) == 1 and obs.workers[v.culprits[0]].died)
+
+
+def different_pasts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """Workers that resumed from different checkpoints (one restored
+    ckpt-3, another nothing) did not do the same work: a verdict that
+    rests on which of them agree, or on who went on longest, is no
+    evidence.  Unless it names one worker by its own error or death, it
+    becomes "cannot tell", naming every side; either way the text says
+    what each restored."""
+    ws = resumed(obs, story)
+    if v.outcome == Outcome.COMPLETED or not pasts.differ(ws) or direct_evidence(v, obs):
+        return None
+    found = pasts.sides(ws)
+    candidates = tuple(sorted({i for _, side in found for i in side} | set(v.culprits)))
+    if "\nresumed from: " in v.text:   # told at the attempt's level already
+        return None
+    return dict(culprits=candidates, ambiguous=True, text=pasts_text(v, found, candidates))
+
+
 def not_restarted(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     """Why the last attempt was not started again though restarts were left."""
     if story.not_restarted is None:
@@ -146,6 +181,7 @@ STAGES: Tuple[Stage, ...] = (
     Stage("faults_ended_first", faults_ended_first),
     Stage("task_restarts", task_restarts),
     Stage("task_restart", task_restart),
+    Stage("different_pasts", different_pasts),
     Stage("attempt_never_ran", attempt_never_ran),
     Stage("not_restarted", not_restarted),
     Stage("attempts", attempts),

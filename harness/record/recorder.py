@@ -123,6 +123,7 @@ class Recorder:
         from harness.worker import context as context_module
         from harness.worker import ledger as ledger_module
         from harness.worker.strategy_hook import install_strategy_hook
+        from harness.worker.checkpoints import watch_restores
         index, workers = cluster_position(self.tf_config)
         ctx = context_module.WorkerContext(index, workers, self.tf_config, self.send,
                                            progress_map=self.writer)
@@ -135,6 +136,7 @@ class Recorder:
             why = f"{type(e).__name__}: {e}"
         if why is not None:
             self.send(protocol.LEDGER_OFF, data=why)
+        watch_restores(ctx)
         self._start_watcher()
         self._arm_faulthandler()
         threading.Thread(target=self._watch, name="mwms-recorder", daemon=True).start()

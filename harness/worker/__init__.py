@@ -10,6 +10,7 @@ Inside it, imports run one way::
       │         ├──> sync     (lazily, with run(sync_check=True))
       │         └──> keras    (lazily, when fn asks for the callback) ──> actions
       ├──> strategy_hook ──> replicas (lazily, with the replica check)
+      ├──> checkpoints (which checkpoint fn restored)
       ├──> ledger
       ├──> replicas (lazily)
       └──> process

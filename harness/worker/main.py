@@ -43,6 +43,7 @@ from harness.core.protocol import Message, VariablePrint, WorkerError, WorkerSpe
 from harness.worker import context as context_module
 from harness.worker.process import flush_output, lead_process_group, redirect_output
 from harness.worker.strategy_hook import install_strategy_hook
+from harness.worker.checkpoints import watch_restores
 from harness.worker import ledger as ledger_module
 
 # Exit codes of a worker that could not do its job for the harness's own
@@ -206,6 +207,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         if netns_error is not None:
             raise HarnessError(f"could not join the cluster's network namespace: {netns_error}")
         install_strategy_hook(ctx)
+        watch_restores(ctx)
         if spec.ledger and progress_map is not None:
             start_ledger(ctx, progress_map, spec.ledger, channel.send)
         fn, args, kwargs = load_call(spec.payload)
