@@ -339,6 +339,12 @@ def attempts_text(v: Verdict, attempts: Sequence[Verdict]) -> str:
     return "\n".join(parts)
 
 
+def unmarked(lines: str) -> str:
+    """Workers' lines without the culprit's mark: for a verdict that now
+    cannot tell."""
+    return lines.replace(CULPRIT_MARK, "")
+
+
 def restored_text(found: Sides) -> str:
     """``worker 0 restored ckpt-3; workers 1,2 restored nothing``."""
     return "; ".join(f"{names(side)} restored {checkpoint or 'nothing'}"
@@ -357,7 +363,20 @@ def pasts_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str:
         f"checkpoints, so they did not do the same work, and those that agree are not right "
         f"because they agree; candidates: {names(candidates)}",
         f"resumed from: {restored_text(found)}",
-        f"  without the pasts: {head}"] + ([rest] if rest else []))
+        f"  without the pasts: {head}"] + ([unmarked(rest)] if rest else []))
+
+
+def unseen_past_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str:
+    """``v``'s text, a verdict that compared the workers' progress after a
+    restart, told as "cannot tell": where each resumed is not seen beyond
+    the checkpoints they restored (``found``)."""
+    head, _, rest = v.text.partition("\n")
+    return "\n".join([
+        f"{v.outcome.upper()}: cannot tell who is to blame: after the restart the workers' "
+        f"progress is compared from where each resumed, which nothing seen shows beyond the "
+        f"checkpoint it restored; candidates: {names(candidates)}",
+        f"resumed from: {restored_text(found)}",
+        f"  comparing progress alone: {head}"] + ([unmarked(rest)] if rest else []))
 
 
 def missing_text(v: Verdict, missing: Sequence[int], candidates: Sequence[int]) -> str:

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from harness.diagnosis import pasts
 from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text,
                                       never_acted_lines, not_restarted_text, pasts_text,
-                                      task_restarts_text, why_not_acted)
+                                      task_restarts_text, unseen_past_text, why_not_acted)
 from harness.diagnosis.echoes import is_echo
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,
@@ -127,16 +127,32 @@ def direct_evidence(v: Verdict, obs: RunObservation) -> bool:
         len(v.culprits) == 1 and obs.workers[v.culprits[0]].died)
 
 
+# The rules that compare the workers' progress (who went on longest, who
+# agrees with whom): evidence only among workers that started alike.
+PROGRESS_RULES = frozenset({"left_early", "collective_counts", "majority", "behind", "split"})
+
+
 def different_pasts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     """Workers that resumed from different checkpoints (one restored
     ckpt-3, another nothing) did not do the same work: a verdict that
     rests on which of them agree, or on who went on longest, is no
     evidence.  Unless it names one worker by its own error or death, it
     becomes "cannot tell", naming every side; either way the text says
-    what each restored."""
+    what each restored.  After a restart of the cluster, workers that
+    restored alike may still have resumed at different points (a position
+    kept outside the checkpoint), so a verdict of the rules comparing
+    progress cannot tell there either."""
     ws = resumed(obs, story)
-    if v.outcome == Outcome.COMPLETED or not pasts.differ(ws) or direct_evidence(v, obs):
+    if v.outcome == Outcome.COMPLETED or direct_evidence(v, obs):
         return None
+    if not pasts.differ(ws):
+        # Under task restarts the stages of the restarted tasks tell it.
+        restarted_all = len(story.attempts) > 1 and not story.restarted
+        if not restarted_all or v.rule not in PROGRESS_RULES or v.ambiguous:
+            return None
+        candidates = tuple(sorted({w.index for w in ws} | set(v.culprits)))
+        return dict(culprits=candidates, ambiguous=True,
+                    text=unseen_past_text(v, pasts.sides(ws), candidates))
     found = pasts.sides(ws)
     candidates = tuple(sorted({i for _, side in found for i in side} | set(v.culprits)))
     if "\nresumed from: " in v.text:   # told at the attempt's level already

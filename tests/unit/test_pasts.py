@@ -132,3 +132,40 @@ def test_an_ambiguous_verdict_is_widened_to_every_side():
     assert told.text.splitlines()[1] == ("resumed from: worker 0 restored ckpt-3; "
                                          "workers 1,2 restored nothing")
     assert conclude(told, obs, Story()) == told   # once, at the attempt's level or the run's
+
+
+def _position_outside_the_checkpoint(n: int):
+    """Every worker restored ckpt-3 after a restart of the cluster, but
+    worker 0 resumed at the step its own file kept (3 steps left, then it
+    returned) while the others started over and wait in their 4th step."""
+    chief = restoring(returned(0, n, steps=range(3), asked=3), "/ckpt/ckpt-3")
+    rest = [restoring(blocked(i, n, steps=range(4)), "/ckpt/ckpt-3") for i in range(1, n)]
+    return run(chief, *rest, ended_by="hang")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_after_a_restart_of_the_cluster_progress_compared_cannot_tell(n):
+    obs = _position_outside_the_checkpoint(n)
+    alone = diagnose(obs)
+    assert alone.rule in ("left_early", "majority", "collective_counts")
+    v = conclude(alone, obs, Story())                       # no restart: the rule stands
+    assert "different_pasts" not in v.stages
+    restarted = Story(attempts=(alone, alone))
+    v = conclude(alone, obs, restarted)
+    if alone.ambiguous:
+        assert "different_pasts" not in v.stages
+        return
+    assert v.ambiguous and v.culprits == tuple(range(n)), v.text
+    assert "different_pasts" in v.stages
+    assert "\nHANG: cannot tell who is to blame: after the restart" in v.text, v.text
+    assert "<- culprit" not in v.text.split("--- attempt 0 ---")[0]
+    assert "resumed from: workers 0,1" in v.text or "resumed from: workers 0,1,2" in v.text
+
+
+def test_after_a_restart_a_worker_named_by_its_own_error_stays_named():
+    obs = run(restoring(raised(0, 2, "ValueError", "bad batch", 1.0), "/c/ckpt-1"),
+              restoring(blocked(1, 2, steps=range(2)), "/c/ckpt-1"), ended_by="hang")
+    alone = diagnose(obs)
+    v = conclude(alone, obs, Story(attempts=(alone, alone)))
+    assert "different_pasts" not in v.stages
+    assert v.culprits == alone.culprits and v.ambiguous == alone.ambiguous
