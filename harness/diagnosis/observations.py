@@ -111,7 +111,10 @@ class Call:
     (None outside ``steps()`` and the Keras callback); ``ended`` is None
     while it has not returned (the worker is blocked in it).  At
     ``ledger="collectives"``, ``launched`` and ``done`` list the indexes of
-    its collectives that were launched and that completed."""
+    its collectives that were launched and that completed.  ``site`` is
+    the line of the user's code that made an eager collective's call
+    (``train.py:57 in train: ckpt.save(path)``), "" when not known and for
+    a ``tf.function``'s (its name says which)."""
 
     function: int
     number: int
@@ -121,6 +124,7 @@ class Call:
     raised: bool = False
     launched: Tuple[int, ...] = ()
     done: Tuple[int, ...] = ()
+    site: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
