@@ -66,7 +66,9 @@ def worker_parts(w: WorkerObservation, ref: Sequence[int]) -> Tuple[str, str, st
     where = where.replace(" (in strategy creation)", "")   # where_stopped says so already
     pending = ledger.describe_pending(w)
     if pending:   # the ledger knows better than "in a TensorFlow op"
-        where = where.split(" (in ", 1)[0] + f" {pending}" if where else pending
+        # An eager collective's call says the user's line itself.
+        said = ledger.site_words(ledger.pending_call(w))
+        where = where.split(" (in ", 1)[0] + f" {pending}" if where and not said else pending
     if not where:
         return f"blocked {where_stopped(w)}, no stack", "", tally
     return f"blocked {where_stopped(w)}: ", where, tally
