@@ -250,3 +250,14 @@ def test_many_workers_are_named_by_ranges():
     assert names([0, 1, 2]) == "workers 0,1,2"   # a short run stays spelled out
     assert names([0] + list(range(2, 256))) == "workers 0,2-255"
     assert names([5, 1, 2, 3, 4, 9]) == "workers 1-5,9"
+
+
+def test_a_corpus_job_is_the_users_code_the_rest_of_the_harness_is_not():
+    """The corpus's jobs stand for users' code: a root error raised in one
+    is said at its line, not at none."""
+    from harness.diagnosis.stacks import where_raised
+    tb = ('  File "/repo/harness/worker/main.py", line 140, in _call_fn\n'
+          '  File "/repo/harness/bench/corpus/fit.py", line 42, in uneven_batch\n'
+          '  File "/venv/lib/python3.11/site-packages/tf_keras/src/engine/training.py", '
+          'line 1800, in fit\n')
+    assert where_raised(tb) == " at fit.py:42"
