@@ -137,7 +137,8 @@ class Collective:
     ledger level every collective of that call reads ``pending``, at
     ``ledger="collectives"`` only the one launched and not completed);
     or ``not launched`` (a later collective of a pending call, at
-    ``ledger="collectives"``)."""
+    ``ledger="collectives"``).  ``site``: the line of the user's code that
+    launched an eager one (see :class:`Call`), else ""."""
 
     function: str
     call: int
@@ -147,6 +148,7 @@ class Collective:
     shape: Tuple[int, ...]
     dtype: str
     state: str
+    site: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +214,7 @@ class WorkerObservation:
                     state = ("completed" if i in c.done else "pending" if i in c.launched
                              else "not launched")
                 out.append(Collective(f.name, c.number, i, c.step, op.kind, op.shape, op.dtype,
-                                      state))
+                                      state, c.site))
         return tuple(out)
 
     @property
