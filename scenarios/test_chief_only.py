@@ -94,6 +94,11 @@ def test_checkpoint_on_chief_only(mwms_cluster, scenario_run, tmp_path_factory):
     assert result.workers[0].return_value is None
     assert "save" in result.workers[0].stack
     assert all(w.returned for w in result.workers[1:])
+    # The ledger names the all-reduce by the user's line that launched it.
+    chief = next(ln for ln in result.report().splitlines() if ln.startswith("  worker 0:"))
+    assert "`<eager all-reduce>` from test_chief_only.py:" in chief and \
+        'in train_and_checkpoint: checkpoint.save(os.path.join(write_dir, "ckpt"))' in chief, \
+        result.report()
 
 
 @pytest.mark.timeout(60)

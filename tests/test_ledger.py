@@ -2,6 +2,9 @@
 no TensorFlow), its hooks on a TensorFlow that lacks them, and what it
 records on real workers at each level."""
 
+import inspect
+import os
+
 import pytest
 
 from harness.workloads import allreduce_loop
@@ -67,3 +70,41 @@ def test_collectives_in_a_branch_count_in_their_step_trace(mwms_cluster):
         assert mine == [(s, i, kind, shape) for s in range(3) for i, (kind, shape) in enumerate(
             [("all-reduce", (3,)), ("all-gather", (1,)), ("all-gather", (2, 4)),
              ("all-gather", (2,)), ("all-gather", (-1, -1)), ("all-gather", (-1,))])], mine
+
+
+def reduce_eagerly(steps=3):
+    """A variable made in ``strategy.scope()`` (an eager broadcast of its
+    initial value), then each step an eager ``strategy.reduce`` of it."""
+    import tensorflow as tf
+
+    import harness
+    ctx = harness.context()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        w = tf.Variable(1.0)   # the broadcast's line
+    total = 0.0
+    for _ in ctx.steps(steps):
+        total += float(strategy.reduce("SUM", strategy.run(lambda: w * 1.0), axis=None))
+    return total
+
+
+def _line_of(function, text: str) -> str:
+    """``file.py:LINE in function: text``, the line of ``function`` holding ``text``."""
+    lines, first = inspect.getsourcelines(function)
+    at = next(i for i, line in enumerate(lines) if text in line)
+    return f"{os.path.basename(__file__)}:{first + at} in {function.__name__}: {lines[at].strip()}"
+
+
+@pytest.mark.timeout(120)
+def test_an_eager_collective_keeps_the_line_that_launched_it(mwms_cluster):
+    """Each call of ``<eager all-reduce>`` has the user's line that made it
+    (from TensorFlow's pool thread, the caller's); the calls are numbered
+    as before, by kind."""
+    result = mwms_cluster.run(reduce_eagerly, timeout=60)
+    result.assert_completed()
+    for w in result.workers:
+        reduces = [c for c in w.collectives if c.function == "<eager all-reduce>"]
+        assert [(c.call, c.step) for c in reduces] == [(1, 0), (2, 1), (3, 2)], reduces
+        assert {c.site for c in reduces} == {_line_of(reduce_eagerly, "strategy.reduce(")}
+        (broadcast,) = [c for c in w.collectives if c.function == "<eager broadcast>"]
+        assert broadcast.site == _line_of(reduce_eagerly, "tf.Variable(1.0)")

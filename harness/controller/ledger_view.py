@@ -22,6 +22,7 @@ class LedgerView:
         self.traces: Dict[int, int] = {}
         self.ops: Dict[int, Dict[int, CollectiveOp]] = {}
         self.calls: Dict[Tuple[int, int], dict] = {}
+        self.sites: Dict[int, str] = {}   # id -> the user's line (eager collectives)
         self.latest: Optional[float] = None   # the newest record's time (monotonic)
         self.notes: List[str] = []
 
@@ -39,6 +40,8 @@ class LedgerView:
                 str(data["kind"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]),
                 tuple(str(part) for part in data.get("label", ())),
                 float(data.get("timeout", 0.0)))
+        elif kind == protocol.LEDGER_SITE:
+            self.sites[int(data["id"])] = str(data["site"])
         elif kind == protocol.LEDGER_OFF:
             self.notes.append(f"no collective ledger: {data}")
         else:
@@ -62,6 +65,10 @@ class LedgerView:
                     self.calls.pop((r.function, r.number), None)
                 elif call is not None:
                     call.update(ended=t, raised=r.detail == progress.CALL_RAISED)
+            elif r.kind == progress.CALL_SITE:
+                call = self.calls.get((r.function, r.number))
+                if call is not None:
+                    call["site"] = r.detail
             elif r.kind in (progress.COLLECTIVE_LAUNCHED, progress.COLLECTIVE_DONE):
                 call = self.calls.get((r.function, r.number))
                 if call is not None:
@@ -80,4 +87,9 @@ class LedgerView:
                      for fid in fids)
 
     def call_records(self) -> Tuple[Call, ...]:
-        return tuple(Call(**c) for c in sorted(self.calls.values(), key=lambda c: c["began"]))
+        """The calls, each with its user's line where it has one (its id
+        and the line may come in either order)."""
+        def call(c: dict) -> Call:
+            site = c.get("site")
+            return Call(**{**c, "site": "" if site is None else self.sites.get(site, "")})
+        return tuple(map(call, sorted(self.calls.values(), key=lambda c: c["began"])))

@@ -60,8 +60,10 @@ CALL_BEGAN = 2       # number: call number of that function (from 1); detail: th
 CALL_ENDED = 3       # number: call number; detail: CALL_RETURNED, CALL_RAISED or CALL_NOT_RUN
 COLLECTIVE_LAUNCHED = 4   # number: call number; detail: the collective's index in the function
 COLLECTIVE_DONE = 5       # number: call number; detail: the index
+CALL_SITE = 6        # number: call number; detail: the id of the user's line that made it
 KIND_NAMES = {STEP: "step", CALL_BEGAN: "call_began", CALL_ENDED: "call_ended",
-              COLLECTIVE_LAUNCHED: "collective_launched", COLLECTIVE_DONE: "collective_done"}
+              COLLECTIVE_LAUNCHED: "collective_launched", COLLECTIVE_DONE: "collective_done",
+              CALL_SITE: "call_site"}
 NO_STEP = -1
 CALL_RETURNED, CALL_RAISED, CALL_NOT_RUN = 0, 1, 2
 

@@ -46,6 +46,9 @@ class Kind(TextEnum):
     # data: {"function", "trace", "index", "kind", "shape", "dtype", "label", "timeout"}
     LEDGER_COLLECTIVE = "ledger_collective"
     LEDGER_OFF = "ledger_off"   # data: why the ledger could not be recorded
+    # data: {"id", "site"}: a line of the user's code that launched an eager
+    # collective, told once per line (calls name it by id in the progress map)
+    LEDGER_SITE = "ledger_site"
     # The progress map (harness.core.progress) is half full: read it now.
     DRAIN = "drain"
     # A host name of TF_CONFIG's cluster, as this worker's own lookups see it
@@ -62,10 +65,11 @@ STARTED, STRATEGY_CREATING, STRATEGY_CREATED = Kind.STARTED, Kind.STRATEGY_CREAT
 STEP, STEPS_DONE, FAULT, RETURNED, RAISED = Kind.STEP, Kind.STEPS_DONE, Kind.FAULT, Kind.RETURNED, Kind.RAISED
 REPLICAS, DRAIN, LEDGER_OFF = Kind.REPLICAS, Kind.DRAIN, Kind.LEDGER_OFF
 LEDGER_FUNCTION, LEDGER_COLLECTIVE = Kind.LEDGER_FUNCTION, Kind.LEDGER_COLLECTIVE
+LEDGER_SITE = Kind.LEDGER_SITE
 NAME_UNRESOLVED, NAME_RESOLVED = Kind.NAME_UNRESOLVED, Kind.NAME_RESOLVED
 RESTORED = Kind.RESTORED
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
-LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_OFF)
+LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_SITE, LEDGER_OFF)
 
 # -- parent -> worker ----------------------------------------------------------
 # A worker that returned may exit now.  It waits for it so that a worker which

@@ -128,9 +128,24 @@ def describe_pending(w: WorkerObservation) -> str:
 
 
 def describe_call(w: WorkerObservation, call: Call, with_ops: bool = True) -> str:
-    """``call 10 of `step` (all-reduce float32[1])``."""
-    text = f"call {call.number} of `{_names(w).get(call.function, '?')}`"
+    """``call 10 of `step` (all-reduce float32[1])``; an eager collective's
+    with the user's line that made it: ``call 1 of `<eager all-reduce>`
+    from train.py:57 in train: ckpt.save(path) (all-reduce float32[])``."""
+    text = f"call {call.number} of `{_names(w).get(call.function, '?')}`" + site_words(call)
     return text + (f" ({describe_ops(_ops(w)[call.function])})" if with_ops else "")
+
+
+def site_words(call: Optional[Call]) -> str:
+    """`` from train.py:57 in train: ckpt.save(path)``, or "" when the
+    call's line is not known."""
+    return f" from {call.site}" if call is not None and call.site else ""
+
+
+def user_line(w: WorkerObservation) -> str:
+    """The user's line of the eager collective the worker is blocked in or
+    made last, else ""."""
+    call = pending_call(w) or last_call(w)
+    return call.site if call is not None else ""
 
 
 def calls_by_name(w: WorkerObservation) -> Dict[str, int]:

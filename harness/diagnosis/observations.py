@@ -111,7 +111,10 @@ class Call:
     (None outside ``steps()`` and the Keras callback); ``ended`` is None
     while it has not returned (the worker is blocked in it).  At
     ``ledger="collectives"``, ``launched`` and ``done`` list the indexes of
-    its collectives that were launched and that completed."""
+    its collectives that were launched and that completed.  ``site`` is
+    the line of the user's code that made an eager collective's call
+    (``train.py:57 in train: ckpt.save(path)``), "" when not known and for
+    a ``tf.function``'s (its name says which)."""
 
     function: int
     number: int
@@ -121,6 +124,7 @@ class Call:
     raised: bool = False
     launched: Tuple[int, ...] = ()
     done: Tuple[int, ...] = ()
+    site: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +137,8 @@ class Collective:
     ledger level every collective of that call reads ``pending``, at
     ``ledger="collectives"`` only the one launched and not completed);
     or ``not launched`` (a later collective of a pending call, at
-    ``ledger="collectives"``)."""
+    ``ledger="collectives"``).  ``site``: the line of the user's code that
+    launched an eager one (see :class:`Call`), else ""."""
 
     function: str
     call: int
@@ -143,6 +148,7 @@ class Collective:
     shape: Tuple[int, ...]
     dtype: str
     state: str
+    site: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +214,7 @@ class WorkerObservation:
                     state = ("completed" if i in c.done else "pending" if i in c.launched
                              else "not launched")
                 out.append(Collective(f.name, c.number, i, c.step, op.kind, op.shape, op.dtype,
-                                      state))
+                                      state, c.site))
         return tuple(out)
 
     @property

@@ -67,7 +67,9 @@ def worker_parts(w: WorkerObservation, ref: Sequence[int]) -> Tuple[str, str, st
     where = where.replace(" (in strategy creation)", "")   # where_stopped says so already
     pending = ledger.describe_pending(w)
     if pending:   # the ledger knows better than "in a TensorFlow op"
-        where = where.split(" (in ", 1)[0] + f" {pending}" if where else pending
+        # An eager collective's call says the user's line itself.
+        said = ledger.site_words(ledger.pending_call(w))
+        where = where.split(" (in ", 1)[0] + f" {pending}" if where and not said else pending
     if not where:
         return f"blocked {where_stopped(w)}, no stack", "", tally
     return f"blocked {where_stopped(w)}: ", where, tally
@@ -101,20 +103,47 @@ def worker_lines(ws: Sequence[WorkerObservation], culprits: Sequence[int]) -> Li
             for (lead, detail, rest), idx in groups.items()]
 
 
-def error_lines(f: Facts) -> List[str]:
+def own_line(w: WorkerObservation) -> str:
+    """The line of the user's code where the worker is or last was: its
+    eager collective's (the ledger's), else the one its error was raised
+    at, else its stack's; "" when none is known."""
+    site = ledger.user_line(w)
+    if site:
+        return site
+    if w.error is not None and where_raised(w.error.traceback):
+        return where_raised(w.error.traceback)[len(" at "):]
+    where = summarize_stack(w.stack) if (w.stack or "").strip() else ""
+    return "" if where.startswith(("no stack", "stack unreadable")) else where.split(" (", 1)[0]
+
+
+def culprit_line_lines(ws: Sequence[WorkerObservation], culprits: Sequence[int],
+                       raisers: Sequence[int]) -> List[str]:
+    """The culprits' own lines, beside a root error raised elsewhere."""
+    by_index = {w.index: w for w in ws}
+    lines = [(i, own_line(by_index[i])) for i in culprits if i not in raisers and i in by_index]
+    return [f"culprit's line: {name(i)} at {line}" for i, line in lines if line]
+
+
+def error_lines(f: Facts, culprits: Sequence[int] = ()) -> List[str]:
     """The run's first error, said for what it is: a root error, a
-    collective whose members disagree, or TensorFlow reporting a failure."""
+    collective whose members disagree, or TensorFlow reporting a failure;
+    where it was raised, as the worker that raised it saw it, and where
+    the culprits were, when they are others."""
     errs = f.errors
     if not errs:
         return []
     first = error_of(errs[0])
     if is_collective_mismatch(first):
-        what = error_text(first).split(". ", 1)[0]
-        return [f"root error: {what}{where_raised(first.traceback)}, reported by "
+        what, where = error_text(first).split(". ", 1)[0], where_raised(first.traceback)
+        seen_by = f" ({name(errs[0].index)}'s line)" if where else ""
+        return [f"root error: {what}{where}{seen_by}, reported by "
                 f"{names([w.index for w in f.mismatches])}: the members of a collective "
-                f"disagree, and the error does not say which worker is wrong"]
+                f"disagree, and the error does not say which worker is wrong"] + \
+            culprit_line_lines(f.obs.workers, culprits, [errs[0].index])
     if not is_echo(first):
-        return [f"root error: {error_text(first)}{where_raised(first.traceback)}"]
+        return [f"root error: {error_text(first)}{where_raised(first.traceback)}, raised by "
+                f"{name(errs[0].index)}"] + culprit_line_lines(f.obs.workers, culprits,
+                                                               [errs[0].index])
     return [("the errors are TensorFlow reporting the death" if f.outcome == Outcome.CRASHED else
              "no root error: every error is TensorFlow reporting a peer's failure")
             + f" (first: {first})"]
@@ -190,7 +219,7 @@ def headline(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     return f"{outcome.upper()}: {who} ({reason})"
 
 
-def note_lines(f: Facts) -> List[str]:
+def note_lines(f: Facts, culprits: Sequence[int] = ()) -> List[str]:
     """What follows the workers' lines: the ledgers, notes, the checks,
     the injected faults, and the run's first error."""
     obs, outcome, ws = f.obs, f.outcome, f.obs.workers
@@ -216,7 +245,7 @@ def note_lines(f: Facts) -> List[str]:
         lines.append(f"injected: {names([i])}{at}: {e.data}")
     if len(faults) > MAX_FAULTS_LISTED:
         lines.append(f"injected: ... and {len(faults) - MAX_FAULTS_LISTED} more")
-    return lines + error_lines(f) + known_lines(ws)
+    return lines + error_lines(f, culprits) + known_lines(ws)
 
 
 # How an evaluator ended, by the outcome it gives a run whose training completed.
@@ -249,7 +278,7 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     if blame.ambiguous:
         lines.append(cut(f"ambiguous: {blame.reason}"))
     lines += worker_lines(f.obs.workers, culprits)
-    lines += [cut(ln) for ln in note_lines(f)]
+    lines += [cut(ln) for ln in note_lines(f, culprits)]
     if len(lines) > MAX_LINES:
         lines = lines[:MAX_LINES - 1] + [f"... {len(lines) - MAX_LINES + 1} more lines"]
     return "\n".join(lines)

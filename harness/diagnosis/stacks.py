@@ -16,10 +16,17 @@ _FRAME_RE = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+|\?+),? in (?
 _COLLECTIVE_RE = re.compile(r"collective|all_?reduce|all_?gather|broadcast", re.I)
 
 
+# The harness's code that stands for a user's: jobs to try it on and the
+# corpus of users' bugs.
+_HARNESS_USER_CODE = ("/harness/bench/corpus/", "/harness/workloads.py")
+
+
 def is_library(path: str) -> bool:
     """Not the user's code.  "/harness/" also catches recorded runs from another
     checkout, at the price of hiding a user's own package named harness."""
     p = path.replace("\\", "/")
+    if any(part in p for part in _HARNESS_USER_CODE):
+        return False
     return (p.startswith(("<", _HARNESS_DIR)) or "site-packages/" in p or "dist-packages/" in p
             or "/lib/python3" in p or "/harness/" in p)
 

@@ -174,7 +174,8 @@ def observe_task(task: files.TaskFiles, index: int, clock, until: Optional[float
     ending: Optional[Tuple[float, dict]] = None
     for e in task.events:
         kind, data, at = e.get("kind", ""), e.get("data"), clock(float(e.get("time", 0.0)))
-        if at > end and kind not in (protocol.LEDGER_FUNCTION, protocol.LEDGER_COLLECTIVE):
+        if at > end and kind not in (protocol.LEDGER_FUNCTION, protocol.LEDGER_COLLECTIVE,
+                                     protocol.LEDGER_SITE):
             continue
         if view.message(kind, data):
             if kind == protocol.LEDGER_OFF:

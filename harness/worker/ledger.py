@@ -20,7 +20,11 @@ Two levels (``run(ledger=...)``):
 
 Eager collectives (``strategy.reduce`` outside a ``tf.function``) run in
 TensorFlow's thread pool, so nothing here is thread-local; each is recorded
-as one call of a pseudo-function named ``<eager KIND>``.
+as one call of a pseudo-function named ``<eager KIND>``, and with the line
+of the user's code that launched it (``ckpt.save(...)``, a metric's
+``result()``: see :func:`user_site`), told once per line over the pipe and
+named by id in a ``CALL_SITE`` record.  The function's name stays the kind
+alone: the workers' calls of it are counted and compared by name.
 
 The hooks patch private TensorFlow functions: ``collective_ops`` (the
 module attributes ``cross_device_utils`` and MWMS's variable initialisation
@@ -30,8 +34,12 @@ for the ledger's sake.
 """
 from __future__ import annotations
 
+import linecache
+import os
+import sys
+import sysconfig
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from harness.core import progress, protocol
 from harness.errors import InjectedFault
@@ -43,6 +51,82 @@ _HOOKED = (
     ("broadcast_send", "broadcast", "tensor"),
     ("broadcast_recv", "broadcast", "shape"),
 )
+
+
+# -- the user's line ------------------------------------------------------------
+
+_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# Code of the harness that stands for a user's: jobs to try it on and the
+# corpus of users' bugs.
+_HARNESS_USER_CODE = tuple(os.path.join(_HARNESS_DIR, part) for part in (
+    "workloads.py", os.path.join("bench", "corpus") + os.sep))
+_LIBRARY_DIRS = tuple(sorted({os.path.join(os.path.realpath(p), "") for p in (
+    sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    if p}))
+_PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def is_library_file(path: str, library_dirs: Iterable[str] = _LIBRARY_DIRS,
+                    harness_dir: str = _HARNESS_DIR,
+                    harness_user_code: Iterable[str] = _HARNESS_USER_CODE) -> bool:
+    """Not the user's code: Python's own library and installed packages
+    (TensorFlow, Keras, tf_keras), the harness, code with no file
+    (``<frozen ...>``, ``<string>``)."""
+    if not path or path.startswith("<"):
+        return True
+    if any(p in path for p in _PACKAGES) or path.startswith(tuple(library_dirs)):
+        return True
+    return path.startswith(harness_dir) and not path.startswith(tuple(harness_user_code))
+
+
+Frame = Tuple[str, int, str]   # (file, line, function)
+
+
+def first_user_frame(frames: Iterable[Frame],
+                     library: Callable[[str], bool] = is_library_file) -> Optional[Frame]:
+    """The innermost of ``frames`` (innermost first) in the user's code."""
+    return next((f for f in frames if not library(f[0])), None)
+
+
+def site_text(frame: Frame, source: str = "") -> str:
+    """``train.py:57 in train: ckpt.save(path)`` (without the source when
+    there is none)."""
+    file, line, function = frame
+    where = f"{os.path.basename(file)}:{line} in {function}"
+    return f"{where}: {source.strip()}" if source.strip() else where
+
+
+def _frames(frame) -> Iterable[Frame]:
+    while frame is not None:
+        code = frame.f_code
+        yield code.co_filename, frame.f_lineno, code.co_name
+        frame = frame.f_back
+
+
+class _LibraryFiles(dict):
+    """``is_library_file`` of each file name, worked out once."""
+
+    def __missing__(self, path: str) -> bool:
+        self[path] = found = is_library_file(path)
+        return found
+
+
+def user_site(library: Callable[[str], bool]) -> Optional[Frame]:
+    """The frame of the user's code that led here, innermost first, in this
+    thread or, where this one has none (TensorFlow runs an eager all-reduce
+    in a pool thread while the caller waits), the main thread or another."""
+    found = first_user_frame(_frames(sys._getframe(1)), library)
+    if found is not None:
+        return found
+    frames = sys._current_frames()
+    main = threading.main_thread().ident
+    me = threading.get_ident()
+    for ident in sorted(frames, key=lambda i: i != main):
+        if ident != me:
+            found = first_user_frame(_frames(frames[ident]), library)
+            if found is not None:
+                return found
+    return None
 
 
 def _describe_tensor(t) -> Tuple[Tuple, str]:
@@ -182,6 +266,8 @@ class Ledger:
         self._eager: Dict[Tuple, int] = {}
         self._stack: List[Tuple[int, bool]] = []   # (function id, called eagerly)
         self._skip_first: Dict[int, bool] = {}     # its first call is skipped (a SkipStep)
+        self._sites: Dict[Frame, int] = {}         # a user's line -> its id
+        self._library = _LibraryFiles()
         self._lock = threading.Lock()
 
     # -- function ids ----------------------------------------------------
@@ -209,6 +295,23 @@ class Ledger:
     def _names(self, fid: int) -> str:
         function = self._keep[fid]
         return str(getattr(function, "__name__", None) or getattr(function, "_name", ""))
+
+    def site_id(self) -> int:
+        """The id of the user's line that launched the collective being
+        made (told the parent the first time), or -1 when there is none."""
+        frame = user_site(self._library.__getitem__)
+        if frame is None:
+            return -1
+        sid = self._sites.get(frame)
+        if sid is None:
+            with self._lock:
+                sid = self._sites.get(frame)
+                if sid is None:
+                    sid = self._sites[frame] = len(self._sites)
+                    source = linecache.getline(frame[0], frame[1])
+                    self.send(protocol.LEDGER_SITE,
+                              data={"id": sid, "site": site_text(frame, source)})
+        return sid
 
     # -- calls -------------------------------------------------------------
     def call(self, function, original, args, kwargs):
@@ -314,6 +417,9 @@ class Ledger:
         with self._lock:
             number = self._calls[fid] = self._calls.get(fid, 0) + 1
         self.writer.write(progress.CALL_BEGAN, fid, number, self._step())
+        site = self.site_id()
+        if site >= 0:
+            self.writer.write(progress.CALL_SITE, fid, number, site)
         raised = 1
         try:
             result = original(*args, **kwargs)

@@ -5,6 +5,7 @@ TensorFlow 2.21's, measured on 2 workers (the frames TensorFlow lists after
 "defined at" are cut to the user's).  Fast, no TensorFlow."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -13,8 +14,9 @@ from harness.core.protocol import WorkerError
 from harness.diagnosis import diagnose, is_echo
 from harness.diagnosis.echoes import collective_mismatch, error_text, is_collective_mismatch
 from harness.diagnosis.facts import FAILED_MISMATCH, facts_of
+from harness.diagnosis.observations import Call, CollectiveOp, TracedFunction
 from harness.diagnosis.render import CULPRIT_MARK, MAX_WIDTH, fit, worker_line
-from observations import UNHEALTHY, raised, run, with_ledger
+from observations import UNHEALTHY, blocked, raised, returned, run, with_ledger
 
 _REPEAT = "The error could be from a previous operation. Restart your program to reset."
 SHAPE = ("Shape mismatch in the collective instance 138. Op at device "
@@ -135,6 +137,46 @@ def test_three_workers_with_a_skipped_step_name_the_skipper():
     assert "echo" not in v.text
 
 
+def _traceback(line: int, function: str) -> str:
+    return ("Traceback (most recent call last):\n"
+            f'  File "/home/me/train.py", line {line}, in {function}\n    step(batch)\n'
+            '  File "/venv/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", '
+            "line 53, in quick_execute\n")
+
+
+def test_the_root_error_is_said_at_its_reporters_line_and_the_culprits_own_beside_it():
+    """Every worker reports the mismatch, each from its own line: the root
+    error's line is the first reporter's, said as its; the culprit's own
+    line follows."""
+    obs = _skipped_step(3, (SHAPE_NOTICED, SHAPE_RELAYED, SHAPE_RELAYED))
+    tracebacks = {0: _traceback(90, "train"), 2: _traceback(77, "evaluate")}
+    obs = dataclasses.replace(obs, workers=tuple(
+        dataclasses.replace(w, error=dataclasses.replace(w.error, traceback=tracebacks.get(
+            w.index, ""))) for w in obs.workers))
+    v = diagnose(obs)
+    assert v.culprits == (2,)
+    lines = v.text.splitlines()
+    root = next(i for i, ln in enumerate(lines) if ln.startswith("root error: "))
+    assert " at train.py:90 (worker 0's line), reported by workers 0,1,2" in lines[root]
+    assert lines[root + 1] == "culprit's line: worker 2 at train.py:77", v.text
+
+
+def test_an_eager_collective_is_said_with_the_users_line_that_launched_it():
+    """The chief saves a checkpoint holding a sync-on-read variable, alone:
+    it waits in an eager all-reduce the others never launch; the line is
+    its ``save``."""
+    site = "train.py:57 in train: checkpoint.save(os.path.join(write_dir, 'ckpt'))"
+    eager = TracedFunction(1, "<eager all-reduce>", (CollectiveOp("all-reduce", (), "float32"),))
+    chief = with_ledger(blocked(0, 3, steps=range(6)))
+    chief = dataclasses.replace(chief, functions=chief.functions + (eager,),
+                                calls=chief.calls + (Call(1, 1, 5, began=0.9, site=site),))
+    others = [with_ledger(returned(i, 3, steps=range(6), asked=6)) for i in (1, 2)]
+    v = diagnose(run(chief, *others, ended_by="hang"))
+    assert v.culprits == (0,)
+    assert f"in call 1 of `<eager all-reduce>` from {site}" in _line_of(v.text, 0), v.text
+    assert f"never launched call 1 of `<eager all-reduce>` from {site}" in v.text
+
+
 def test_a_mismatch_beside_an_error_of_its_own_leaves_the_blame_to_that_error():
     obs = run(raised(0, 2, "ValueError", "boom", 1.0),
               raised(1, 2, SHAPE_RELAYED.type_name, SHAPE_RELAYED.message, 0.5))
@@ -208,3 +250,14 @@ def test_many_workers_are_named_by_ranges():
     assert names([0, 1, 2]) == "workers 0,1,2"   # a short run stays spelled out
     assert names([0] + list(range(2, 256))) == "workers 0,2-255"
     assert names([5, 1, 2, 3, 4, 9]) == "workers 1-5,9"
+
+
+def test_a_corpus_job_is_the_users_code_the_rest_of_the_harness_is_not():
+    """The corpus's jobs stand for users' code: a root error raised in one
+    is said at its line, not at none."""
+    from harness.diagnosis.stacks import where_raised
+    tb = ('  File "/repo/harness/worker/main.py", line 140, in _call_fn\n'
+          '  File "/repo/harness/bench/corpus/fit.py", line 42, in uneven_batch\n'
+          '  File "/venv/lib/python3.11/site-packages/tf_keras/src/engine/training.py", '
+          'line 1800, in fit\n')
+    assert where_raised(tb) == " at fit.py:42"

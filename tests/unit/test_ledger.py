@@ -82,3 +82,74 @@ def test_a_branch_or_inner_function_graph_belongs_to_its_trace():
     assert worker_ledger._trace_graph(branch) is trace
     assert worker_ledger._trace_graph(inner) is trace
     assert worker_ledger._trace_graph(Graph(None)).outer_graph is None
+
+
+# -- the user's line of an eager collective -------------------------------------
+
+LIBS = ("/usr/lib/python3.11/",)
+HARNESS = "/repo/harness/"
+OWN = ("/repo/harness/workloads.py", "/repo/harness/bench/corpus/")
+
+
+def _library(path):
+    return worker_ledger.is_library_file(path, LIBS, HARNESS, OWN)
+
+
+@pytest.mark.parametrize("path, library", [
+    ("/home/me/train.py", False),
+    ("/venv/lib/python3.11/site-packages/tensorflow/python/checkpoint/checkpoint.py", True),
+    ("/venv/lib/python3.11/site-packages/tf_keras/src/metrics/base_metric.py", True),
+    ("/usr/lib/python3/dist-packages/keras/src/trainers/trainer.py", True),
+    ("/usr/lib/python3.11/threading.py", True),
+    ("/repo/harness/worker/ledger.py", True),
+    ("/repo/harness/bench/corpus/fit.py", False),
+    ("/repo/harness/workloads.py", False),
+    ("/repo/scenarios/test_chief_only.py", False),
+    ("<frozen runpy>", True),
+    ("", True),
+])
+def test_which_files_are_the_users(path, library):
+    assert _library(path) is library
+
+
+def test_the_users_frame_is_the_innermost_outside_the_libraries():
+    frames = [("/repo/harness/worker/ledger.py", 300, "hooked"),
+              ("/venv/lib/python3.11/site-packages/tensorflow/python/ops/collective_ops.py", 9,
+               "all_reduce_v2"),
+              ("/venv/lib/python3.11/site-packages/tensorflow/python/checkpoint/checkpoint.py",
+               2300, "save"),
+              ("/home/me/train.py", 57, "train"),
+              ("/home/me/train.py", 80, "main"),
+              ("/repo/harness/worker/main.py", 140, "_call_fn")]
+    assert worker_ledger.first_user_frame(frames, _library) == ("/home/me/train.py", 57, "train")
+    assert worker_ledger.first_user_frame(frames[:3], _library) is None
+
+
+def test_a_site_is_said_with_its_source_when_there_is_one():
+    frame = ("/home/me/train.py", 57, "train")
+    assert worker_ledger.site_text(frame, "        ckpt.save(path)\n") == \
+        "train.py:57 in train: ckpt.save(path)"
+    assert worker_ledger.site_text(frame) == "train.py:57 in train"
+
+
+def test_the_users_frame_is_found_from_a_pool_thread_while_the_caller_waits():
+    """TensorFlow runs an eager all-reduce in a pool thread, whose frames
+    are all library code: the user's frame is the waiting caller's (here
+    this file stands for the user's code)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        frame = pool.submit(worker_ledger.user_site, lambda path: path != __file__).result()
+    assert frame is not None and frame[0] == __file__ and \
+        frame[2] == "test_the_users_frame_is_found_from_a_pool_thread_while_the_caller_waits"
+
+
+def test_ledger_view_gives_each_call_its_users_line_in_either_order():
+    view = LedgerView(start=0.0)
+    view.message(protocol.LEDGER_FUNCTION, {"id": 0, "name": "<eager all-reduce>"})
+    view.records([progress.Record(progress.CALL_BEGAN, 0, 1, 5, 1.0),
+                  progress.Record(progress.CALL_SITE, 0, 1, 0, 1.0),
+                  progress.Record(progress.CALL_ENDED, 0, 1, 0, 1.1),
+                  progress.Record(progress.CALL_BEGAN, 0, 2, 6, 2.0)])
+    view.message(protocol.LEDGER_SITE, {"id": 0, "site": "train.py:57 in train: ckpt.save(p)"})
+    first, second = view.call_records()
+    assert (first.site, second.site) == ("train.py:57 in train: ckpt.save(p)", "")
