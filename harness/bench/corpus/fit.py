@@ -217,28 +217,25 @@ def save_weights_write_paths(directory: str):
     _save_weights(directory, broken=False)
 
 
-# ---------------------------------------------------------------- scope
+# ---------------------------------------------------------------- the strategy first
 
-def _outside_scope(directory: str, outside: str):
+def _strategy_order(directory: str, broken: bool):
     import tensorflow as tf
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    model = small_model(tf) if outside == "model" else None
-    optimizer = tf.keras.optimizers.SGD(0.01) if outside == "optimizer" else None
-    with strategy.scope():
-        model = model or small_model(tf, optimizer=optimizer or tf.keras.optimizers.SGD(0.01))
-    model.fit(repeated(tf), epochs=1, steps_per_epoch=4, verbose=0)
+    if broken:
+        data = repeated(tf)     # the input pipeline made before the strategy
+        _, model = fitted(tf)
+    else:
+        _, model = fitted(tf)
+        data = repeated(tf)
+    model.fit(data, epochs=1, steps_per_epoch=4, verbose=0)
 
 
-def model_outside_scope(directory: str):
-    _outside_scope(directory, "model")
+def data_before_strategy(directory: str):
+    _strategy_order(directory, broken=True)
 
 
-def optimizer_outside_scope(directory: str):
-    _outside_scope(directory, "optimizer")
-
-
-def all_in_scope(directory: str):
-    _outside_scope(directory, "")
+def strategy_first(directory: str):
+    _strategy_order(directory, broken=False)
 
 
 # ---------------------------------------------------------------- Keras 3
@@ -285,6 +282,7 @@ def keras3_evaluate_in_a_loop(directory: str):
 
 def _stop_on_local_loss(directory: str, broken: bool):
     import tensorflow as tf
+    _, model = fitted(tf)
     # The held-out labels: worker 1's came with the wrong sign, so its
     # loss rises as the model learns while the others' falls.
     x, y = arrays(tf, 2 * BATCH, seed=40 + task_index())
@@ -300,7 +298,6 @@ def _stop_on_local_loss(directory: str, broken: bool):
                 self.model.stop_training = True
             self.best = min(self.best, loss)
 
-    _, model = fitted(tf)
     if broken:
         model.fit(repeated(tf), epochs=4, steps_per_epoch=4, callbacks=[StopWhenWorse()],
                   verbose=0)
@@ -350,6 +347,7 @@ def stop_at_target_everywhere(directory: str):
 
 def _evaluate_in_callback(directory: str, broken: bool):
     import tensorflow as tf
+    _, model = fitted(tf)
     held_out = tf.data.Dataset.from_tensor_slices(arrays(tf, 2 * BATCH, seed=50)).batch(BATCH)
 
     class Evaluate(tf.keras.callbacks.Callback):
@@ -361,7 +359,6 @@ def _evaluate_in_callback(directory: str, broken: bool):
                 if is_chief():
                     print(f"epoch {epoch}: held-out loss {loss:.4f}")
 
-    _, model = fitted(tf)
     model.fit(repeated(tf), epochs=3, steps_per_epoch=4, callbacks=[Evaluate()], verbose=0)
 
 
@@ -414,6 +411,68 @@ def checkpoint_callback_everywhere(directory: str):
     _checkpoint_callback(directory, broken=False)
 
 
+
+def _chief_callback(directory: str, broken: bool, make):
+    import tensorflow as tf
+    _, model = fitted(tf, metrics=["mae"])
+    # The broken script gives the callback to the chief alone.
+    callbacks = [make(tf, directory)] if is_chief() or not broken else []
+    model.fit(repeated(tf), epochs=3, steps_per_epoch=4, callbacks=callbacks, verbose=0)
+
+
+def _backup(tf, directory):
+    return tf.keras.callbacks.BackupAndRestore(os.path.join(directory, "backup"))
+
+
+def backup_on_chief(directory: str):
+    _chief_callback(directory, True, _backup)
+
+
+def backup_everywhere(directory: str):
+    _chief_callback(directory, False, _backup)
+
+
+# ---------------------------------------------------------------- after fit
+
+def _after_fit(directory: str, broken: bool, work):
+    import tensorflow as tf
+    _, model = fitted(tf, metrics=["mae"])
+    model.fit(repeated(tf), epochs=1, steps_per_epoch=4, verbose=0)
+    if is_chief() or not broken:
+        work(tf, model, directory)
+
+
+def _evaluate(tf, model, directory):
+    loss = model.evaluate(tf.data.Dataset.from_tensor_slices(arrays(tf, 2 * BATCH, seed=60))
+                          .batch(BATCH), verbose=0)
+    if is_chief():
+        print(f"test loss {loss}")
+
+
+def _save(tf, model, directory):
+    target = directory if is_chief() else os.path.join(directory, f"workertemp_{task_index()}")
+    os.makedirs(target, exist_ok=True)
+    model.save(os.path.join(target, "model.keras"))
+    if target != directory:
+        tf.io.gfile.rmtree(target)
+
+
+def evaluate_after_fit_on_chief(directory: str):
+    _after_fit(directory, True, _evaluate)
+
+
+def evaluate_after_fit_everywhere(directory: str):
+    _after_fit(directory, False, _evaluate)
+
+
+def save_after_fit_on_chief(directory: str):
+    _after_fit(directory, True, _save)
+
+
+def save_after_fit_everywhere(directory: str):
+    _after_fit(directory, False, _save)
+
+
 CASES = (
     Case("fit_uneven_batch_per_worker", "fit (tf_keras)",
          "tensorflow/tensorflow#36153 (a partial last batch under MWMS fit)",
@@ -447,15 +506,10 @@ CASES = (
          "after fit, every worker calls save_weights with the same .h5 path.",
          save_weights_same_path, save_weights_write_paths,
          truth=every_task, sizes=(2, 3), keras="tf_keras", timeout=10),
-    Case("fit_model_outside_scope", "fit (tf_keras)",
-         "tensorflow/tensorflow#33086 (the model built outside strategy.scope())",
-         "the model is built and compiled before strategy.scope(), then fitted.",
-         model_outside_scope, all_in_scope,
-         truth=every_task, sizes=(2, 3), keras="tf_keras", timeout=10),
-    Case("fit_optimizer_outside_scope", "fit (tf_keras)",
-         "tensorflow/tensorflow#33086 (state created outside strategy.scope())",
-         "the optimizer is created before strategy.scope(), the model inside.",
-         optimizer_outside_scope, all_in_scope,
+    Case("fit_data_before_strategy", "fit (tf_keras)",
+         "tensorflow/tensorflow#34568 (collective ops must be configured at program startup)",
+         "the input pipeline is made before MultiWorkerMirroredStrategy() is created.",
+         data_before_strategy, strategy_first,
          truth=every_task, sizes=(2, 3), keras="tf_keras", timeout=10),
     Case("keras3_fit_under_mwms", "fit (Keras 3)",
          "keras-team/keras#20585; tensorflow/tensorflow#72388",
@@ -493,4 +547,19 @@ CASES = (
          "ModelCheckpoint is given to the chief's fit only, the one that should write.",
          checkpoint_callback_on_chief, checkpoint_callback_everywhere,
          truth=at_fault(0), sizes=(2, 3), chief=True, keras="tf_keras", timeout=12),
+    Case("callback_backup_and_restore_on_chief_only", "callbacks",
+         "tensorflow/tensorflow#35705 (writing a checkpoint under MWMS fit)",
+         "BackupAndRestore is given to the chief's fit only.",
+         backup_on_chief, backup_everywhere,
+         truth=at_fault(0), sizes=(2, 3), chief=True, keras="tf_keras", timeout=12),
+    Case("fit_then_evaluate_on_chief_only", "fit (tf_keras)",
+         "tensorflow/tensorflow#36515 (how to run evaluation under MWMS)",
+         "after fit, only the chief runs model.evaluate on the test set.",
+         evaluate_after_fit_on_chief, evaluate_after_fit_everywhere,
+         truth=at_fault(0), sizes=(2, 3), keras="tf_keras", timeout=10),
+    Case("fit_then_save_on_chief_only", "fit (tf_keras)",
+         "tensorflow/tensorflow#31252 (a Keras model under MWMS cannot be checkpointed)",
+         "after fit, only the chief calls model.save, the tutorial's write path done wrong.",
+         save_after_fit_on_chief, save_after_fit_everywhere,
+         truth=at_fault(0), sizes=(2, 3), chief=True, keras="tf_keras", timeout=10),
 )
