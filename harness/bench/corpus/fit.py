@@ -1,7 +1,10 @@
 """Users' bugs through Keras's ``fit``: tf_keras and Keras 3, with callbacks.
 
 Each job is a user's script as a function: it reads ``TF_CONFIG``, builds
-its strategy, model and data, and fits.  Data is made in the job.
+its strategy, model and data, and fits.  Data is made in the job.  A broken
+job's docstring says how TensorFlow ends it.  A case's ``keras`` holds for
+both its jobs, so the Keras 3 cases' fixed twins import tf_keras themselves,
+as the workaround of keras-team/keras#20585 reads.
 """
 from __future__ import annotations
 
@@ -100,6 +103,9 @@ def _local_steps(directory: str, broken: bool):
 
 
 def steps_from_local_count(directory: str):
+    """The workers that count fewer steps end each epoch first; their next
+    collective meets the last worker's gradient all-reduce (TensorFlow 2.21:
+    InvalidArgumentError, a shape mismatch)."""
     _local_steps(directory, broken=True)
 
 
@@ -132,6 +138,9 @@ def _validation(directory: str, broken: bool):
 
 
 def validation_uneven(directory: str):
+    """tf_keras counts validation steps from each worker's own dataset: the
+    others leave validation while the last runs one more step (TensorFlow
+    2.21: InternalError, a collective's type mismatch)."""
     _validation(directory, broken=True)
 
 
@@ -151,6 +160,8 @@ def _drop_remainder(directory: str, broken: bool):
 
 
 def drop_remainder_on_one(directory: str):
+    """Worker 1's epoch has a step fewer (TensorFlow 2.21: InternalError, a
+    collective's type mismatch at the end of its epoch)."""
     _drop_remainder(directory, broken=True)
 
 
@@ -179,6 +190,8 @@ def _file_lists(directory: str, broken: bool):
 
 
 def file_lists_uneven(directory: str):
+    """The workers' epochs have different lengths (TensorFlow 2.21:
+    InternalError, a collective's type mismatch where the shorter ends)."""
     _file_lists(directory, broken=True)
 
 
@@ -210,6 +223,10 @@ def _save_weights(directory: str, broken: bool):
 
 
 def save_weights_same_path(directory: str):
+    """Saving all-reduces the loss tracker's sync-on-read variable, so every
+    worker is in the save at once: one holds the HDF5 file's lock while it
+    waits in that all-reduce, the others fail to lock it (TensorFlow 2.21:
+    BlockingIOError).  The collision is every worker's, not one's."""
     _save_weights(directory, broken=True)
 
 
@@ -231,6 +248,8 @@ def _strategy_order(directory: str, broken: bool):
 
 
 def data_before_strategy(directory: str):
+    """The pipeline's ops start the eager context before the strategy can
+    configure collectives (TensorFlow 2.21: RuntimeError on every worker)."""
     _strategy_order(directory, broken=True)
 
 
@@ -241,6 +260,8 @@ def strategy_first(directory: str):
 # ---------------------------------------------------------------- Keras 3
 
 def keras3_fit(directory: str):
+    """Keras 3's fit hands the distributed batch to code that wants a tensor
+    (TensorFlow 2.21, Keras 3.15: ValueError on every worker)."""
     import tensorflow as tf
     _, model = fitted(tf)
     model.fit(repeated(tf), epochs=1, steps_per_epoch=4, verbose=0)
@@ -256,6 +277,7 @@ def tf_keras_fit(directory: str):
 
 
 def keras3_evaluate(directory: str):
+    """As Keras 3's fit (TensorFlow 2.21, Keras 3.15: ValueError on every worker)."""
     import tensorflow as tf
     _, model = fitted(tf)
     model.evaluate(tf.data.Dataset.from_tensor_slices(arrays(tf)).batch(BATCH), verbose=0)
@@ -310,6 +332,8 @@ def _stop_on_local_loss(directory: str, broken: bool):
 
 
 def stop_on_local_loss(directory: str):
+    """Worker 1 leaves fit after its loss rose; the others wait in the next
+    epoch's first all-reduce (TensorFlow 2.21: a hang)."""
     _stop_on_local_loss(directory, broken=True)
 
 
@@ -338,6 +362,8 @@ def _stop_at_target(directory: str, broken: bool):
 
 
 def stop_at_target_on_chief(directory: str):
+    """The chief leaves fit after the first epoch; the workers wait in the
+    next epoch's first all-reduce (TensorFlow 2.21: a hang)."""
     _stop_at_target(directory, broken=True)
 
 
@@ -363,6 +389,8 @@ def _evaluate_in_callback(directory: str, broken: bool):
 
 
 def evaluate_on_chief(directory: str):
+    """The chief's evaluation collectives meet the workers' next training
+    step (TensorFlow 2.21: InternalError, a collective's type mismatch)."""
     _evaluate_in_callback(directory, broken=True)
 
 
@@ -387,6 +415,8 @@ def _metric_in_callback(directory: str, broken: bool):
 
 
 def metric_result_on_chief(directory: str):
+    """Reading a sync-on-read metric outside fit's step all-reduces it, on the
+    chief alone (TensorFlow 2.21: InvalidArgumentError, a shape mismatch)."""
     _metric_in_callback(directory, broken=True)
 
 
@@ -404,6 +434,9 @@ def _checkpoint_callback(directory: str, broken: bool):
 
 
 def checkpoint_callback_on_chief(directory: str):
+    """The chief's save reads the metrics' sync-on-read variables, an
+    all-reduce the workers meet with their next step (TensorFlow 2.21:
+    InvalidArgumentError, a shape mismatch)."""
     _checkpoint_callback(directory, broken=True)
 
 
@@ -425,6 +458,8 @@ def _backup(tf, directory):
 
 
 def backup_on_chief(directory: str):
+    """The chief's backup runs collectives the workers do not (TensorFlow 2.21:
+    InternalError on the workers)."""
     _chief_callback(directory, True, _backup)
 
 
@@ -458,6 +493,8 @@ def _save(tf, model, directory):
 
 
 def evaluate_after_fit_on_chief(directory: str):
+    """The chief evaluates alone after the workers returned (TensorFlow 2.21:
+    the chief hangs in evaluate)."""
     _after_fit(directory, True, _evaluate)
 
 
@@ -466,6 +503,8 @@ def evaluate_after_fit_everywhere(directory: str):
 
 
 def save_after_fit_on_chief(directory: str):
+    """The chief's save all-reduces the metrics' sync-on-read variables after
+    the workers returned (TensorFlow 2.21: the chief hangs in model.save)."""
     _after_fit(directory, True, _save)
 
 
