@@ -24,6 +24,9 @@ class Known:
     what: str          # what it means
     fix: str
     link: str
+    # The error of a task that lost a race every task ran (for one file,
+    # say): who raised it is chance, not the one at fault.
+    contended: bool = False
 
 
 DISTRIBUTED_GUIDE = "https://www.tensorflow.org/guide/distributed_training"
@@ -56,6 +59,11 @@ KNOWN: Tuple[Known, ...] = (
           "the evaluator's TF_CONFIG has no 'evaluator' in its cluster",
           "evaluate without MultiWorkerMirroredStrategy (SidecarEvaluator)",
           "https://github.com/kubeflow/trainer/issues/1139"),
+    # scenarios/test_fit.py::test_save_weights_to_the_same_path
+    Known("file_locked", "BlockingIOError", "unable to lock file",
+          "the tasks saved to one file at once; one holds its lock in the save's collective",
+          "every task saves, the chief to the real path, the others to temporary ones",
+          "https://github.com/tensorflow/tensorflow/issues/38635", contended=True),
 )
 
 
@@ -78,3 +86,10 @@ def known_lines(workers: Sequence[WorkerObservation]) -> List[str]:
             raised.setdefault(k, []).append(w.index)
     return [f"known: {k.what} ({names(ws)} raised it): {k.fix}; see {k.link}"
             for k, ws in raised.items()]
+
+
+def contended(workers: Sequence[WorkerObservation]) -> Optional[Known]:
+    """The first known row of :data:`KNOWN` marked ``contended`` that one
+    of ``workers`` raised, or None."""
+    return next((k for k in map(known_of, (w.error for w in workers))
+                 if k is not None and k.contended), None)

@@ -408,6 +408,16 @@ def unseen_past_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str
         f"  comparing progress alone: {head}"] + ([unmarked(rest)] if rest else []))
 
 
+def race_text(v: Verdict, what: str, candidates: Sequence[int]) -> str:
+    """``v``'s text, told as "cannot tell": the error it rests on is one
+    a task raises for losing a race every task ran (``what`` it was)."""
+    head, _, rest = v.text.partition("\n")
+    return "\n".join([
+        f"{v.outcome.upper()}: cannot tell who is to blame: {what}, and which task raised is "
+        f"the race's chance, not its cause; candidates: {names(candidates)}",
+        f"  by the errors alone: {head}"] + ([unmarked(rest)] if rest else []))
+
+
 def missing_text(v: Verdict, missing: Sequence[int], candidates: Sequence[int]) -> str:
     """``v``'s text, the verdict on the workers that left files, told as
     "cannot tell" with the ``missing`` ones among the ``candidates``."""

@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional, Sequence, Tuple
 
-from harness.diagnosis import pasts
+from harness.diagnosis import known, pasts
 from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text,
                                       never_acted_lines, not_restarted_text, pasts_text,
-                                      task_restarts_text, unseen_past_text, why_not_acted)
+                                      race_text, task_restarts_text, unseen_past_text,
+                                      why_not_acted)
 from harness.diagnosis.echoes import is_echo
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,
@@ -160,6 +161,19 @@ def different_pasts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     return dict(culprits=candidates, ambiguous=True, text=pasts_text(v, found, candidates))
 
 
+def lost_a_race(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """An error a task raises for losing a race every task ran (saving to
+    one file: the lock went to another) names whoever lost by chance: a
+    confident verdict on it becomes "cannot tell", every training task a
+    candidate."""
+    training = tuple(w for w in obs.workers if w.index != obs.evaluator)
+    row = known.contended(training)
+    if v.outcome == Outcome.COMPLETED or v.ambiguous or row is None or len(training) < 2:
+        return None
+    candidates = tuple(w.index for w in training)
+    return dict(culprits=candidates, ambiguous=True, text=race_text(v, row.what, candidates))
+
+
 def not_restarted(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     """Why the last attempt was not started again though restarts were left."""
     if story.not_restarted is None:
@@ -198,6 +212,7 @@ STAGES: Tuple[Stage, ...] = (
     Stage("task_restarts", task_restarts),
     Stage("task_restart", task_restart),
     Stage("different_pasts", different_pasts),
+    Stage("lost_a_race", lost_a_race),
     Stage("attempt_never_ran", attempt_never_ran),
     Stage("not_restarted", not_restarted),
     Stage("attempts", attempts),

@@ -52,3 +52,36 @@ def test_keras3_fit_under_mwms_says_the_fix_and_keeps_the_reason():
 def test_an_unknown_error_adds_no_line():
     obs = run(raised(0, 2, "ValueError", "bad batch", 1.0), raised(1, 2, "ValueError", "x", 1.1))
     assert "known:" not in diagnose(obs).text
+
+
+def test_an_error_for_losing_a_race_every_task_ran_cannot_tell_who():
+    """Every worker saves to one .h5 path: the one holding the file's lock
+    waits in the save's all-reduce, the other raises for the lock; who
+    raised is chance (tensorflow#38635, TensorFlow 2.21 in the catalogue)."""
+    from harness.diagnosis.stages import conclude
+    from harness.diagnosis.story import Story
+    from observations import blocked
+    locked = ("[Errno 11] Unable to synchronously create file (unable to lock file, "
+              "errno = 11, error message = 'Resource temporarily unavailable')")
+    for n in (2, 3):
+        obs = run(blocked(0, n, steps=range(2)),
+                  *(raised(i, n, "BlockingIOError", locked, 1.0 + i / 100, steps=range(2))
+                    for i in range(1, n)), ended_by="all_finished")
+        alone = diagnose(obs)
+        v = conclude(alone, obs, Story())
+        assert v.ambiguous and v.culprits == tuple(range(n)), v.text
+        assert v.stages[-1] == "lost_a_race"
+        assert v.text.startswith(f"{v.outcome.upper()}: cannot tell who is to blame: the tasks "
+                                 "saved to one file at once"), v.text
+        assert "known: the tasks saved to one file at once" in v.text
+        assert "<- culprit" not in v.text
+
+
+def test_an_ordinary_error_on_one_worker_still_names_it():
+    from harness.diagnosis.stages import conclude
+    from harness.diagnosis.story import Story
+    from observations import blocked
+    obs = run(blocked(0, 2, steps=range(2)), raised(1, 2, "ValueError", "bad batch", 1.0,
+                                                   steps=range(2)), ended_by="all_finished")
+    v = conclude(diagnose(obs), obs, Story())
+    assert "lost_a_race" not in v.stages
