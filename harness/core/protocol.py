@@ -59,6 +59,9 @@ class Kind(TextEnum):
     # data {"path": the checkpoint read, or None: nothing to restore};
     # step: the step whose boundary was reported last (None: before the first).
     RESTORED = "restored"
+    # A dataset fn distributed (harness.worker.datasets): data
+    # {"cardinality": its length, -1 for ever, -2 unknown}.
+    DATASET = "dataset"
 
 
 STARTED, STRATEGY_CREATING, STRATEGY_CREATED = Kind.STARTED, Kind.STRATEGY_CREATING, Kind.STRATEGY_CREATED
@@ -67,7 +70,7 @@ REPLICAS, DRAIN, LEDGER_OFF = Kind.REPLICAS, Kind.DRAIN, Kind.LEDGER_OFF
 LEDGER_FUNCTION, LEDGER_COLLECTIVE = Kind.LEDGER_FUNCTION, Kind.LEDGER_COLLECTIVE
 LEDGER_SITE = Kind.LEDGER_SITE
 NAME_UNRESOLVED, NAME_RESOLVED = Kind.NAME_UNRESOLVED, Kind.NAME_RESOLVED
-RESTORED = Kind.RESTORED
+RESTORED, DATASET = Kind.RESTORED, Kind.DATASET
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_SITE, LEDGER_OFF)
 

@@ -15,6 +15,7 @@ from harness.diagnosis.observations import (EndedBy, Outcome, ReplicaCheck, RunO
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
                                       short_type, tasks_named_unhealthy, telling_line)
+from harness.diagnosis.data import data_lines
 from harness.diagnosis.known import known_lines
 from harness.diagnosis.facts import DIVERGED, Facts, reference_steps, state, where_stopped
 from harness.diagnosis.order import order_lines
@@ -223,7 +224,7 @@ def note_lines(f: Facts, culprits: Sequence[int] = ()) -> List[str]:
     """What follows the workers' lines: the ledgers, notes, the checks,
     the injected faults, and the run's first error."""
     obs, outcome, ws = f.obs, f.outcome, f.obs.workers
-    lines = ledger_lines(ws) if outcome != Outcome.COMPLETED else []
+    lines = ledger_lines(ws) + data_lines(ws) if outcome != Outcome.COMPLETED else []
     if outcome != Outcome.COMPLETED:
         lines += order_lines(ws, untold_too=f.situation == DIVERGED)
     if outcome == Outcome.COMPLETED and len({w.steps for w in ws}) > 1:

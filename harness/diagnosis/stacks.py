@@ -8,6 +8,8 @@ import os
 import re
 from typing import List, Sequence, Tuple
 
+from harness.core.user_code import HARNESS_USER_CODE
+
 Frame = Tuple[str, str, str]   # (file, line, function)
 
 _HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"
@@ -16,9 +18,7 @@ _FRAME_RE = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+|\?+),? in (?
 _COLLECTIVE_RE = re.compile(r"collective|all_?reduce|all_?gather|broadcast", re.I)
 
 
-# The harness's code that stands for a user's: jobs to try it on and the
-# corpus of users' bugs.
-_HARNESS_USER_CODE = ("/harness/bench/corpus/", "/harness/workloads.py")
+_HARNESS_USER_CODE = tuple("/harness/" + part for part in HARNESS_USER_CODE)
 
 
 def is_library(path: str) -> bool:

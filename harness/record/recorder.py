@@ -124,6 +124,7 @@ class Recorder:
         from harness.worker import ledger as ledger_module
         from harness.worker.strategy_hook import install_strategy_hook
         from harness.worker.checkpoints import watch_restores
+        from harness.worker.datasets import watch_datasets
         index, workers = cluster_position(self.tf_config)
         ctx = context_module.WorkerContext(index, workers, self.tf_config, self.send,
                                            progress_map=self.writer)
@@ -137,6 +138,7 @@ class Recorder:
         if why is not None:
             self.send(protocol.LEDGER_OFF, data=why)
         watch_restores(ctx)
+        watch_datasets(ctx)
         self._start_watcher()
         self._arm_faulthandler()
         threading.Thread(target=self._watch, name="mwms-recorder", daemon=True).start()

@@ -22,7 +22,7 @@ Eager collectives (``strategy.reduce`` outside a ``tf.function``) run in
 TensorFlow's thread pool, so nothing here is thread-local; each is recorded
 as one call of a pseudo-function named ``<eager KIND>``, and with the line
 of the user's code that launched it (``ckpt.save(...)``, a metric's
-``result()``: see :func:`user_site`), told once per line over the pipe and
+``result()``: see :func:`harness.worker.sites.user_site`), told once per line over the pipe and
 named by id in a ``CALL_SITE`` record.  The function's name stays the kind
 alone: the workers' calls of it are counted and compared by name.
 
@@ -35,14 +35,12 @@ for the ledger's sake.
 from __future__ import annotations
 
 import linecache
-import os
-import sys
-import sysconfig
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from harness.core import progress, protocol
 from harness.errors import InjectedFault
+from harness.worker.sites import Frame, LibraryFiles, site_text, user_site
 
 # (module attribute, kind, how to read the shape and dtype from its arguments)
 _HOOKED = (
@@ -51,82 +49,6 @@ _HOOKED = (
     ("broadcast_send", "broadcast", "tensor"),
     ("broadcast_recv", "broadcast", "shape"),
 )
-
-
-# -- the user's line ------------------------------------------------------------
-
-_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# Code of the harness that stands for a user's: jobs to try it on and the
-# corpus of users' bugs.
-_HARNESS_USER_CODE = tuple(os.path.join(_HARNESS_DIR, part) for part in (
-    "workloads.py", os.path.join("bench", "corpus") + os.sep))
-_LIBRARY_DIRS = tuple(sorted({os.path.join(os.path.realpath(p), "") for p in (
-    sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
-    if p}))
-_PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-
-
-def is_library_file(path: str, library_dirs: Iterable[str] = _LIBRARY_DIRS,
-                    harness_dir: str = _HARNESS_DIR,
-                    harness_user_code: Iterable[str] = _HARNESS_USER_CODE) -> bool:
-    """Not the user's code: Python's own library and installed packages
-    (TensorFlow, Keras, tf_keras), the harness, code with no file
-    (``<frozen ...>``, ``<string>``)."""
-    if not path or path.startswith("<"):
-        return True
-    if any(p in path for p in _PACKAGES) or path.startswith(tuple(library_dirs)):
-        return True
-    return path.startswith(harness_dir) and not path.startswith(tuple(harness_user_code))
-
-
-Frame = Tuple[str, int, str]   # (file, line, function)
-
-
-def first_user_frame(frames: Iterable[Frame],
-                     library: Callable[[str], bool] = is_library_file) -> Optional[Frame]:
-    """The innermost of ``frames`` (innermost first) in the user's code."""
-    return next((f for f in frames if not library(f[0])), None)
-
-
-def site_text(frame: Frame, source: str = "") -> str:
-    """``train.py:57 in train: ckpt.save(path)`` (without the source when
-    there is none)."""
-    file, line, function = frame
-    where = f"{os.path.basename(file)}:{line} in {function}"
-    return f"{where}: {source.strip()}" if source.strip() else where
-
-
-def _frames(frame) -> Iterable[Frame]:
-    while frame is not None:
-        code = frame.f_code
-        yield code.co_filename, frame.f_lineno, code.co_name
-        frame = frame.f_back
-
-
-class _LibraryFiles(dict):
-    """``is_library_file`` of each file name, worked out once."""
-
-    def __missing__(self, path: str) -> bool:
-        self[path] = found = is_library_file(path)
-        return found
-
-
-def user_site(library: Callable[[str], bool]) -> Optional[Frame]:
-    """The frame of the user's code that led here, innermost first, in this
-    thread or, where this one has none (TensorFlow runs an eager all-reduce
-    in a pool thread while the caller waits), the main thread or another."""
-    found = first_user_frame(_frames(sys._getframe(1)), library)
-    if found is not None:
-        return found
-    frames = sys._current_frames()
-    main = threading.main_thread().ident
-    me = threading.get_ident()
-    for ident in sorted(frames, key=lambda i: i != main):
-        if ident != me:
-            found = first_user_frame(_frames(frames[ident]), library)
-            if found is not None:
-                return found
-    return None
 
 
 def _describe_tensor(t) -> Tuple[Tuple, str]:
@@ -267,7 +189,7 @@ class Ledger:
         self._stack: List[Tuple[int, bool]] = []   # (function id, called eagerly)
         self._skip_first: Dict[int, bool] = {}     # its first call is skipped (a SkipStep)
         self._sites: Dict[Frame, int] = {}         # a user's line -> its id
-        self._library = _LibraryFiles()
+        self._library = LibraryFiles()
         self._lock = threading.Lock()
 
     # -- function ids ----------------------------------------------------

@@ -44,6 +44,7 @@ from harness.worker import context as context_module
 from harness.worker.process import flush_output, lead_process_group, redirect_output
 from harness.worker.strategy_hook import install_strategy_hook
 from harness.worker.checkpoints import watch_restores
+from harness.worker.datasets import watch_datasets
 from harness.worker import ledger as ledger_module
 
 # Exit codes of a worker that could not do its job for the harness's own
@@ -206,8 +207,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     try:
         if netns_error is not None:
             raise HarnessError(f"could not join the cluster's network namespace: {netns_error}")
-        install_strategy_hook(ctx)
-        watch_restores(ctx)
+        for install in (install_strategy_hook, watch_restores, watch_datasets):
+            install(ctx)
         if spec.ledger and progress_map is not None:
             start_ledger(ctx, progress_map, spec.ledger, channel.send)
         fn, args, kwargs = load_call(spec.payload)

@@ -9,6 +9,7 @@ from harness.core import progress
 from harness.core import protocol
 from harness.controller.ledger_view import LedgerView
 from harness.worker import ledger as worker_ledger
+from harness.worker import sites as worker_sites
 
 
 def test_records_round_trip_through_the_map_and_a_slow_reader_counts_losses(tmp_path):
@@ -92,7 +93,7 @@ OWN = ("/repo/harness/workloads.py", "/repo/harness/bench/corpus/")
 
 
 def _library(path):
-    return worker_ledger.is_library_file(path, LIBS, HARNESS, OWN)
+    return worker_sites.is_library_file(path, LIBS, HARNESS, OWN)
 
 
 @pytest.mark.parametrize("path, library", [
@@ -121,15 +122,15 @@ def test_the_users_frame_is_the_innermost_outside_the_libraries():
               ("/home/me/train.py", 57, "train"),
               ("/home/me/train.py", 80, "main"),
               ("/repo/harness/worker/main.py", 140, "_call_fn")]
-    assert worker_ledger.first_user_frame(frames, _library) == ("/home/me/train.py", 57, "train")
-    assert worker_ledger.first_user_frame(frames[:3], _library) is None
+    assert worker_sites.first_user_frame(frames, _library) == ("/home/me/train.py", 57, "train")
+    assert worker_sites.first_user_frame(frames[:3], _library) is None
 
 
 def test_a_site_is_said_with_its_source_when_there_is_one():
     frame = ("/home/me/train.py", 57, "train")
-    assert worker_ledger.site_text(frame, "        ckpt.save(path)\n") == \
+    assert worker_sites.site_text(frame, "        ckpt.save(path)\n") == \
         "train.py:57 in train: ckpt.save(path)"
-    assert worker_ledger.site_text(frame) == "train.py:57 in train"
+    assert worker_sites.site_text(frame) == "train.py:57 in train"
 
 
 def test_the_users_frame_is_found_from_a_pool_thread_while_the_caller_waits():
@@ -138,7 +139,7 @@ def test_the_users_frame_is_found_from_a_pool_thread_while_the_caller_waits():
     this file stands for the user's code)."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(1) as pool:
-        frame = pool.submit(worker_ledger.user_site, lambda path: path != __file__).result()
+        frame = pool.submit(worker_sites.user_site, lambda path: path != __file__).result()
     assert frame is not None and frame[0] == __file__ and \
         frame[2] == "test_the_users_frame_is_found_from_a_pool_thread_while_the_caller_waits"
 
