@@ -40,7 +40,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults as F
-from harness.bench.common import dump, machine_info, machine_line
+from harness.bench.common import dump, machine_info, machine_line, made_on
 from harness.bench.common import region_of as region_between
 from harness.bench.common import write_region as write_between
 from harness.explore.attribution import Attribution
@@ -279,22 +279,14 @@ def size_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def _minutes(seconds: float) -> str:
-    m, s = divmod(round(seconds), 60)
-    return f"{m} min {s:02d} s"
-
-
 def markdown(doc: dict) -> str:
     """The region of docs/accuracy.md, made from the JSON document alone."""
     rows = doc["runs"]
     m = doc["machine"]
     s = doc["settings"]
-    load, end = m.get("load_avg"), m.get("load_avg_end")
-    load_txt = (f" (1-min load {load[0]:.1f} at the start, {end[0]:.1f} at the end)"
-                if load and end else "")
     lines = [f"Made by `{doc['command']}` on {doc['date']}: {len(rows)} runs in "
-             f"{_minutes(doc['wall_seconds'])} on {m['cores']} cores{load_txt}, the workers "
-             f"on CPU; Python {m['python']}, TensorFlow {m['tensorflow']}; hang timeout "
+             f"{made_on(doc)}, the workers on CPU; Python {m['python']}, TensorFlow "
+             f"{m['tensorflow']}; hang timeout "
              f"{s['timeout']:g} s, grace {s['grace']:g} s.", "",
              table(rows), "", "By job and cluster size:", "", size_table(rows)]
     if doc.get("left_out"):

@@ -186,3 +186,14 @@ def dump(doc: dict) -> str:
     text = json.dumps(head, indent=1, sort_keys=True)
     runs = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in doc["runs"])
     return text[:-2] + ',\n "runs": [\n' + runs + "\n ]\n}\n"
+
+
+def made_on(doc: dict) -> str:
+    """How long a benchmark's runs took and on what: ``12 min 03 s on 2
+    cores (1-min load 1.5 at the start, 2.1 at the end)``."""
+    m = doc["machine"]
+    minutes, seconds = divmod(round(doc["wall_seconds"]), 60)
+    load, end = m.get("load_avg"), m.get("load_avg_end")
+    load_txt = (f" (1-min load {load[0]:.1f} at the start, {end[0]:.1f} at the end)"
+                if load and end else "")
+    return f"{minutes} min {seconds:02d} s on {m['cores']} cores{load_txt}"

@@ -381,42 +381,45 @@ def restored_text(found: Sides) -> str:
                      for checkpoint, side in found)
 
 
+def cannot_tell_text(v: Verdict, why: str, candidates: Sequence[int], said_as: str,
+                     more: Sequence[str] = ()) -> str:
+    """``v``'s text told as "cannot tell" for ``why``: that headline, the
+    ``more`` lines, ``v``'s own headline as what ``said_as`` says, and its
+    workers' lines without the culprit's mark."""
+    head, _, rest = v.text.partition("\n")
+    return "\n".join([f"{v.outcome.upper()}: cannot tell who is to blame: {why}; candidates: "
+                      f"{names(candidates)}", *more, f"  {said_as}: {head}"]
+                     + ([unmarked(rest)] if rest else []))
+
+
 def pasts_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str:
     """``v``'s text, told as "cannot tell" because the workers resumed
     from the different pasts ``found``; a verdict that cannot tell already,
     naming every side, keeps its headline and gets what each restored."""
     head, _, rest = v.text.partition("\n")
+    resumed = f"resumed from: {restored_text(found)}"
     if v.ambiguous and set(candidates) <= set(v.culprits):
-        return "\n".join([head, f"resumed from: {restored_text(found)}"] + ([rest] if rest else []))
-    return "\n".join([
-        f"{v.outcome.upper()}: cannot tell who is to blame: the workers resumed from different "
-        f"checkpoints, so they did not do the same work, and those that agree are not right "
-        f"because they agree; candidates: {names(candidates)}",
-        f"resumed from: {restored_text(found)}",
-        f"  without the pasts: {head}"] + ([unmarked(rest)] if rest else []))
+        return "\n".join([head, resumed] + ([rest] if rest else []))
+    return cannot_tell_text(v, "the workers resumed from different checkpoints, so they did "
+                            "not do the same work, and those that agree are not right because "
+                            "they agree", candidates, "without the pasts", [resumed])
 
 
 def unseen_past_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str:
     """``v``'s text, a verdict that compared the workers' progress after a
     restart, told as "cannot tell": where each resumed is not seen beyond
     the checkpoints they restored (``found``)."""
-    head, _, rest = v.text.partition("\n")
-    return "\n".join([
-        f"{v.outcome.upper()}: cannot tell who is to blame: after the restart the workers' "
-        f"progress is compared from where each resumed, which nothing seen shows beyond the "
-        f"checkpoint it restored; candidates: {names(candidates)}",
-        f"resumed from: {restored_text(found)}",
-        f"  comparing progress alone: {head}"] + ([unmarked(rest)] if rest else []))
+    return cannot_tell_text(v, "after the restart the workers' progress is compared from where "
+                            "each resumed, which nothing seen shows beyond the checkpoint it "
+                            "restored", candidates, "comparing progress alone",
+                            [f"resumed from: {restored_text(found)}"])
 
 
 def race_text(v: Verdict, what: str, candidates: Sequence[int]) -> str:
     """``v``'s text, told as "cannot tell": the error it rests on is one
     a task raises for losing a race every task ran (``what`` it was)."""
-    head, _, rest = v.text.partition("\n")
-    return "\n".join([
-        f"{v.outcome.upper()}: cannot tell who is to blame: {what}, and which task raised is "
-        f"the race's chance, not its cause; candidates: {names(candidates)}",
-        f"  by the errors alone: {head}"] + ([unmarked(rest)] if rest else []))
+    return cannot_tell_text(v, f"{what}, and which task raised is the race's chance, not its "
+                            f"cause", candidates, "by the errors alone")
 
 
 def missing_text(v: Verdict, missing: Sequence[int], candidates: Sequence[int]) -> str:

@@ -75,12 +75,11 @@ def _counter_loop(tf, strategy, counter, start: int, directory: str, after_step=
             after_step(step)
 
 
-# -- 1. restore from the temporary write directory ---------------------------------
-def _own_write_dir(directory: str, broken: bool):
-    """The tutorial's loop: every worker saves, the non-chief to its
-    temporary directory that it then deletes; each restores from
-    ``latest_checkpoint``.  The broken job looks in its own write directory."""
-    import tensorflow as tf
+def tutorial_checkpoint(tf, directory: str):
+    """The tutorial's set-up: the strategy, a step counter in its scope, a
+    checkpoint of it and a manager saving into this task's write directory.
+    Returns ``(strategy, counter, checkpoint, checkpoint_dir, save)``:
+    ``save(step)`` saves, and a non-chief deletes its temporary copy."""
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     task_type, task_id = task_of()
     with strategy.scope():
@@ -89,15 +88,27 @@ def _own_write_dir(directory: str, broken: bool):
     checkpoint_dir = os.path.join(directory, "ckpt")
     write_dir = write_dirpath(checkpoint_dir, task_type, task_id)
     manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=1)
-    latest = tf.train.latest_checkpoint(write_dir if broken else checkpoint_dir)
-    if latest:
-        checkpoint.restore(latest)
 
     def save(step):
         manager.save()
         if not is_chief(task_type, task_id):
             tf.io.gfile.rmtree(write_dir)
 
+    return strategy, counter, checkpoint, checkpoint_dir, save
+
+
+# -- 1. restore from the temporary write directory ---------------------------------
+def _own_write_dir(directory: str, broken: bool):
+    """The tutorial's loop: every worker saves, the non-chief to its
+    temporary directory that it then deletes; each restores from
+    ``latest_checkpoint``.  The broken job looks in its own write directory."""
+    import tensorflow as tf
+    strategy, counter, checkpoint, checkpoint_dir, save = tutorial_checkpoint(tf, directory)
+    task_type, task_id = task_of()
+    write_dir = write_dirpath(checkpoint_dir, task_type, task_id)
+    latest = tf.train.latest_checkpoint(write_dir if broken else checkpoint_dir)
+    if latest:
+        checkpoint.restore(latest)
     _counter_loop(tf, strategy, counter, int(counter.numpy()), directory, save)
 
 
@@ -112,25 +123,12 @@ def restore_chief_dir(directory: str):
 # -- 2. restore only on the chief ----------------------------------------------------
 def _restore_on(directory: str, chief_only: bool):
     import tensorflow as tf
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    task_type, task_id = task_of()
-    with strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64)
-    checkpoint = tf.train.Checkpoint(counter=counter)
-    checkpoint_dir = os.path.join(directory, "ckpt")
-    write_dir = write_dirpath(checkpoint_dir, task_type, task_id)
-    manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=1)
+    strategy, counter, checkpoint, checkpoint_dir, save = tutorial_checkpoint(tf, directory)
     # The broken job reads the checkpoint where it saves it: on the chief.
-    if is_chief(task_type, task_id) or not chief_only:
+    if is_chief(*task_of()) or not chief_only:
         latest = tf.train.latest_checkpoint(checkpoint_dir)
         if latest:
             checkpoint.restore(latest)
-
-    def save(step):
-        manager.save()
-        if not is_chief(task_type, task_id):
-            tf.io.gfile.rmtree(write_dir)
-
     _counter_loop(tf, strategy, counter, int(counter.numpy()), directory, save)
 
 
@@ -189,14 +187,9 @@ def _step_file(directory: str, shared: bool):
     chief writes.  The broken job reads a file of its own task, which only
     the chief's exists."""
     import tensorflow as tf
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy, counter, checkpoint, checkpoint_dir, save_checkpoint = tutorial_checkpoint(
+        tf, directory)
     task_type, task_id = task_of()
-    with strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64)
-    checkpoint_dir = os.path.join(directory, "ckpt")
-    write_dir = write_dirpath(checkpoint_dir, task_type, task_id)
-    checkpoint = tf.train.Checkpoint(counter=counter)
-    manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=1)
     latest = tf.train.latest_checkpoint(checkpoint_dir)
     if latest:
         checkpoint.restore(latest)
@@ -210,12 +203,10 @@ def _step_file(directory: str, shared: bool):
             start = int(f.read())
 
     def save(step):
-        manager.save()
+        save_checkpoint(step)
         if is_chief(task_type, task_id):
             with open(chief_file, "w") as f:
                 f.write(str(step + 1))
-        else:
-            tf.io.gfile.rmtree(write_dir)
 
     _counter_loop(tf, strategy, counter, start, directory, save)
 

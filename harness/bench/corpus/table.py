@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Sequence
 
+from harness.bench.common import made_on
 from harness.bench.corpus import FAMILIES, Answer, Case
 
 START, END = "<!-- corpus:start -->", "<!-- corpus:end -->"
@@ -90,21 +91,12 @@ def case_list(doc: dict) -> List[str]:
     return lines
 
 
-def _minutes(seconds: float) -> str:
-    m, s = divmod(round(seconds), 60)
-    return f"{m} min {s:02d} s"
-
-
 def markdown(doc: dict) -> str:
     """The corpus section of docs/accuracy.md."""
     rows = doc["runs"]
     m = doc["machine"]
-    load, end = m.get("load_avg"), m.get("load_avg_end")
-    load_txt = (f" (1-min load {load[0]:.1f} at the start, {end[0]:.1f} at the end)"
-                if load and end else "")
     lines = [f"Made by `{doc['command']}` on {doc['date']}: {len(doc['cases'])} cases, "
-             f"{len(rows)} runs in {_minutes(doc['wall_seconds'])} on {m['cores']} cores"
-             f"{load_txt}, the workers on CPU; Python {m['python']}, TensorFlow "
+             f"{len(rows)} runs in {made_on(doc)}, the workers on CPU; Python {m['python']}, TensorFlow "
              f"{m['tensorflow']}, Keras {m.get('keras')}.", "",
              family_table(rows), "", "By cluster:", "", size_table(rows)]
     bad = [r for r in rows if r["answer"] in (Answer.WRONG.value, Answer.DID_NOT_BREAK.value,
