@@ -275,7 +275,7 @@ def _skip_bad_batch(directory: str, broken: bool, bad_step: int = 2):
     def any_bad(batch):
         local = strategy.run(lambda x, y: tf.cast(
             tf.logical_not(tf.reduce_all(tf.math.is_finite(x))), tf.float32), args=batch)
-        return strategy.reduce(tf.distribute.ReduceOp.MAX, local, axis=None)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None)
 
     ran = 0
     for _ in range(STEPS):
@@ -302,34 +302,44 @@ def skip_bad_batch_everywhere(directory: str):
 
 
 def _gradient_accumulation(directory: str, broken: bool, micro_batches: int = 8):
-    """Gradients of 2 micro-batches are summed locally, then applied (an
-    all-reduce).  The broken script reads the number of micro-batches from
-    the host's own setting, and worker 1's says 4."""
+    """Gradients of 2 micro-batches are summed locally (sync-on-read
+    variables, as accumulators do), then applied (an all-reduce).  The
+    broken script reads the number of micro-batches from the host's own
+    setting, and worker 1's says 4."""
     tf, strategy, model, optimizer, iterator = setup()
     accumulate = 4 if broken and task_index() == 1 else 2
+    with strategy.scope():
+        sums = [tf.Variable(tf.zeros(v.shape), trainable=False,
+                            synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+                for v in model.trainable_variables]
 
-    def replica_grads(x, y):
+    def replica_accumulate(x, y):
         with tf.GradientTape() as tape:
             _, loss = replica_loss(tf, model, x, y, GLOBAL_BATCH * accumulate)
-        return tape.gradient(loss, model.trainable_variables)
+        for total, grad in zip(sums, tape.gradient(loss, model.trainable_variables)):
+            total.assign_add(grad)
+
+    def replica_apply():
+        optimizer.apply_gradients(zip([tf.identity(t) for t in sums],
+                                      model.trainable_variables))
+        for total in sums:
+            total.assign(tf.zeros(total.shape))
 
     @tf.function
     def micro_step(batch):
-        return strategy.run(replica_grads, args=batch)
+        strategy.run(replica_accumulate, args=batch)
 
     @tf.function
-    def apply_step(grads):
-        strategy.run(lambda g: optimizer.apply_gradients(zip(g, model.trainable_variables)),
-                     args=(grads,))
+    def apply_step():
+        strategy.run(replica_apply)
 
-    summed = None
     applied = 0
     for micro in range(micro_batches):
-        grads = micro_step(next(iterator))
-        summed = grads if summed is None else [a + g for a, g in zip(summed, grads)]
+        micro_step(next(iterator))
         if (micro + 1) % accumulate == 0:
-            apply_step(summed)
-            summed, applied = None, applied + 1
+            apply_step()
+            applied += 1
     return applied
 
 
@@ -376,8 +386,14 @@ def _trace_on_chief(directory: str, broken: bool):
     train_step = make_train_step(tf, strategy, model, optimizer)
     logdir = directory if is_chief() else os.path.join(directory, f"worker-{task_index()}-tmp")
     writer = tf.summary.create_file_writer(logdir)
-    steps = range(STEPS)
-    if is_chief() or not broken:
+    if broken:   # an extra step, before the loop, on the chief alone
+        if is_chief():
+            tf.summary.trace_on(graph=True)
+            train_step(next(iterator))
+            with writer.as_default():
+                tf.summary.trace_export("train_step", step=0)
+        steps = range(STEPS)
+    else:        # the loop's first step, traced on every worker
         tf.summary.trace_on(graph=True)
         train_step(next(iterator))
         with writer.as_default():
@@ -720,10 +736,10 @@ CASES = (
          truth=at_fault(0), sizes=(2, 3), chief=True, timeout=10),
     Case("loop_clip_on_local_norm", CUSTOM_LOOP,
          "horovod/horovod#2327 (a collective inside tf.cond deadlocks); tensorflow/tensorflow#39781",
-         "tf.cond on the local gradient norm runs an all-reduce in one branch; worker 1's "
-         "data is 100 times larger, so only it takes that branch.",
+         "tf.cond on the local gradient norm runs an all-reduce in one branch (meant for "
+         "worker 1, whose data is 100 times larger); every worker's trace refuses it.",
          clip_on_local_norm, clip_on_global_norm,
-         truth=at_fault(1), sizes=(2, 3), timeout=10),
+         truth=lambda n: no_single(range(n)), sizes=(2, 3), timeout=10),
     Case("data_steps_from_local_cardinality", TF_DATA,
          "tensorflow/tensorflow#37112, tensorflow/tensorflow#35878",
          "each worker runs as many steps as its own files hold batches; worker 1's copy is short.",
