@@ -15,7 +15,7 @@ import os
 from harness.bench.corpus import Case, at_fault, no_single
 
 FEATURES = 8
-GLOBAL_BATCH = 16
+GLOBAL_BATCH = 24   # divisible by 2, 3 and 4 workers
 STEPS = 6
 
 
@@ -503,7 +503,7 @@ def iterate_distributed_dataset(directory: str):
     return _short_local_copy(directory, broken=False)
 
 
-EXAMPLES = 200   # 12 full global batches of 16, then a partial one of 8
+EXAMPLES = 200   # 8 full global batches of 24, then a partial one of 8
 
 
 def _fixed_steps_without_repeat(directory: str, broken: bool, epochs: int = 2,
