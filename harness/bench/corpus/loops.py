@@ -4,8 +4,8 @@ Each job is a user's script as a function: it reads ``TF_CONFIG``, builds
 its strategy, a small regression model and its data (made in the job), and
 trains in a plain Python loop (``for step in range(n)`` or ``for batch in
 dist_dataset``) around a ``tf.function`` step that calls ``strategy.run``
-and ``strategy.reduce``.  What each broken job does, as measured on
-TensorFlow 2.21.0, is in its case's summary.
+and ``strategy.reduce``.  Each broken job's docstring says what TensorFlow
+does with it.
 """
 from __future__ import annotations
 
@@ -122,7 +122,11 @@ def setup(samples: int = 1024):
 
 def _chief_reduce_for_logging(directory: str, broken: bool):
     """The step returns the per-replica losses; every 2 steps the loss is
-    reduced for a log line."""
+    reduced for a log line.
+
+    TensorFlow 2.21.0: the chief's eager all-reduce (a scalar) meets the
+    others' next gradient all-reduce (41 floats): InvalidArgumentError,
+    a shape mismatch, on every task."""
     tf, strategy, model, optimizer, iterator = setup()
     replica_step = make_replica_step(tf, model, optimizer)
 
@@ -148,7 +152,11 @@ def every_task_reduces_for_logging(directory: str):
 
 def _chief_reads_metric(directory: str, broken: bool):
     """A ``Mean`` metric of the training loss, made in scope and updated in
-    the step; at each epoch's end its ``result()`` is logged."""
+    the step; at each epoch's end its ``result()`` is logged.
+
+    TensorFlow 2.21.0 (Keras 3): the metric's variables are sync-on-read,
+    so ``result()`` all-reduces; on the chief alone it meets the others'
+    next gradient all-reduce: InvalidArgumentError, a shape mismatch."""
     tf, strategy, model, optimizer, iterator = setup()
     with strategy.scope():
         train_loss = tf.keras.metrics.Mean("train_loss")
@@ -179,7 +187,11 @@ def every_task_reads_metric(directory: str):
 
 def _branch_on_task(directory: str, broken: bool):
     """The chief logs the global gradient norm, all-reduced inside the
-    replica function."""
+    replica function.
+
+    TensorFlow 2.21.0: the chief's trace has one all-reduce more; its norm
+    (a scalar) meets the others' gradients: InvalidArgumentError, a shape
+    mismatch, in step 0."""
     tf, strategy, model, optimizer, iterator = setup()
     chief = is_chief()
 
@@ -215,7 +227,10 @@ def every_task_all_reduces(directory: str):
 def _local_early_stop(directory: str, broken: bool, steps: int = 24, every: int = 2):
     """Early stopping on a validation loss, every 2 steps, patience 1.  Each
     worker holds its own validation data; the last one's labels are noise,
-    so its validation loss stops going down at once."""
+    so its validation loss stops going down at once.
+
+    TensorFlow 2.21.0: the last worker leaves the loop after 4 steps; the
+    others wait in step 4's all-reduce for ever."""
     tf, strategy, model, optimizer, iterator = setup()
     train_step = make_train_step(tf, strategy, model, optimizer)
     vx, vy = arrays(64, seed=100 + task_index())
@@ -253,7 +268,11 @@ def agreed_early_stop(directory: str):
 
 def _skip_bad_batch(directory: str, broken: bool, bad_step: int = 2):
     """Batches with a non-finite feature are skipped.  Worker 1's data has
-    a corrupt record in its shard at step 2."""
+    a corrupt record in its batch of step 2.
+
+    TensorFlow 2.21.0: worker 1's next step pairs with the others' step 2,
+    and so on; at the end its iterator's end-of-data all-reduce (int64)
+    meets their last gradient all-reduce: InternalError on every task."""
     import numpy as np
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -305,7 +324,10 @@ def _gradient_accumulation(directory: str, broken: bool, micro_batches: int = 8)
     """Gradients of 2 micro-batches are summed locally (sync-on-read
     variables, as accumulators do), then applied (an all-reduce).  The
     broken script reads the number of micro-batches from the host's own
-    setting, and worker 1's says 4."""
+    setting, and worker 1's says 4.
+
+    TensorFlow 2.21.0: worker 1 applies twice and returns; the others wait
+    in their third update's all-reduce for ever."""
     tf, strategy, model, optimizer, iterator = setup()
     accumulate = 4 if broken and task_index() == 1 else 2
     with strategy.scope():
@@ -353,7 +375,11 @@ def accumulation_from_one_setting(directory: str):
 
 def _variable_on_chief(directory: str, broken: bool):
     """The best loss so far, kept in a variable for the checkpoint; the
-    broken script makes it lazily, at the chief's first log line."""
+    broken script makes it lazily, at the chief's first log line.
+
+    TensorFlow 2.21.0: making a variable in scope broadcasts its initial
+    value from the chief, a collective the others never join: the chief
+    blocks in step 1, the others fail (InternalError) in step 2."""
     tf, strategy, model, optimizer, iterator = setup()
     train_step = make_train_step(tf, strategy, model, optimizer)
     best = None
@@ -381,7 +407,11 @@ def variable_made_on_every_task(directory: str):
 
 def _trace_on_chief(directory: str, broken: bool):
     """TensorBoard's graph: the chief traces one step before training (the
-    TensorBoard graph guide's ``trace_on``/``trace_export``)."""
+    TensorBoard graph guide's ``trace_on``/``trace_export``).
+
+    TensorFlow 2.21.0: the chief's extra step pairs with the others' first,
+    silently; the others return after 6 steps and the chief waits in its
+    7th for ever."""
     tf, strategy, model, optimizer, iterator = setup()
     train_step = make_train_step(tf, strategy, model, optimizer)
     logdir = directory if is_chief() else os.path.join(directory, f"worker-{task_index()}-tmp")
@@ -414,7 +444,11 @@ def trace_on_every_task(directory: str):
 def _clip_when_local_norm_large(directory: str, broken: bool, threshold: float = 50.0):
     """Gradients are clipped to a global norm, all-reduced, when they are
     large.  Worker 1's data is in other units (100 times larger), so its
-    gradients are."""
+    gradients are.
+
+    TensorFlow 2.21.0: an all-reduce inside ``tf.cond`` in the replica
+    function is refused when the step is traced, on every worker alike:
+    RuntimeError, ``merge_call`` called while defining a new graph."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer = build(tf, strategy)
@@ -472,7 +506,11 @@ def _short_local_copy(directory: str, broken: bool):
     """Each worker reads its own copy of the training files; worker 1's copy
     is short (6 batches, the others' 8).  The broken script runs as many
     steps as its own data holds; the fixed one iterates the distributed
-    dataset to its end."""
+    dataset to its end.
+
+    TensorFlow 2.21.0: worker 1 returns after 6 steps; the others wait in
+    step 6 for ever.  Iterating the distributed dataset, TensorFlow agrees
+    across workers when data ends, and all complete."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer = build(tf, strategy)
@@ -509,7 +547,11 @@ EXAMPLES = 200   # 8 full global batches of 24, then a partial one of 8
 def _fixed_steps_without_repeat(directory: str, broken: bool, epochs: int = 2,
                                 steps_per_epoch: int = 8):
     """``steps_per_epoch`` steps per epoch from one iterator, as the
-    tutorials do; the broken script left out ``.repeat()``."""
+    tutorials do; the broken script left out ``.repeat()``.
+
+    TensorFlow 2.21.0: the data holds 9 global batches; the end of data is
+    agreed across workers, so ``next()`` raises StopIteration on every
+    task at once, in the second epoch."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer = build(tf, strategy)
@@ -534,7 +576,10 @@ def fixed_steps_with_repeat(directory: str):
 def _batch_from_host_setting(directory: str, broken: bool):
     """Each step all-reduces the per-example losses (a loss histogram on the
     chief).  The broken script reads the per-replica batch from the host's
-    own setting: 16 on the chief's machine, 8 on the others'."""
+    own setting: 16 on the chief's machine, 8 on the others'.
+
+    TensorFlow 2.21.0: the per-example losses are [16] on the chief and [8]
+    elsewhere: InvalidArgumentError, a shape mismatch, in step 0."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer = build(tf, strategy)
@@ -611,7 +656,10 @@ def train_on_files(tf, strategy, files, policy: str):
 
 def _local_files_short(directory: str, broken: bool, files: int = 4):
     """Each worker reads the files of its own local copy, sharded by FILE;
-    worker 1's copy holds 1 file of the 4 (a sync that did not finish)."""
+    worker 1's copy holds 1 file of the 4 (a sync that did not finish).
+
+    TensorFlow 2.21.0: worker 1's shard of its one file is empty; its first
+    ``next()`` raises StopIteration, and the others lose it in step 0."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     local = os.path.join(directory, f"host-{task_index()}")
@@ -634,7 +682,12 @@ def local_copy_complete(directory: str):
 
 def _fewer_files_than_workers(directory: str, policy: str):
     """One shared directory of N - 1 files (the chief writes them; the
-    others wait for its marker)."""
+    others wait for its marker).
+
+    TensorFlow 2.21.0, FILE: workers 0 to N - 2 raise InvalidArgumentError
+    (``Could not apply FILE based sharding``), the last StopIteration (its
+    shard is empty), all at the first ``next()``: the same code and files
+    everywhere, no single worker at fault.  DATA: all complete."""
     import time
 
     import tensorflow as tf
@@ -661,7 +714,11 @@ def data_shard_fewer_files(directory: str):
 
 def _repeat_on_chief(directory: str, broken: bool, epochs: int = 2):
     """Each epoch iterates the distributed dataset to its end.  The broken
-    script repeats the chief's pipeline (a flag only its launcher sets)."""
+    script repeats the chief's pipeline (a flag only its launcher sets).
+
+    TensorFlow 2.21.0: an infinite dataset skips the per-step all-reduce
+    that agrees whether data is left, so the chief's gradient all-reduce
+    meets the others' (int64) one: InternalError in step 0."""
     import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     model, optimizer = build(tf, strategy)
@@ -715,7 +772,8 @@ CASES = (
          local_early_stop, agreed_early_stop,
          truth=lambda n: at_fault(n - 1), sizes=(2, 3), timeout=10),
     Case("loop_skip_bad_batch_locally", CUSTOM_LOOP,
-         "seed article (the deadlock it describes: one worker skips a step)",
+         "NVIDIA-NeMo/Speech#578 (a NaN step skipped on one worker hangs the others); "
+         "seed article",
          "worker 1 skips a batch with a NaN feature (`continue`); the others train on theirs.",
          skip_bad_batch_locally, skip_bad_batch_everywhere,
          truth=at_fault(1), sizes=(2, 3), timeout=10),
