@@ -1,2 +1,831 @@
-"""placeholder"""
-CASES: tuple = ()
+"""Users' bugs in custom training loops and ``tf.data`` pipelines.
+
+Each job is a user's script as a function: it reads ``TF_CONFIG``, builds
+its strategy, a small regression model and its data (made in the job), and
+trains in a plain Python loop (``for step in range(n)`` or ``for batch in
+dist_dataset``) around a ``tf.function`` step that calls ``strategy.run``
+and ``strategy.reduce``.  Each broken job's docstring says what TensorFlow
+does with it.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from harness.bench.corpus import Case, at_fault, no_single
+
+FEATURES = 8
+GLOBAL_BATCH = 24   # divisible by 2, 3 and 4 workers
+STEPS = 6
+
+
+# -- the cluster, as the user's script reads it from TF_CONFIG ----------------------
+
+def _tf_config() -> dict:
+    return json.loads(os.environ["TF_CONFIG"])
+
+
+def task_index() -> int:
+    """This task's index among the tasks in the collectives (a chief first)."""
+    config = _tf_config()
+    task, cluster = config["task"], config["cluster"]
+    return task["index"] + (len(cluster.get("chief", ())) if task["type"] == "worker" else 0)
+
+
+def num_tasks() -> int:
+    cluster = _tf_config()["cluster"]
+    return len(cluster.get("chief", ())) + len(cluster.get("worker", ()))
+
+
+def is_chief() -> bool:
+    return task_index() == 0
+
+
+def last_task() -> int:
+    return num_tasks() - 1
+
+
+# -- the user's pieces: data, model, train step --------------------------------------
+
+def arrays(samples: int, seed: int = 0):
+    """``samples`` rows of 8 features and their sum as the target."""
+    import numpy as np
+    x = np.random.default_rng(seed).normal(size=(samples, FEATURES)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True)
+
+
+def build(tf, strategy):
+    """Model and optimizer, made in the strategy's scope."""
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((FEATURES,)), tf.keras.layers.Dense(4),
+                                     tf.keras.layers.Dense(1)])
+        optimizer = tf.keras.optimizers.SGD(0.01)
+    return model, optimizer
+
+
+def replica_loss(tf, model, x, y, global_batch: int = GLOBAL_BATCH):
+    """Per-example squared errors and their mean over the global batch."""
+    per_example = tf.reduce_mean(tf.square(model(x, training=True) - y), axis=1)
+    return per_example, tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+
+
+def make_replica_step(tf, model, optimizer, global_batch: int = GLOBAL_BATCH):
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            _, loss = replica_loss(tf, model, x, y, global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return replica_step
+
+
+def make_train_step(tf, strategy, model, optimizer, global_batch: int = GLOBAL_BATCH):
+    """The tutorials' ``distributed_train_step``: ``strategy.run``, then the
+    loss summed across replicas."""
+    replica_step = make_replica_step(tf, model, optimizer, global_batch)
+
+    @tf.function
+    def train_step(batch):
+        per_replica = strategy.run(replica_step, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    return train_step
+
+
+def sharded(tf, strategy, x, y, repeat: bool = True, global_batch: int = GLOBAL_BATCH):
+    """The tutorials' input: one dataset, sharded per worker, batched to the
+    per-replica size (``distribute_datasets_from_function``)."""
+    def dataset_fn(context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id)
+        ds = ds.repeat() if repeat else ds
+        return ds.batch(context.get_per_replica_batch_size(global_batch))
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def local_dataset(tf, strategy, x, y, batch: int):
+    """Each worker's own data (its own files), batched as it is: no sharding."""
+    return strategy.distribute_datasets_from_function(
+        lambda context: tf.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+
+
+def setup(samples: int = 1024):
+    """TensorFlow, the strategy, model, optimizer, train step and a
+    repeated sharded dataset's iterator: the loop every case starts from."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer = build(tf, strategy)
+    x, y = arrays(samples)
+    return tf, strategy, model, optimizer, iter(sharded(tf, strategy, x, y))
+
+
+# -- custom loops ---------------------------------------------------------------------
+
+def _chief_reduce_for_logging(directory: str, broken: bool):
+    """The step returns the per-replica losses; every 2 steps the loss is
+    reduced for a log line.
+
+    TensorFlow 2.21.0: the chief's eager all-reduce (a scalar) meets the
+    others' next gradient all-reduce (41 floats): InvalidArgumentError,
+    a shape mismatch, on every task."""
+    tf, strategy, model, optimizer, iterator = setup()
+    replica_step = make_replica_step(tf, model, optimizer)
+
+    @tf.function
+    def train_step(batch):
+        return strategy.run(replica_step, args=batch)
+
+    for step in range(STEPS):
+        per_replica_loss = train_step(next(iterator))
+        if step % 2 == 0 and (is_chief() or not broken):
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+            if is_chief():
+                print(f"step {step}: loss {float(loss):.4f}")
+
+
+def chief_reduce_for_logging(directory: str):
+    _chief_reduce_for_logging(directory, broken=True)
+
+
+def every_task_reduces_for_logging(directory: str):
+    _chief_reduce_for_logging(directory, broken=False)
+
+
+def _chief_reads_metric(directory: str, broken: bool):
+    """A ``Mean`` metric of the training loss, made in scope and updated in
+    the step; at each epoch's end its ``result()`` is logged.
+
+    TensorFlow 2.21.0 (Keras 3): the metric's variables are sync-on-read,
+    so ``result()`` all-reduces; on the chief alone it meets the others'
+    next gradient all-reduce: InvalidArgumentError, a shape mismatch."""
+    tf, strategy, model, optimizer, iterator = setup()
+    with strategy.scope():
+        train_loss = tf.keras.metrics.Mean("train_loss")
+    replica_step = make_replica_step(tf, model, optimizer)
+
+    @tf.function
+    def train_step(batch):
+        loss = strategy.run(replica_step, args=batch)
+        strategy.run(train_loss.update_state, args=(loss,))
+
+    for epoch in range(2):
+        for _ in range(3):
+            train_step(next(iterator))
+        if is_chief() or not broken:
+            value = float(train_loss.result())
+            if is_chief():
+                print(f"epoch {epoch}: loss {value:.4f}")
+        train_loss.reset_state()
+
+
+def chief_reads_metric(directory: str):
+    _chief_reads_metric(directory, broken=True)
+
+
+def every_task_reads_metric(directory: str):
+    _chief_reads_metric(directory, broken=False)
+
+
+def _branch_on_task(directory: str, broken: bool):
+    """The chief logs the global gradient norm, all-reduced inside the
+    replica function.
+
+    TensorFlow 2.21.0: the chief's trace has one all-reduce more; its norm
+    (a scalar) meets the others' gradients: InvalidArgumentError, a shape
+    mismatch, in step 0."""
+    tf, strategy, model, optimizer, iterator = setup()
+    chief = is_chief()
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            _, loss = replica_loss(tf, model, x, y)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if chief or not broken:
+            squared = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.add_n([tf.reduce_sum(g * g) for g in grads]))
+            if chief:
+                tf.print("global gradient norm", tf.sqrt(squared))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(batch):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                               strategy.run(replica_step, args=batch), axis=None)
+
+    for _ in range(STEPS):
+        train_step(next(iterator))
+
+
+def branch_on_task(directory: str):
+    _branch_on_task(directory, broken=True)
+
+
+def every_task_all_reduces(directory: str):
+    _branch_on_task(directory, broken=False)
+
+
+def _local_early_stop(directory: str, broken: bool, steps: int = 24, every: int = 2):
+    """Early stopping on a validation loss, every 2 steps, patience 1.  Each
+    worker holds its own validation data; the last one's labels are noise,
+    so its validation loss stops going down at once.
+
+    TensorFlow 2.21.0: the last worker leaves the loop after 4 steps; the
+    others wait in step 4's all-reduce for ever."""
+    tf, strategy, model, optimizer, iterator = setup()
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    vx, vy = arrays(64, seed=100 + task_index())
+    if task_index() == last_task():
+        vy = arrays(64, seed=999)[1]
+
+    def local_val_loss():
+        return tf.reduce_mean(tf.square(model(vx) - vy))
+
+    @tf.function
+    def agreed_val_loss():
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(local_val_loss),
+                               axis=None)
+
+    best = float("inf")
+    for step in range(steps):
+        train_step(next(iterator))
+        if (step + 1) % every:
+            continue
+        val = float(local_val_loss() if broken else agreed_val_loss())
+        if val >= best:
+            print(f"early stop at step {step}: val loss {val:.4f}, best {best:.4f}")
+            return step
+        best = val
+    return None
+
+
+def local_early_stop(directory: str):
+    return _local_early_stop(directory, broken=True)
+
+
+def agreed_early_stop(directory: str):
+    return _local_early_stop(directory, broken=False)
+
+
+def _skip_bad_batch(directory: str, broken: bool, bad_step: int = 2):
+    """Batches with a non-finite feature are skipped.  Worker 1's data has
+    a corrupt record in its batch of step 2.
+
+    TensorFlow 2.21.0: worker 1's next step pairs with the others' step 2,
+    and so on; at the end its iterator's end-of-data all-reduce (int64)
+    meets their last gradient all-reduce: InternalError on every task."""
+    import numpy as np
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer = build(tf, strategy)
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    x, y = arrays(1024)
+    per_replica = GLOBAL_BATCH // num_tasks()
+    if task_index() == 1:
+        x = x.copy()
+        x[bad_step * per_replica] = np.nan   # its own copy of the file: one bad row
+
+    def dataset_fn(context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(per_replica)
+        return ds   # each worker reads its own copy, no shard
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    @tf.function
+    def any_bad(batch):
+        local = strategy.run(lambda x, y: tf.cast(
+            tf.logical_not(tf.reduce_all(tf.math.is_finite(x))), tf.float32), args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None)
+
+    ran = 0
+    for _ in range(STEPS):
+        batch = next(iterator)
+        if broken:
+            local_x = strategy.experimental_local_results(batch)[0][0]
+            bad = not bool(tf.reduce_all(tf.math.is_finite(local_x)))
+        else:
+            bad = bool(any_bad(batch) > 0)
+        if bad:
+            print("skipping a batch with non-finite features")
+            continue
+        train_step(batch)
+        ran += 1
+    return ran
+
+
+def skip_bad_batch_locally(directory: str):
+    return _skip_bad_batch(directory, broken=True)
+
+
+def skip_bad_batch_everywhere(directory: str):
+    return _skip_bad_batch(directory, broken=False)
+
+
+def _gradient_accumulation(directory: str, broken: bool, micro_batches: int = 8):
+    """Gradients of 2 micro-batches are summed locally (sync-on-read
+    variables, as accumulators do), then applied (an all-reduce).  The
+    broken script reads the number of micro-batches from the host's own
+    setting, and worker 1's says 4.
+
+    TensorFlow 2.21.0: worker 1 applies twice and returns; the others wait
+    in their third update's all-reduce for ever."""
+    tf, strategy, model, optimizer, iterator = setup()
+    accumulate = 4 if broken and task_index() == 1 else 2
+    with strategy.scope():
+        sums = [tf.Variable(tf.zeros(v.shape), trainable=False,
+                            synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+                for v in model.trainable_variables]
+
+    def replica_accumulate(x, y):
+        with tf.GradientTape() as tape:
+            _, loss = replica_loss(tf, model, x, y, GLOBAL_BATCH * accumulate)
+        for total, grad in zip(sums, tape.gradient(loss, model.trainable_variables)):
+            total.assign_add(grad)
+
+    def replica_apply():
+        optimizer.apply_gradients(zip([tf.identity(t) for t in sums],
+                                      model.trainable_variables))
+        for total in sums:
+            total.assign(tf.zeros(total.shape))
+
+    @tf.function
+    def micro_step(batch):
+        strategy.run(replica_accumulate, args=batch)
+
+    @tf.function
+    def apply_step():
+        strategy.run(replica_apply)
+
+    applied = 0
+    for micro in range(micro_batches):
+        micro_step(next(iterator))
+        if (micro + 1) % accumulate == 0:
+            apply_step()
+            applied += 1
+    return applied
+
+
+def accumulation_from_host_setting(directory: str):
+    return _gradient_accumulation(directory, broken=True)
+
+
+def accumulation_from_one_setting(directory: str):
+    return _gradient_accumulation(directory, broken=False)
+
+
+def _variable_on_chief(directory: str, broken: bool):
+    """The best loss so far, kept in a variable for the checkpoint; the
+    broken script makes it lazily, at the chief's first log line.
+
+    TensorFlow 2.21.0: making a variable in scope broadcasts its initial
+    value from the chief, a collective the others never join: the chief
+    blocks in step 1, the others fail (InternalError) in step 2."""
+    tf, strategy, model, optimizer, iterator = setup()
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    best = None
+    if not broken:
+        with strategy.scope():
+            best = tf.Variable(float("inf"), trainable=False)
+    for step in range(STEPS):
+        loss = train_step(next(iterator))
+        if step % 2 == 1 and is_chief():
+            if best is None:
+                with strategy.scope():
+                    best = tf.Variable(float("inf"), trainable=False)
+            print(f"step {step}: loss {float(loss):.4f}")
+        if best is not None:
+            best.assign(tf.minimum(best, loss))
+
+
+def variable_made_on_chief(directory: str):
+    _variable_on_chief(directory, broken=True)
+
+
+def variable_made_on_every_task(directory: str):
+    _variable_on_chief(directory, broken=False)
+
+
+def _trace_on_chief(directory: str, broken: bool):
+    """TensorBoard's graph: the chief traces one step before training (the
+    TensorBoard graph guide's ``trace_on``/``trace_export``).
+
+    TensorFlow 2.21.0: the chief's extra step pairs with the others' first,
+    silently; the others return after 6 steps and the chief waits in its
+    7th for ever."""
+    tf, strategy, model, optimizer, iterator = setup()
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    logdir = directory if is_chief() else os.path.join(directory, f"worker-{task_index()}-tmp")
+    writer = tf.summary.create_file_writer(logdir)
+    if broken:   # an extra step, before the loop, on the chief alone
+        if is_chief():
+            tf.summary.trace_on(graph=True)
+            train_step(next(iterator))
+            with writer.as_default():
+                tf.summary.trace_export("train_step", step=0)
+        steps = range(STEPS)
+    else:        # the loop's first step, traced on every worker
+        tf.summary.trace_on(graph=True)
+        train_step(next(iterator))
+        with writer.as_default():
+            tf.summary.trace_export("train_step", step=0)
+        steps = range(1, STEPS)
+    for _ in steps:
+        train_step(next(iterator))
+
+
+def trace_on_chief(directory: str):
+    _trace_on_chief(directory, broken=True)
+
+
+def trace_on_every_task(directory: str):
+    _trace_on_chief(directory, broken=False)
+
+
+def _clip_when_local_norm_large(directory: str, broken: bool, threshold: float = 50.0):
+    """Gradients are clipped to a global norm, all-reduced, when they are
+    large.  Worker 1's data is in other units (100 times larger), so its
+    gradients are.
+
+    TensorFlow 2.21.0: an all-reduce inside ``tf.cond`` in the replica
+    function is refused when the step is traced, on every worker alike:
+    RuntimeError, ``merge_call`` called while defining a new graph."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer = build(tf, strategy)
+    x, y = arrays(1024)
+    scale = 100.0 if task_index() == 1 else 1.0
+    iterator = iter(local_dataset(tf, strategy, x * scale, y * scale,
+                                  GLOBAL_BATCH // num_tasks()))
+
+    def global_norm(grads):
+        squared = tf.add_n([tf.reduce_sum(g * g) for g in grads])
+        return tf.sqrt(tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, squared))
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            _, loss = replica_loss(tf, model, x, y)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if broken:
+            local_norm = tf.linalg.global_norm(grads)
+            grads = tf.cond(local_norm > threshold,
+                            lambda: tf.clip_by_global_norm(grads, threshold,
+                                                           use_norm=global_norm(grads))[0],
+                            lambda: grads)
+        else:
+            norm = global_norm(grads)
+            grads = tf.cond(norm > threshold,
+                            lambda: tf.clip_by_global_norm(grads, threshold, use_norm=norm)[0],
+                            lambda: grads)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(batch):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                               strategy.run(replica_step, args=batch), axis=None)
+
+    for _ in range(STEPS):
+        train_step(next(iterator))
+
+
+def clip_on_local_norm(directory: str):
+    _clip_when_local_norm_large(directory, broken=True)
+
+
+def clip_on_global_norm(directory: str):
+    _clip_when_local_norm_large(directory, broken=False)
+
+
+# -- tf.data --------------------------------------------------------------------------
+
+PER_WORKER_BATCHES = 8
+
+
+def _short_local_copy(directory: str, broken: bool):
+    """Each worker reads its own copy of the training files; worker 1's copy
+    is short (6 batches, the others' 8).  The broken script runs as many
+    steps as its own data holds; the fixed one iterates the distributed
+    dataset to its end.
+
+    TensorFlow 2.21.0: worker 1 returns after 6 steps; the others wait in
+    step 6 for ever.  Iterating the distributed dataset, TensorFlow agrees
+    across workers when data ends, and all complete."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer = build(tf, strategy)
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    per_replica = GLOBAL_BATCH // num_tasks()
+    batches = PER_WORKER_BATCHES - 2 if task_index() == 1 else PER_WORKER_BATCHES
+    x, y = arrays(batches * per_replica, seed=task_index())
+    local = tf.data.Dataset.from_tensor_slices((x, y)).batch(per_replica)
+    dist = strategy.distribute_datasets_from_function(lambda context: local)
+    ran = 0
+    if broken:
+        iterator = iter(dist)
+        for _ in range(int(local.cardinality())):
+            train_step(next(iterator))
+            ran += 1
+    else:
+        for batch in dist:
+            train_step(batch)
+            ran += 1
+    return ran
+
+
+def steps_from_local_cardinality(directory: str):
+    return _short_local_copy(directory, broken=True)
+
+
+def iterate_distributed_dataset(directory: str):
+    return _short_local_copy(directory, broken=False)
+
+
+EXAMPLES = 200   # 8 full global batches of 24, then a partial one of 8
+
+
+def _fixed_steps_without_repeat(directory: str, broken: bool, epochs: int = 2,
+                                steps_per_epoch: int = 8):
+    """``steps_per_epoch`` steps per epoch from one iterator, as the
+    tutorials do; the broken script left out ``.repeat()``.
+
+    TensorFlow 2.21.0: the data holds 9 global batches; the end of data is
+    agreed across workers, so ``next()`` raises StopIteration on every
+    task at once, in the second epoch."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer = build(tf, strategy)
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    x, y = arrays(EXAMPLES)
+    iterator = iter(sharded(tf, strategy, x, y, repeat=not broken))
+    for epoch in range(epochs):
+        for _ in range(steps_per_epoch):
+            loss = train_step(next(iterator))
+        if is_chief():
+            print(f"epoch {epoch}: loss {float(loss):.4f}")
+
+
+def fixed_steps_without_repeat(directory: str):
+    _fixed_steps_without_repeat(directory, broken=True)
+
+
+def fixed_steps_with_repeat(directory: str):
+    _fixed_steps_without_repeat(directory, broken=False)
+
+
+def _batch_from_host_setting(directory: str, broken: bool):
+    """Each step all-reduces the per-example losses (a loss histogram on the
+    chief).  The broken script reads the per-replica batch from the host's
+    own setting: 16 on the chief's machine, 8 on the others'.
+
+    TensorFlow 2.21.0: the per-example losses are [16] on the chief and [8]
+    elsewhere: InvalidArgumentError, a shape mismatch, in step 0."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer = build(tf, strategy)
+    global_batch = 8 * num_tasks()
+    x, y = arrays(1024)
+
+    def dataset_fn(context):
+        batch = (16 if is_chief() else 8) if broken else \
+            context.get_per_replica_batch_size(global_batch)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        return ds.shard(context.num_input_pipelines,
+                        context.input_pipeline_id).batch(batch, drop_remainder=True)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            per_example, loss = replica_loss(tf, model, x, y, global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return per_example
+
+    @tf.function
+    def train_step(batch):
+        per_example = strategy.run(replica_step, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_example, axis=None)
+
+    for step in range(STEPS):
+        losses = train_step(next(iterator))
+        if is_chief():
+            print(f"step {step}: {losses.shape[0]} per-example losses")
+
+
+def batch_from_host_setting(directory: str):
+    _batch_from_host_setting(directory, broken=True)
+
+
+def batch_from_global_batch(directory: str):
+    _batch_from_host_setting(directory, broken=False)
+
+
+def write_records(tf, path: str, x, y):
+    with tf.io.TFRecordWriter(path) as writer:
+        for features, target in zip(x, y):
+            example = tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=features)),
+                "y": tf.train.Feature(float_list=tf.train.FloatList(value=target))}))
+            writer.write(example.SerializeToString())
+
+
+def record_dataset(tf, files):
+    spec = {"x": tf.io.FixedLenFeature([FEATURES], tf.float32),
+            "y": tf.io.FixedLenFeature([1], tf.float32)}
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        return example["x"], example["y"]
+    return tf.data.TFRecordDataset(files).map(parse)
+
+
+def train_on_files(tf, strategy, files, policy: str):
+    """The tutorials' input from files: one dataset of them, auto-sharded by
+    ``policy``, through ``experimental_distribute_dataset``."""
+    model, optimizer = build(tf, strategy)
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(
+        tf.data.experimental.AutoShardPolicy, policy)
+    dataset = record_dataset(tf, files).repeat().batch(GLOBAL_BATCH).with_options(options)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    for _ in range(STEPS):
+        train_step(next(iterator))
+
+
+def _local_files_short(directory: str, broken: bool, files: int = 4):
+    """Each worker reads the files of its own local copy, sharded by FILE;
+    worker 1's copy holds 1 file of the 4 (a sync that did not finish).
+
+    TensorFlow 2.21.0: worker 1's shard of its one file is empty; its first
+    ``next()`` raises StopIteration, and the others lose it in step 0."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    local = os.path.join(directory, f"host-{task_index()}")
+    os.makedirs(local, exist_ok=True)
+    have = 1 if broken and task_index() == 1 else files
+    for f in range(have):
+        x, y = arrays(64, seed=f)
+        write_records(tf, os.path.join(local, f"part-{f}.tfrecord"), x, y)
+    train_on_files(tf, strategy, sorted(tf.io.gfile.glob(os.path.join(local, "*.tfrecord"))),
+                   "FILE")
+
+
+def local_copy_missing_files(directory: str):
+    _local_files_short(directory, broken=True)
+
+
+def local_copy_complete(directory: str):
+    _local_files_short(directory, broken=False)
+
+
+def _fewer_files_than_workers(directory: str, policy: str):
+    """One shared directory of N - 1 files (the chief writes them; the
+    others wait for its marker).
+
+    TensorFlow 2.21.0, FILE: workers 0 to N - 2 raise InvalidArgumentError
+    (``Could not apply FILE based sharding``), the last StopIteration (its
+    shard is empty), all at the first ``next()``: the same code and files
+    everywhere, no single worker at fault.  DATA: all complete."""
+    import time
+
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    done = os.path.join(directory, "written")
+    if is_chief():
+        for f in range(num_tasks() - 1):
+            x, y = arrays(64, seed=f)
+            write_records(tf, os.path.join(directory, f"part-{f}.tfrecord"), x, y)
+        open(done, "w").close()
+    while not os.path.exists(done):
+        time.sleep(0.1)
+    train_on_files(tf, strategy, sorted(tf.io.gfile.glob(os.path.join(directory, "*.tfrecord"))),
+                   policy)
+
+
+def file_shard_fewer_files(directory: str):
+    _fewer_files_than_workers(directory, "FILE")
+
+
+def data_shard_fewer_files(directory: str):
+    _fewer_files_than_workers(directory, "DATA")
+
+
+def _repeat_on_chief(directory: str, broken: bool, epochs: int = 2):
+    """Each epoch iterates the distributed dataset to its end.  The broken
+    script repeats the chief's pipeline (a flag only its launcher sets).
+
+    TensorFlow 2.21.0: an infinite dataset skips the per-step all-reduce
+    that agrees whether data is left, so the chief's gradient all-reduce
+    meets the others' (int64) one: InternalError in step 0."""
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    model, optimizer = build(tf, strategy)
+    train_step = make_train_step(tf, strategy, model, optimizer)
+    x, y = arrays(128)
+
+    def dataset_fn(context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            context.num_input_pipelines, context.input_pipeline_id)
+        ds = ds.repeat() if broken and is_chief() else ds
+        return ds.batch(context.get_per_replica_batch_size(GLOBAL_BATCH))
+
+    dist = strategy.distribute_datasets_from_function(dataset_fn)
+    ran = 0
+    for _ in range(epochs):
+        for batch in dist:
+            train_step(batch)
+            ran += 1
+    return ran
+
+
+def repeat_on_chief(directory: str):
+    return _repeat_on_chief(directory, broken=True)
+
+
+def repeat_nowhere(directory: str):
+    return _repeat_on_chief(directory, broken=False)
+
+
+CUSTOM_LOOP, TF_DATA = "custom loop", "tf.data"
+
+CASES = (
+    Case("loop_chief_only_reduce_for_logging", CUSTOM_LOOP,
+         "TensorFlow's MWMS custom-training-loop tutorial; seed article rule 5",
+         "only the chief calls strategy.reduce on the step's per-replica loss to log it.",
+         chief_reduce_for_logging, every_task_reduces_for_logging,
+         truth=at_fault(0), sizes=(2, 3, 4), chief=True, timeout=10),
+    Case("loop_chief_only_metric_result", CUSTOM_LOOP,
+         "TensorFlow's MWMS custom-training-loop tutorial (metrics read on every worker)",
+         "only the chief reads the training-loss metric's result() at the end of an epoch.",
+         chief_reads_metric, every_task_reads_metric,
+         truth=at_fault(0), sizes=(2, 3), chief=True, timeout=10),
+    Case("loop_branch_on_task_in_replica_fn", CUSTOM_LOOP,
+         "tensorflow/tensorflow#39781 (ctx.all_reduce under a condition); seed article rule 3",
+         "an all-reduce of the gradient norm inside strategy.run, under `if chief:`.",
+         branch_on_task, every_task_all_reduces,
+         truth=at_fault(0), sizes=(2, 3), timeout=10),
+    Case("loop_local_early_stop", CUSTOM_LOOP,
+         "DeepRec-AI/HybridBackend#88 (early stopping on one worker's metric hangs the others)",
+         "each worker stops early on its own validation loss; the last worker's stops first.",
+         local_early_stop, agreed_early_stop,
+         truth=lambda n: at_fault(n - 1), sizes=(2, 3), timeout=10),
+    Case("loop_skip_bad_batch_locally", CUSTOM_LOOP,
+         "NVIDIA-NeMo/Speech#578 (a NaN step skipped on one worker hangs the others); "
+         "seed article",
+         "worker 1 skips a batch with a NaN feature (`continue`); the others train on theirs.",
+         skip_bad_batch_locally, skip_bad_batch_everywhere,
+         truth=at_fault(1), sizes=(2, 3), timeout=10),
+    Case("loop_accumulation_steps_per_host", CUSTOM_LOOP,
+         "tensorflow/addons#2260 (gradient accumulation under a distribution strategy)",
+         "worker 1 accumulates 4 micro-batches per update, the others 2 (a per-host setting).",
+         accumulation_from_host_setting, accumulation_from_one_setting,
+         truth=at_fault(1), sizes=(2, 3, 4), timeout=10),
+    Case("loop_variable_made_on_chief", CUSTOM_LOOP,
+         "tensorflow/recommenders#274 (a variable's creation in scope is a collective)",
+         "the chief makes a variable in strategy.scope() lazily, at its first log line.",
+         variable_made_on_chief, variable_made_on_every_task,
+         truth=at_fault(0), sizes=(2, 3), chief=True, timeout=10),
+    Case("loop_trace_graph_on_chief", CUSTOM_LOOP,
+         "TensorBoard's graph guide (trace_on/trace_export); seed article rule 3",
+         "the chief traces one extra train step for TensorBoard's graph before the loop.",
+         trace_on_chief, trace_on_every_task,
+         truth=at_fault(0), sizes=(2, 3), chief=True, timeout=10),
+    Case("loop_clip_on_local_norm", CUSTOM_LOOP,
+         "horovod/horovod#2327 (a collective inside tf.cond deadlocks); tensorflow/tensorflow#39781",
+         "tf.cond on the local gradient norm runs an all-reduce in one branch (meant for "
+         "worker 1, whose data is 100 times larger); every worker's trace refuses it.",
+         clip_on_local_norm, clip_on_global_norm,
+         truth=lambda n: no_single(range(n)), sizes=(2, 3), timeout=10),
+    Case("data_steps_from_local_cardinality", TF_DATA,
+         "tensorflow/tensorflow#37112, tensorflow/tensorflow#35878",
+         "each worker runs as many steps as its own files hold batches; worker 1's copy is short.",
+         steps_from_local_cardinality, iterate_distributed_dataset,
+         truth=at_fault(1), sizes=(2, 3, 4), timeout=12),
+    Case("data_fixed_steps_without_repeat", TF_DATA,
+         "tensorflow/tensorflow#36153 (the maintainers' workaround: .repeat() and steps_per_epoch)",
+         "two epochs of a fixed number of steps from one iterator, without .repeat().",
+         fixed_steps_without_repeat, fixed_steps_with_repeat,
+         truth=lambda n: no_single(range(n)), sizes=(2, 3), timeout=10),
+    Case("data_batch_from_host_setting", TF_DATA,
+         "tensorflow/tensorflow#34156 (per-worker batch sizes under MWMS)",
+         "the per-replica batch is read from each host's setting: 16 on the chief, 8 elsewhere.",
+         batch_from_host_setting, batch_from_global_batch,
+         truth=at_fault(0), sizes=(2, 3), chief=True, timeout=10),
+    Case("data_local_copy_missing_files", TF_DATA,
+         "TensorFlow's distributed input guide (FILE auto-sharding needs a file per worker)",
+         "each worker reads its local copy of the files, sharded by FILE; worker 1's copy has 1.",
+         local_copy_missing_files, local_copy_complete,
+         truth=at_fault(1), sizes=(2, 3), timeout=10),
+    Case("data_file_shard_fewer_files", TF_DATA,
+         "TensorFlow's distributed input guide (FILE auto-sharding needs a file per worker)",
+         "AutoShardPolicy.FILE on N - 1 files for N workers.",
+         file_shard_fewer_files, data_shard_fewer_files,
+         truth=lambda n: no_single(range(n)), sizes=(2, 3), timeout=10),
+    Case("data_repeat_on_chief", TF_DATA,
+         "tensorflow/tensorflow#37112 (iterating the distributed dataset to its end)",
+         "epochs iterate the distributed dataset to its end; the chief's pipeline repeats.",
+         repeat_on_chief, repeat_nowhere,
+         truth=at_fault(0), sizes=(2, 3), timeout=10),
+)
