@@ -310,11 +310,13 @@ def test_file_autoshard_with_fewer_files_than_workers(mwms_cluster, scenario_run
 @culprit_check("test_file_autoshard_with_fewer_files_than_workers")
 def test_file_autoshard_with_fewer_files_than_workers_culprit(mwms_cluster, scenario_run,
                                                               tmp_path):
-    """The root error is the sharding one, raised by workers 0 to N - 2; the
-    last worker's StopIteration is its consequence, whichever came first."""
+    """The root error is the sharding one, raised by workers 0 to N - 2, the
+    last worker's StopIteration its consequence; its cause is the job's
+    files, which every task shares, so every task is named."""
     result = _file_shard_run(scenario_run, mwms_cluster, tmp_path)
-    result.assert_failed(culprits=range(mwms_cluster.num_workers - 1),
-                         error="InvalidArgumentError")
+    result.assert_failed(culprits=range(mwms_cluster.num_workers), error="InvalidArgumentError")
+    assert result.diagnosis.startswith("FAILED: no single task is at fault: the dataset has "
+                                       "fewer files than the workers"), result.diagnosis
 
 
 @pytest.mark.timeout(60)

@@ -24,9 +24,11 @@ class Known:
     what: str          # what it means
     fix: str
     link: str
-    # The error of a task that lost a race every task ran (for one file,
-    # say): who raised it is chance, not the one at fault.
-    contended: bool = False
+    # An error whose cause every task shares, so that who raised it is not
+    # who is at fault: "race", a race every task ran (for one file: who
+    # raised lost by chance); "job", the job's own setting (its files, say:
+    # every task is at fault).  None: the raiser's own.
+    shared: Optional[str] = None
 
 
 DISTRIBUTED_GUIDE = "https://www.tensorflow.org/guide/distributed_training"
@@ -63,7 +65,13 @@ KNOWN: Tuple[Known, ...] = (
     Known("file_locked", "BlockingIOError", "unable to lock file",
           "the tasks saved to one file at once; one holds its lock in the save's collective",
           "every task saves, the chief to the real path, the others to temporary ones",
-          "https://github.com/tensorflow/tensorflow/issues/38635", contended=True),
+          "https://github.com/tensorflow/tensorflow/issues/38635", shared="race"),
+    # scenarios/test_data.py::test_file_autoshard_with_fewer_files_than_workers
+    Known("file_sharding_too_few_files", "InvalidArgumentError",
+          "Could not apply FILE based sharding",
+          "the dataset has fewer files than the workers FILE sharding splits it among",
+          "as many files as workers, or AutoShardPolicy.DATA",
+          "https://www.tensorflow.org/tutorials/distribute/input#sharding", shared="job"),
 )
 
 
@@ -88,8 +96,8 @@ def known_lines(workers: Sequence[WorkerObservation]) -> List[str]:
             for k, ws in raised.items()]
 
 
-def contended(workers: Sequence[WorkerObservation]) -> Optional[Known]:
-    """The first known row of :data:`KNOWN` marked ``contended`` that one
-    of ``workers`` raised, or None."""
+def shared_cause(workers: Sequence[WorkerObservation]) -> Optional[Known]:
+    """The first row of :data:`KNOWN` with a ``shared`` cause that one of
+    ``workers`` raised, or None."""
     return next((k for k in map(known_of, (w.error for w in workers))
-                 if k is not None and k.contended), None)
+                 if k is not None and k.shared is not None), None)

@@ -422,6 +422,15 @@ def race_text(v: Verdict, what: str, candidates: Sequence[int]) -> str:
                             f"cause", candidates, "by the errors alone")
 
 
+def shared_setting_text(v: Verdict, what: str, culprits: Sequence[int]) -> str:
+    """``v``'s text, its culprits now every task: the error it rests on
+    comes of a setting of the job every task shares (``what`` it is)."""
+    head, _, rest = v.text.partition("\n")
+    return "\n".join([f"{v.outcome.upper()}: no single task is at fault: {what}, a setting of "
+                      f"the job every task shares; culprits: {names(culprits)}",
+                      f"  by the errors alone: {head}"] + ([unmarked(rest)] if rest else []))
+
+
 def missing_text(v: Verdict, missing: Sequence[int], candidates: Sequence[int]) -> str:
     """``v``'s text, the verdict on the workers that left files, told as
     "cannot tell" with the ``missing`` ones among the ``candidates``."""

@@ -19,8 +19,8 @@ from typing import Callable, Optional, Sequence, Tuple
 from harness.diagnosis import known, pasts
 from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text,
                                       never_acted_lines, not_restarted_text, pasts_text,
-                                      race_text, task_restarts_text, unseen_past_text,
-                                      why_not_acted)
+                                      race_text, shared_setting_text, task_restarts_text,
+                                      unseen_past_text, why_not_acted)
 from harness.diagnosis.echoes import is_echo
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,
@@ -161,17 +161,24 @@ def different_pasts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     return dict(culprits=candidates, ambiguous=True, text=pasts_text(v, found, candidates))
 
 
-def lost_a_race(v: Verdict, obs: RunObservation, story: Story) -> Changes:
-    """An error a task raises for losing a race every task ran (saving to
-    one file: the lock went to another) names whoever lost by chance: a
-    confident verdict on it becomes "cannot tell", every training task a
-    candidate."""
+def shared_cause(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """An error whose known cause every task shares names whoever raised
+    it, not who is at fault: a race every task ran (saving to one file:
+    the lock went to another) makes the verdict "cannot tell", every
+    training task a candidate; the job's own setting (fewer files than
+    workers) makes every training task the culprit."""
     training = tuple(w for w in obs.workers if w.index != obs.evaluator)
-    row = known.contended(training)
-    if v.outcome == Outcome.COMPLETED or v.ambiguous or row is None or len(training) < 2:
+    row = known.shared_cause(training)
+    if v.outcome == Outcome.COMPLETED or row is None or len(training) < 2:
         return None
-    candidates = tuple(w.index for w in training)
-    return dict(culprits=candidates, ambiguous=True, text=race_text(v, row.what, candidates))
+    every = tuple(w.index for w in training)
+    if row.shared == "race":
+        if v.ambiguous:
+            return None
+        return dict(culprits=every, ambiguous=True, text=race_text(v, row.what, every))
+    if set(v.culprits) == set(every) and not v.ambiguous:
+        return None
+    return dict(culprits=every, ambiguous=False, text=shared_setting_text(v, row.what, every))
 
 
 def not_restarted(v: Verdict, obs: RunObservation, story: Story) -> Changes:
@@ -212,7 +219,7 @@ STAGES: Tuple[Stage, ...] = (
     Stage("task_restarts", task_restarts),
     Stage("task_restart", task_restart),
     Stage("different_pasts", different_pasts),
-    Stage("lost_a_race", lost_a_race),
+    Stage("shared_cause", shared_cause),
     Stage("attempt_never_ran", attempt_never_ran),
     Stage("not_restarted", not_restarted),
     Stage("attempts", attempts),

@@ -70,7 +70,7 @@ def test_an_error_for_losing_a_race_every_task_ran_cannot_tell_who():
         alone = diagnose(obs)
         v = conclude(alone, obs, Story())
         assert v.ambiguous and v.culprits == tuple(range(n)), v.text
-        assert v.stages[-1] == "lost_a_race"
+        assert v.stages[-1] == "shared_cause"
         assert v.text.startswith(f"{v.outcome.upper()}: cannot tell who is to blame: the tasks "
                                  "saved to one file at once"), v.text
         assert "known: the tasks saved to one file at once" in v.text
@@ -84,4 +84,24 @@ def test_an_ordinary_error_on_one_worker_still_names_it():
     obs = run(blocked(0, 2, steps=range(2)), raised(1, 2, "ValueError", "bad batch", 1.0,
                                                    steps=range(2)), ended_by="all_finished")
     v = conclude(diagnose(obs), obs, Story())
-    assert "lost_a_race" not in v.stages
+    assert "shared_cause" not in v.stages
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_an_error_of_a_setting_every_task_shares_names_every_task(n):
+    """FILE sharding with fewer files than workers (TensorFlow 2.21, the
+    catalogue): workers 0 to N - 2 raise the sharding error, the last
+    StopIteration; the job's files are at fault, not the ones that said so."""
+    from harness.diagnosis.stages import conclude
+    from harness.diagnosis.story import Story
+    sharding = ("Could not apply FILE based sharding: the dataset only has 1 file(s), which is "
+                "not enough for the required 2 shards/workers")
+    obs = run(*(raised(i, n, "InvalidArgumentError", sharding, 1.0 + i / 100, steps=())
+                for i in range(n - 1)),
+              raised(n - 1, n, "StopIteration", "", 1.2, steps=()), ended_by="all_finished")
+    v = conclude(diagnose(obs), obs, Story())
+    assert v.culprits == tuple(range(n)) and not v.ambiguous, v.text
+    assert v.stages[-1] == "shared_cause"
+    assert v.text.startswith("FAILED: no single task is at fault: the dataset has fewer files "
+                             "than the workers FILE sharding splits it among"), v.text
+    assert "AutoShardPolicy.DATA" in v.text

@@ -11,7 +11,7 @@ restart is the job's own exit (a preempted pod), never a fault of the plan.
 A :class:`Case` holds the two jobs, the clusters to run them on and the
 :class:`Truth`: the task at fault, or that no single task is.  The family
 modules (:mod:`~harness.bench.corpus.fit`, :mod:`~harness.bench.corpus.callbacks`,
-:mod:`~harness.bench.corpus.loops`,
+:mod:`~harness.bench.corpus.loops`, :mod:`~harness.bench.corpus.data`,
 :mod:`~harness.bench.corpus.restarts`) each give a ``CASES`` tuple;
 :func:`cases` gathers them.  :func:`judge` sets a verdict against the truth,
 a pure function; ``python -m harness.bench.corpus`` runs every case and
@@ -29,7 +29,7 @@ from typing import Callable, Dict, FrozenSet, Iterable, Mapping, Optional, Seque
 FAMILIES = ("fit (tf_keras)", "fit (Keras 3)", "callbacks", "custom loop", "tf.data",
             "restarts and checkpoints")
 MODULES = ("harness.bench.corpus.fit", "harness.bench.corpus.callbacks",
-           "harness.bench.corpus.loops",
+           "harness.bench.corpus.loops", "harness.bench.corpus.data",
            "harness.bench.corpus.restarts")
 
 
