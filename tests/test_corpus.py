@@ -11,6 +11,7 @@ from harness.core import versions
 
 # One case per family; the benchmark runs them all.
 SAMPLE = ("fit_uneven_batch_per_worker", "keras3_fit_under_mwms", "callback_stops_on_chief_only",
+          "loop_chief_only_reduce_for_logging", "data_steps_from_local_cardinality",
           "restore_from_own_write_dir")
 BY_NAME = {c.name: c for c in cases()}
 
