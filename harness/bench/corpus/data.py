@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from harness.bench.corpus import Case, at_fault, no_single
-from harness.bench.corpus.loops import (FEATURES, GLOBAL_BATCH, STEPS, arrays, build, is_chief,
+from harness.bench.corpus.loop_parts import (FEATURES, GLOBAL_BATCH, STEPS, arrays, build, is_chief,
                                         make_train_step, num_tasks, replica_loss, sharded,
                                         task_index)
 
