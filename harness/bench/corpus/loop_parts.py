@@ -109,3 +109,15 @@ def setup(samples: int = 1024):
     model, optimizer = build(tf, strategy)
     x, y = arrays(samples)
     return tf, strategy, model, optimizer, iter(sharded(tf, strategy, x, y))
+
+
+def run_steps(tf, strategy, replica_step, iterator, steps: int = STEPS):
+    """The loop: ``steps`` calls of a ``tf.function`` that runs
+    ``replica_step`` on the next batch and sums its losses."""
+    @tf.function
+    def train_step(batch):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                               strategy.run(replica_step, args=batch), axis=None)
+
+    for _ in range(steps):
+        train_step(next(iterator))

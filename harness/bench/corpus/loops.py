@@ -14,7 +14,8 @@ import os
 from harness.bench.corpus import Case, at_fault, no_single
 from harness.bench.corpus.loop_parts import (GLOBAL_BATCH, STEPS, arrays, build, is_chief,
                                              last_task, local_dataset, make_replica_step,
-                                             make_train_step, num_tasks, replica_loss, setup,
+                                             make_train_step, num_tasks, replica_loss, run_steps,
+                                             setup,
                                              task_index)
 
 # -- custom loops ---------------------------------------------------------------------
@@ -106,13 +107,7 @@ def _branch_on_task(directory: str, broken: bool):
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    @tf.function
-    def train_step(batch):
-        return strategy.reduce(tf.distribute.ReduceOp.SUM,
-                               strategy.run(replica_step, args=batch), axis=None)
-
-    for _ in range(STEPS):
-        train_step(next(iterator))
+    run_steps(tf, strategy, replica_step, iterator)
 
 
 def branch_on_task(directory: str):
@@ -379,13 +374,7 @@ def _clip_when_local_norm_large(directory: str, broken: bool, threshold: float =
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    @tf.function
-    def train_step(batch):
-        return strategy.reduce(tf.distribute.ReduceOp.SUM,
-                               strategy.run(replica_step, args=batch), axis=None)
-
-    for _ in range(STEPS):
-        train_step(next(iterator))
+    run_steps(tf, strategy, replica_step, iterator)
 
 
 def clip_on_local_norm(directory: str):
