@@ -360,6 +360,12 @@ class RunObservation:
         found = [i for i, (kind, _) in enumerate(self.tasks) if kind == "evaluator"]
         return found[0] if found else None
 
+    @property
+    def training(self) -> Tuple[WorkerObservation, ...]:
+        """The workers in the collectives: every one but an evaluator."""
+        evaluator = self.evaluator
+        return tuple(w for w in self.workers if w.index != evaluator)
+
     def label(self, index: int) -> str:
         return task_label(*self.task(index))
 

@@ -115,7 +115,7 @@ def resumed(obs: RunObservation, story: Story) -> Tuple[WorkerObservation, ...]:
     """The training tasks whose processes resumed from a past of their
     own choosing: under ``restart_policy="task"``, the restarted ones (a
     task never restarted goes on from where its process is); else all."""
-    training = tuple(w for w in obs.workers if w.index != obs.evaluator)
+    training = obs.training
     if not story.restarted:
         return training
     return tuple(w for w in training if story.restarts_of(w.index) > 0)
@@ -167,7 +167,7 @@ def shared_cause(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     the lock went to another) makes the verdict "cannot tell", every
     training task a candidate; the job's own setting (fewer files than
     workers) makes every training task the culprit."""
-    training = tuple(w for w in obs.workers if w.index != obs.evaluator)
+    training = obs.training
     row = known.shared_cause(training)
     if v.outcome == Outcome.COMPLETED or row is None or len(training) < 2:
         return None
