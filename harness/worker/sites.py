@@ -73,12 +73,20 @@ def user_site(library: Callable[[str], bool]) -> Optional[Frame]:
     found = first_user_frame(_frames(sys._getframe(1)), library)
     if found is not None:
         return found
+    # The dict holds this very frame, which holds the dict: left to the
+    # cyclic collector, that cycle would keep every other thread's locals
+    # alive (TensorFlow's ThreadPool among them) and run their finalizers
+    # later in whatever thread the collector happens to run, where a pool's
+    # finalizer can deadlock. Deleting the name breaks the cycle now.
     frames = sys._current_frames()
-    main = threading.main_thread().ident
-    me = threading.get_ident()
-    for ident in sorted(frames, key=lambda i: i != main):
-        if ident != me:
-            found = first_user_frame(_frames(frames[ident]), library)
-            if found is not None:
-                return found
-    return None
+    try:
+        main = threading.main_thread().ident
+        me = threading.get_ident()
+        for ident in sorted(frames, key=lambda i: i != main):
+            if ident != me:
+                found = first_user_frame(_frames(frames[ident]), library)
+                if found is not None:
+                    return found
+        return None
+    finally:
+        del frames

@@ -144,6 +144,33 @@ def test_the_users_frame_is_found_from_a_pool_thread_while_the_caller_waits():
         frame[2] == "test_the_users_frame_is_found_from_a_pool_thread_while_the_caller_waits"
 
 
+def test_looking_at_the_callers_frames_keeps_none_of_its_locals_alive():
+    """The caller's locals (TensorFlow's ThreadPool) must die when the
+    caller's function returns, not at a later collection in whatever thread
+    runs it, where the pool's finalizer can deadlock."""
+    import gc
+    import weakref
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Local:
+        pass
+
+    def caller(pool):
+        local = Local()
+        pool.submit(worker_sites.user_site, lambda path: path != __file__).result()
+        return weakref.ref(local)
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            ref = caller(pool)
+        assert ref() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_ledger_view_gives_each_call_its_users_line_in_either_order():
     view = LedgerView(start=0.0)
     view.message(protocol.LEDGER_FUNCTION, {"id": 0, "name": "<eager all-reduce>"})
