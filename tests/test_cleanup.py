@@ -228,6 +228,70 @@ def test_ctrl_c_stops_the_run_and_its_workers(pytester, tmp_path, inner_tmp):
     assert_temp_directory_emptied(inner_tmp)
 
 
+@pytest.mark.parametrize("gaps", [(0.05,), (0.1, 0.2), (0.3, 0.05)],
+                         ids=["twice", "three-times", "twice-late"])
+def test_a_second_and_third_ctrl_c_end_the_session_and_every_worker(
+        pytester, tmp_path, inner_tmp, gaps):
+    """Ctrl-C again while the first one's teardown kills the workers: the
+    teardown finishes (a Ctrl-C waits for its end), and no worker is left
+    for ``multiprocess`` to join at pytest's exit."""
+    proc, pids = _start_inner(pytester, tmp_path, inner_tmp)
+    proc.send_signal(signal.SIGINT)
+    for gap in gaps:
+        time.sleep(gap)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    _ended(proc, pids, 10)
+    left = wait_gone(pids, 5)
+    assert not left, [(p, _cmdline(p)) for p in left]
+    assert_temp_directory_emptied(inner_tmp)
+
+
+# A module the inner session's forkserver imports last (``--mwms-preload``):
+# it marks the moment, then holds the server, so that the session's first
+# start is still waiting on it when Ctrl-C comes.
+SLOW_PRELOAD = """
+import os, time
+open(os.environ["MWMS_PRELOADING"], "w").close()
+time.sleep(4)
+"""
+
+
+def test_ctrl_c_twice_while_the_first_workers_start_ends_the_session(pytester, tmp_path,
+                                                                     inner_tmp):
+    """The session's first run, its workers' starts waiting on a forkserver
+    still importing: a second Ctrl-C while the first one's clean-up waits for
+    those starts ends the session too, every started worker killed."""
+    pytester.makepyfile(test_inner=QUICK, slow_preload=SLOW_PRELOAD)
+    marker = tmp_path / "preloading"
+    env = dict(os.environ, TMPDIR=inner_tmp, MWMS_PRELOADING=str(marker),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(pytester.path),
+                                                        os.environ.get("PYTHONPATH")])),
+               MWMS_STATE_DIR=os.environ.get("MWMS_STATE_DIR") or default_state_dir())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
+         "--mwms-workers=2", "--mwms-preload=slow_preload", "test_inner.py"],
+        cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = set()
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        seen.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+        time.sleep(0.05)
+    time.sleep(1)   # collection is long over: the first run's start is waiting
+    seen.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    out = _ended(proc, sorted(seen), 10)
+    assert "KeyboardInterrupt" in out, out[-3000:]
+    left = wait_gone(sorted(seen), 5)
+    assert not left, [(p, _cmdline(p)) for p in left]
+    assert_temp_directory_emptied(inner_tmp)
+
+
 def test_pytest_timeout_backstop_cleans_up(pytester, tmp_path, inner_tmp):
     """pytest-timeout firing inside run() (harness timeout longer than the
     test's) still leaves nothing behind."""

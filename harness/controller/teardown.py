@@ -8,7 +8,7 @@ import time
 from typing import Dict, List
 
 from harness.controller.watch import TrackedWorker
-from harness.core import linux, protocol
+from harness.core import interrupts, linux, protocol
 from harness.launch.base import WorkerHandle
 
 # How long a finished worker gets to exit by itself once released, and how
@@ -54,7 +54,14 @@ def _size(path: str) -> int:
 
 
 def stop_workers(tracked: List[TrackedWorker], handles: List[WorkerHandle], start: float) -> None:
-    """Release finished workers, SIGKILL the rest with all they started."""
+    """Release finished workers, SIGKILL the rest with all they started.
+    A Ctrl-C meanwhile waits for the end: cut short, this would leave a
+    worker running."""
+    with interrupts.deferred():
+        _stop_workers(tracked, handles, start)
+
+
+def _stop_workers(tracked: List[TrackedWorker], handles: List[WorkerHandle], start: float) -> None:
     by_index = {worker.index: worker for worker in tracked}
 
     def released(h: WorkerHandle) -> bool:

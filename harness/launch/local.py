@@ -15,19 +15,21 @@
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import os
 import signal
 import threading
 import warnings
+import weakref
 from typing import List, Optional, Sequence
 
 import multiprocess
 import psutil
 
 from harness import validators
-from harness.core import protocol
+from harness.core import interrupts, protocol
 from harness.core.protocol import WorkerSpec
 from harness.errors import PreloadWarning, SettingError
 from harness.launch import memory, scratch
@@ -37,6 +39,9 @@ START_METHODS = validators.START_METHODS
 # How many workers start at once (a thread each): more only queue at the
 # forkserver, which forks one at a time.
 MAX_STARTING = 16
+# How long an interrupted start waits for the starts under way to finish, so
+# that their processes are killed rather than left behind.
+START_UNDO_WAIT = 30.0
 
 
 def kill_tree(pid: int, known: Sequence[psutil.Process] = ()) -> None:
@@ -115,10 +120,38 @@ class ProcessHandle:
         return memory.READ(self.pid)
 
     def close(self) -> None:
+        _live.discard(self)
         with contextlib.suppress(OSError):
             self.conn.close()
         with contextlib.suppress(Exception):
             self.process.close()
+
+
+# Every started worker not yet closed.  ``multiprocess`` joins its live
+# children when the interpreter exits; a worker that an interrupt left
+# running would keep that join, and so the exit, waiting for ever.  Killed
+# here first (atexit runs the handlers registered last first, and this one
+# is registered after ``multiprocess``'s).
+_live: weakref.WeakSet[ProcessHandle] = weakref.WeakSet()
+_live_lock = threading.Lock()
+_kill_at_exit_registered = False
+
+
+def _kill_live_at_exit() -> None:
+    for h in list(_live):
+        with contextlib.suppress(Exception):
+            h.kill_tree()
+            h.join(5)
+
+
+def _remember(h: ProcessHandle) -> ProcessHandle:
+    global _kill_at_exit_registered
+    with _live_lock:
+        if not _kill_at_exit_registered:
+            atexit.register(_kill_live_at_exit)
+            _kill_at_exit_registered = True
+    _live.add(h)
+    return h
 
 
 _forkserver_lock = threading.Lock()
@@ -224,24 +257,38 @@ class LocalLauncher(Launcher):
         ctx = self._context()
         if self.start_method == "forkserver":
             _ensure_forkserver()
-        with concurrent.futures.ThreadPoolExecutor(min(len(specs), MAX_STARTING) or 1,
-                                                   thread_name_prefix="mwms-start") as pool:
-            started = [pool.submit(_start_one, ctx, spec) for spec in specs]
-            try:
-                handles = [f.result() for f in started]
-            except BaseException:
-                # Whatever stopped this one (a failed start, Ctrl-C), every
-                # process that did start is undone.
-                for f in started:
-                    with contextlib.suppress(BaseException):
-                        h = f.result()
-                        h.kill_tree()
-                        h.join(5)
-                        h.close()
-                raise
+        pool = concurrent.futures.ThreadPoolExecutor(min(len(specs), MAX_STARTING) or 1,
+                                                     thread_name_prefix="mwms-start")
+        started = [pool.submit(_start_one, ctx, spec) for spec in specs]
+        try:
+            handles = [f.result() for f in started]
+        except BaseException:
+            # Whatever stopped this one (a failed start, Ctrl-C), every
+            # process that did start is undone, and a further Ctrl-C waits
+            # for that: cut short, it would leave a worker running.
+            with interrupts.deferred():
+                _undo_starts(started)
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         if self.start_method == "forkserver":
             _warn_about_preload()
         return handles
+
+
+def _undo_starts(started: Sequence[concurrent.futures.Future]) -> None:
+    """Kill the process of every start, waiting (bounded) for those still
+    under way; a start that never began is cancelled."""
+    for f in started:
+        f.cancel()
+    concurrent.futures.wait(started, timeout=START_UNDO_WAIT)
+    for f in started:
+        if not f.done() or f.cancelled() or f.exception() is not None:
+            continue
+        h = f.result()
+        h.kill_tree()
+        h.join(5)
+        h.close()
 
 
 def _start_one(ctx, spec: WorkerSpec) -> ProcessHandle:
@@ -256,7 +303,7 @@ def _start_one(ctx, spec: WorkerSpec) -> ProcessHandle:
         raise
     finally:
         child_conn.close()
-    return ProcessHandle(spec.index, proc, parent_conn)
+    return _remember(ProcessHandle(spec.index, proc, parent_conn))
 
 
 def _prewarm(settings) -> None:
