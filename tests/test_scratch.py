@@ -4,7 +4,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import psutil
@@ -66,16 +65,31 @@ def test_everything_is_removed_when_the_owner_ends(temp_dir, how):
     assert not alive
 
 
-def test_what_comes_back_after_the_first_removal_is_removed_too(tmp_path):
+def test_what_comes_back_after_the_first_removal_is_removed_too(tmp_path, monkeypatch):
+    """A dying worker writes again once the sweeper has removed the
+    directory: the sweeper's clock is the test's, so that write comes at
+    that moment every time, between two of the sweeper's looks."""
     target = tmp_path / "scratch"
-    target.mkdir()
-    sweeping = threading.Thread(target=scratch.sweep, args=([str(target)],),
-                                kwargs=dict(quiet=5.0))
-    sweeping.start()
-    assert not _gone_within([str(target)], 5)
-    (target / "worker-0").mkdir(parents=True)      # a dying worker's last write
-    sweeping.join(timeout=30)
-    assert not sweeping.is_alive() and not target.exists()
+    (target / "worker-0").mkdir(parents=True)
+    came_back = []
+
+    class Clock:
+        now = 0.0
+
+        @staticmethod
+        def monotonic():
+            return Clock.now
+
+        @staticmethod
+        def sleep(seconds):
+            Clock.now += seconds
+            if not target.exists() and not came_back:
+                (target / "worker-0").mkdir(parents=True)   # a dying worker's last write
+                came_back.append(Clock.now)
+
+    monkeypatch.setattr(scratch, "time", Clock)
+    scratch.sweep([str(target)], quiet=5.0, give_up=60.0)
+    assert came_back and not target.exists()
 
 
 def _kill_with_its_sweeper(proc, sweepers):
