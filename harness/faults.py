@@ -25,6 +25,7 @@ import functools
 import signal
 from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
+from harness import validators
 from harness.core import tfconfig
 # InjectedFault: RaiseError raises it.
 from harness.errors import FaultError, InjectedFault, hide_in_setup_errors  # noqa: F401
@@ -36,6 +37,20 @@ CRASH_HOW = ("exit", "kill", "abort")
 BAD_CONFIG_KINDS = tfconfig.BAD_CONFIG_KINDS
 
 
+# The most each argument can mean, and how it is said: beyond it a value
+# makes no sense for a test (and a worker's sleep or the kernel's queue
+# discipline would overflow, to be read as the worker's error).
+NUMBER_LIMITS = {
+    "seconds": (validators.MAX_SECONDS, "a day"),
+    "grace": (validators.MAX_SECONDS, "a day"),
+    "after": (validators.MAX_SECONDS, "a day"),
+    "ms": (600_000, "ten minutes"),
+    "jitter_ms": (600_000, "ten minutes"),
+    "kbps": (100_000_000, "100 Gbit/s"),
+}
+MAX_STEP = 10**9
+
+
 def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -43,6 +58,9 @@ def _check_number(fault, name: str, value, allow_none: bool = False) -> None:
         raise FaultError(f"{fault!r}: {name} must be a number, got {value!r}")
     if value < 0 or value != value:
         raise FaultError(f"{fault!r}: {name} must be 0 or more, got {value!r}")
+    most, said = NUMBER_LIMITS[name]
+    if value > most:
+        raise FaultError(f"{fault!r}: {name} must be at most {most:g} ({said}), got {value!r}")
 
 
 # The worker index of a fault keyed by task=, until the plan is checked
@@ -146,8 +164,10 @@ class StepFault(Fault):
 
     def check(self, num_workers: int, restarts: int = 0) -> None:
         super().check(num_workers, restarts)
-        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
-            raise FaultError(f"{self!r}: step must be an integer 0 or more, got {self.step!r}")
+        if isinstance(self.step, bool) or not isinstance(self.step, int) \
+                or not 0 <= self.step <= MAX_STEP:
+            raise FaultError(f"{self!r}: step must be an integer from 0 to {MAX_STEP:g}, "
+                             f"got {self.step!r}")
 
 
 @_fault_class

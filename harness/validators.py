@@ -37,6 +37,9 @@ WORKERS_PER_CORE = 8
 MAX_WORKERS_CAP = 64
 MAX_RESTARTS = 100
 MAX_RAY_NODES = 16
+# A timeout, a grace or a fault's seconds beyond a day makes no sense for a
+# test, and a sleep that long overflows.
+MAX_SECONDS = 86_400.0
 
 
 def max_workers(cpu_count: Optional[int] = None, mem_bytes: Optional[int] = None) -> int:
@@ -131,9 +134,10 @@ def parse_seconds(value: Any, option: str = "--mwms-timeout", allow_zero: bool =
         s = None
     if s is None or s != s or s in (float("inf"), float("-inf")):
         raise SettingError(f"{option}: {value!r} is not a number of seconds")
-    if s < 0 or (s == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "greater than 0"
-        raise SettingError(f"{option}: {s:g} is out of range; use a number of seconds {bound}")
+    if s < 0 or (s == 0 and not allow_zero) or s > MAX_SECONDS:
+        bound = "from 0" if allow_zero else "greater than 0 and"
+        raise SettingError(f"{option}: {s:g} is out of range; use a number of seconds {bound} "
+                           f"up to {MAX_SECONDS:g} (a day)")
     return s
 
 

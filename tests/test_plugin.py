@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(180)
     (["--mwms-timeout=-5"], "--mwms-timeout: -5 is out of range"),
     (["--mwms-timeout=soon"], "--mwms-timeout: 'soon' is not a number"),
     (["--mwms-grace=-1"], "--mwms-grace: -1 is out of range"),
+    (["--mwms-timeout=1e308"], "--mwms-timeout: 1e+308 is out of range"),
     (["--mwms-devices=tpu"], "--mwms-devices: 'tpu' is not one of cpu, gpu"),
     (["--mwms-start-method=fork"], "--mwms-start-method: 'fork' is not one of forkserver, spawn"),
     (["--mwms-restarts=-1"], "--mwms-restarts: '-1' is not a number of restarts"),
@@ -38,6 +39,17 @@ def test_bad_ini_value_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "ini mwms_workers: 'lots' is not a whole number" in result.stderr.str()
+
+
+def test_a_state_dir_that_takes_no_files_is_a_usage_error_before_any_test(pytester):
+    """``/proc``: its mode lets root in, yet no file can be created there."""
+    pytester.makepyfile("def test_x(mwms_cluster): pass\ndef test_y(): pass\n")
+    result = pytester.runpytest_subprocess("--mwms-state-dir=/proc")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "cannot use /proc" in err and "a file cannot be created in it" in err
+    assert "The path comes from --mwms-state-dir" in err and "Traceback" not in err
+    assert "passed" not in result.stdout.str()
 
 
 def test_gpu_without_gpus_is_a_usage_error(pytester, monkeypatch):

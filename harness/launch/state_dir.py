@@ -237,5 +237,24 @@ def check_state_dir(state_dir: Optional[str] = None, where: Optional[str] = None
     naming ``where`` the user set it (for the plugin to report once, at the
     start of a session)."""
     path, source = resolve_state_dir(state_dir, where=where)
-    os.close(open_state_dir(path, source))
+    fd = open_state_dir(path, source)
+    try:
+        _probe(fd, path, source)
+    finally:
+        os.close(fd)
     return path
+
+
+def _probe(fd: int, path: str, source: str) -> None:
+    """Create and remove a file in the directory: permission bits do not
+    say it for root, nor for a file system that takes no files (``/proc``),
+    a read-only or a full one."""
+    name = f".probe-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=fd))
+    except OSError as e:
+        raise state_dir_error(path, source, f"a file cannot be created in it "
+                              f"({e.strerror})") from None
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=fd)

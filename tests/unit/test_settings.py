@@ -33,7 +33,7 @@ def test_max_workers_by_cores_and_memory():
     assert max_workers(cpu_count=256, mem_bytes=1 << 40) == 64
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "abc", "nan", "inf"])
+@pytest.mark.parametrize("value", ["0", "-3", "abc", "nan", "inf", "86401", "1e308"])
 def test_parse_seconds_rejects(value):
     with pytest.raises(SettingError, match="--mwms-timeout"):
         parse_seconds(value, "--mwms-timeout")
@@ -159,7 +159,13 @@ def test_faults_are_plain_values():
 @pytest.mark.parametrize("fault,message", [
     (faults.SkipStep(7, 1), "worker 7 does not exist in a cluster of 4"),
     (faults.SkipStep(-1, 1), "does not exist"),
-    (faults.SkipStep(0, -2), "step must be an integer 0 or more"),
+    (faults.SkipStep(0, -2), "step must be an integer from 0 to 1e\\+09"),
+    (faults.SkipStep(0, 10**9 + 1), "step must be an integer from 0 to 1e\\+09"),
+    (faults.Delay(1, 1, 1e308), r"seconds must be at most 86400 \(a day\), got 1e\+308"),
+    (faults.Delay(1, 1, float("inf")), "seconds must be at most 86400"),
+    (faults.Pause(0, 1, 86_400.5), "seconds must be at most 86400"),
+    (faults.Latency(0, 1, ms=1e9), r"ms must be at most 600000 \(ten minutes\)"),
+    (faults.Bandwidth(0, 1, kbps=1e12), "kbps must be at most"),
     (faults.Delay(0, 1, -1.0), "seconds must be 0 or more"),
     (faults.Pause(0, 1, -5), "seconds must be 0 or more"),
     (faults.Crash(0, 1, "explode"), "how must be one of exit, kill, abort"),
