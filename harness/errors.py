@@ -42,6 +42,12 @@ class StateDirError(HarnessError, OSError):
     """
 
 
+class TempDirFullError(HarnessError, OSError):
+    """The temp directory where the harness keeps a run's files (workers'
+    logs, progress files, their ``TMPDIR``) is full: a problem of the
+    machine, named as such, never a worker's crash or error."""
+
+
 class NotInWorkerError(HarnessError, RuntimeError):
     """``harness.context()`` was called outside a worker process."""
 
@@ -112,7 +118,7 @@ class PreloadWarning(UserWarning):
 
 # What the test asked of the harness was wrong (a setting, a fault, fn that
 # cannot be pickled, the port directory): raised before any process starts.
-SETUP_ERRORS = (SettingError, FaultError, SerializationError, StateDirError)
+SETUP_ERRORS = (SettingError, FaultError, SerializationError, StateDirError, TempDirFullError)
 
 
 def hide_in_setup_errors(excinfo) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, Tuple
 
 import pytest
 
-from harness.errors import SettingError, StateDirError
+from harness.errors import SettingError, StateDirError, TempDirFullError
 from harness.settings import (MARKER_KEYS, OPTIONS, Option, RunSettings, apply_marker,
                               instance_id, marker_instances, read_settings)
 from harness.validators import DEFAULT_BACKEND
@@ -172,7 +172,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(str(e)) from None
         # Overlap the slow start of shared machinery (the forkserver's
         # TensorFlow import) with collection and the first tests' setup.
-        backend_of(settings).prewarm(settings)
+        try:
+            backend_of(settings).prewarm(settings)
+        except TempDirFullError as e:
+            raise pytest.UsageError(str(e)) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

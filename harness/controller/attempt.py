@@ -23,10 +23,15 @@ from harness.controller.teardown import dump_stacks, stop_workers
 from harness.controller.watch import TrackedWorker, WatchLoop
 from harness.core import progress, protocol, serialize
 from harness.diagnosis.observations import EndedBy, RunObservation, WorkerObservation
+from harness.errors import hide_in_setup_errors
 from harness.faults import Fault
+from harness.launch import scratch
 from harness.launch.base import Launcher, WorkerHandle
 from harness.network import RunNetwork
 from harness.result import RunResult, WorkerResult
+
+# pytest leaves this module's frames out of a setup error's traceback.
+__tracebackhide__ = hide_in_setup_errors
 
 # Logs past this are kept as head + tail, so a worker that prints without end
 # cannot swallow the parent's memory.
@@ -97,7 +102,8 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     specs = worker_specs(job, attempt, configs, plan, files)
     readers = []
     for spec in specs:
-        progress.create(spec.progress_path)
+        with scratch.named_if_full("make the workers' progress files"):
+            progress.create(spec.progress_path)
         readers.append(progress.Reader(spec.progress_path))
     clock = Clock()
     launched = start = clock.last
@@ -115,7 +121,8 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         spec = worker_specs(job, incarnation, configs,
                             plan_module.in_attempt(req.plan, incarnation),
                             specs_dir(files, index, incarnation))[index]
-        progress.create(spec.progress_path)
+        with scratch.named_if_full("make a restarted worker's progress file"):
+            progress.create(spec.progress_path)
         readers.append(progress.Reader(spec.progress_path))
         specs[index] = spec
         handle = launcher.start([spec])[0]

@@ -42,6 +42,9 @@ __tracebackhide__ = hide_in_setup_errors
 # What Cluster(...) takes by keyword: every option by its field name, but
 # the reports', which the plugin and `harness run` write (a result draws
 # its own: RunResult.timeline()).
+# Less free space than this where a run keeps its files, after a run that
+# did not complete, and the disk is taken to have ended it.
+FULL_ROOM = 64 << 10
 KEYWORDS = {o.field: o for o in OPTIONS if o.name not in ("report-dir", "report")}
 
 
@@ -202,7 +205,8 @@ class Cluster:
             # Where the job keeps what must outlive an attempt (its
             # checkpoints): one directory for every attempt of this run.
             run_dir = os.path.join(tmpdir, "run")
-            os.mkdir(run_dir, 0o700)
+            with scratch.named_if_full("make a run's directory"):
+                os.mkdir(run_dir, 0o700)
             job = Job(request, envs, network, network.worker_namespaces(n), run_dir=run_dir)
             clock.mark("setup")
             try:
@@ -218,10 +222,17 @@ class Cluster:
                                                        shape=settings.shape),
                         placement.spare))
                     files = os.path.join(tmpdir, f"attempt-{attempt}")
-                    os.mkdir(files, 0o700)
+                    with scratch.named_if_full("make an attempt's directory"):
+                        os.mkdir(files, 0o700)
                     clock.mark("setup")
                     attempts.append(run_attempt(self.launcher, job, attempt, configs, plan, files))
                     clock.skip()   # the attempt's own clock has it
+                    if attempts[-1].outcome != Outcome.COMPLETED and \
+                            scratch.is_full(tmpdir, FULL_ROOM):
+                        # A worker that met the full disk (its log, its
+                        # TMPDIR, a file of fn's) failed or crashed of it:
+                        # the machine's problem, not the worker's.
+                        raise scratch.full_error("keep a run's files while it ran")
                     if attempts[-1].verdict.outcome not in request.restart_on:
                         break
                     if attempt + 1 < allowed:

@@ -36,7 +36,9 @@ Nothing here imports TensorFlow.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import mmap
 import os
 import struct
@@ -82,14 +84,30 @@ class Record:
 def create(path: str, capacity: int = DEFAULT_CAPACITY) -> None:
     """Make the file a worker will write its records to: 0600, zero-filled,
     with its header.  The parent makes it, so it exists (and can be read)
-    whatever becomes of the worker."""
+    whatever becomes of the worker.  Its blocks are allocated now: a sparse
+    file on a file system that fills up later would kill the worker writing
+    into its map with SIGBUS, to be read as the worker's crash.  A full file
+    system raises ``OSError`` (ENOSPC) here instead, and leaves no file."""
     size = HEADER_SIZE + capacity * RECORD.size
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.ftruncate(fd, size)
+        _allocate(fd, size)
         os.pwrite(fd, HEADER.pack(MAGIC, VERSION, 0, 0, 0), 0)
-    finally:
+    except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _allocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)   # a file system with no fallocate: sparse, as before
 
 
 def _map(path: str, writable: bool = True) -> Tuple[mmap.mmap, int]:

@@ -169,7 +169,8 @@ def _forkserver_context(preload: Sequence[str] = ()):
             # Read by harness.worker.preload in the server, which inherits
             # this process's environment when it starts.
             _preload_report = os.path.join(scratch.scratch_dir(), "preload-report")
-            open(_preload_report, "w").close()
+            with scratch.named_if_full("make the forkserver's preload report"):
+                open(_preload_report, "w").close()
             os.environ["MWMS_PRELOAD_REPORT"] = _preload_report
             os.environ["MWMS_PRELOAD"] = ",".join(preload)
         ctx.set_forkserver_preload(["harness.worker.preload"])

@@ -30,6 +30,7 @@ is gone are touched.
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import shutil
 import subprocess
@@ -61,7 +62,8 @@ def scratch_dir() -> str:
         if _dir is not None and _owner == os.getpid():
             return _dir
         sweep_stale(tempfile.gettempdir())
-        return _adopt(tempfile.mkdtemp(prefix=PREFIX))
+        with named_if_full("make its scratch directory"):
+            return _adopt(tempfile.mkdtemp(prefix=PREFIX))
 
 
 def start_time(pid: int) -> Optional[str]:
@@ -153,16 +155,62 @@ def _adopt(path: str) -> str:
     return path
 
 
+def __tracebackhide__(excinfo) -> bool:
+    """pytest leaves this module's frames out of a full disk's traceback."""
+    from harness.errors import hide_in_setup_errors
+    return hide_in_setup_errors(excinfo)
+
+
+# What a full file system says: no space, or no quota left.
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def full_error(what: str, error: Optional[OSError] = None):
+    """The setup error (:class:`~harness.errors.TempDirFullError`) for a
+    full temp directory, naming it."""
+    # Not at the top: this file also runs as the sweeper, standard library only.
+    from harness.errors import TempDirFullError
+    why = f" ({error.strerror})" if error is not None and error.strerror else ""
+    return TempDirFullError(
+        f"the temp directory ({tempfile.gettempdir()}) is full{why}: pytest-mwms could not "
+        f"{what}. Free space there, or point TMPDIR at a file system with room")
+
+
+class named_if_full:
+    """Turn a full file system met in the block into :func:`full_error`
+    (a class, not a generator: no frame of :mod:`contextlib` in the error)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if isinstance(error, OSError) and error.errno in FULL_ERRNOS:
+            raise full_error(self.what, error) from None
+
+
+def is_full(path: str, room: int) -> bool:
+    """Whether the file system of ``path`` has less than ``room`` bytes free."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < room
+
+
 def make_dir(prefix: str) -> str:
     """A new directory in the scratch directory, for its caller to remove."""
-    return tempfile.mkdtemp(prefix=prefix, dir=scratch_dir())
+    with named_if_full("make a run's directory"):
+        return tempfile.mkdtemp(prefix=prefix, dir=scratch_dir())
 
 
 def remove_at_end(path: str) -> None:
     """Have the sweeper remove ``path`` too (something made outside the
     scratch directory, such as a socket's directory that must stay short)."""
     folder = scratch_dir()
-    with _lock:
+    with _lock, named_if_full(f"note {path} for removal"):
         with open(os.path.join(folder, OUTSIDE_FILE), "a") as f:
             f.write(path + "\n")
         sweeper = _sweeper.stdin if _sweeper is not None else None
