@@ -35,7 +35,8 @@ _HOME = {
         "ReferenceCheck", "Collective", "CollectiveOp"), "harness.diagnosis.observations"),
     **dict.fromkeys((
         "HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
-        "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError",
+        "PortsUnavailableError", "TempDirFullError", "NotInWorkerError", "InjectedFault",
+        "SecondStrategyError", "StepDesyncError",
         "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed"), "harness.errors"),
 }
 # Modules of the public line, each loaded as ``harness.<name>`` when first used.

@@ -13,7 +13,8 @@ import collections
 from typing import Optional, Sequence, Tuple
 
 __all__ = ["HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
-           "NotInWorkerError", "InjectedFault", "SecondStrategyError", "StepDesyncError",
+           "PortsUnavailableError", "TempDirFullError", "NotInWorkerError", "InjectedFault",
+           "SecondStrategyError", "StepDesyncError",
            "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed"]
 
 
@@ -40,6 +41,11 @@ class StateDirError(HarnessError, OSError):
     the settings that choose another directory (``$MWMS_STATE_DIR``, the ini
     option ``mwms_state_dir``); see :mod:`harness.launch.ports`.
     """
+
+
+class PortsUnavailableError(HarnessError, RuntimeError):
+    """Too few ports were free to reserve for a cluster: held by other runs
+    (of any user) or in use by other programs; the message counts each."""
 
 
 class TempDirFullError(HarnessError, OSError):

@@ -189,3 +189,43 @@ def test_a_script_that_starts_a_cluster_unguarded_runs_its_function_once_per_wor
     assert "COMPLETED" in out, out
     assert "values [6, 6]" in out, out
     assert out.count("main module imported as") == 1, out
+
+
+SQUAT = """
+import os, sys
+for port in range(1024, 65536):
+    try:
+        os.close(os.open(os.path.join(sys.argv[1], str(port)),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644 if port % 2 else 0))
+    except FileExistsError:
+        pass
+"""
+
+
+def test_runs_pass_while_another_user_squats_every_port_name(tmp_path):
+    """Another local user fills the shared state directory with a file under
+    every port's name (half of them unreadable): this user's runs still
+    reserve their ports (held by claims, not by those names) and complete."""
+    import shutil
+    import tempfile
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or not setpriv:
+        pytest.skip("needs root and setpriv, to act as another user")
+    shared = tempfile.mkdtemp(prefix="mwms-squat-")
+    try:
+        os.chmod(shared, 0o1777)
+        state = os.path.join(shared, "state")
+        os.mkdir(state)
+        os.chmod(state, 0o1777)
+        squat = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                                "--", "/usr/bin/python3", "-I", "-c", SQUAT, state],
+                               capture_output=True, text=True, cwd="/", timeout=120)
+        if squat.returncode != 0:
+            pytest.skip(f"cannot act as uid 65534 here: {squat.stderr.strip()[-300:]}")
+        assert len(os.listdir(state)) == 65536 - 1024
+        cluster = harness.Cluster(workers=2, timeout=30, state_dir=state)
+        for _ in range(2):
+            cluster.run(lambda: harness.context().index).assert_completed()
+        assert len(os.listdir(state)) == 65536 - 1024
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -8,6 +8,7 @@ so they need only a Python the other uid can run and a checkout it can read.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -54,6 +55,17 @@ p = json.loads(sys.argv[2])
 mode = p["mode"]
 if mode == "probe":
     print("ok")
+    sys.exit(0)
+if mode == "squat":                   # a file under every port's name, half unreadable
+    made = 0
+    for port in range(p["range"][0], p["range"][1]):
+        try:
+            os.close(os.open(os.path.join(p["state_dir"], str(port)),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644 if port % 2 else 0))
+            made += 1
+        except FileExistsError:
+            pass
+    print(json.dumps(made))
     sys.exit(0)
 kw = dict(state_dir=p["state_dir"], port_range=tuple(p["range"]), attempts=p.get("attempts", 2000))
 if mode == "error":
@@ -256,9 +268,11 @@ def test_second_user_gets_a_clear_error_for_a_directory_it_cannot_use(as_user, s
         assert part in message, (part, message)
 
 
-def test_another_users_lock_file_is_skipped_and_left_alone(as_user, state):
+def test_another_users_lock_file_is_left_alone_and_locks_nobody_out(as_user, state):
     """A lock file of another user (say their run was SIGKILLed holding the
-    port) is neither locked, nor removed, nor changed: its port is skipped."""
+    port, or planted) is neither locked, nor removed, nor changed, and its
+    port is still ours to reserve: the claim (an abstract socket name) is
+    what holds a port across users."""
     lo, hi = free_range(2)
     reserve_ports(1, state_dir=state, port_range=(lo, hi)).close()  # makes the directory
     theirs = os.path.join(state, str(lo))
@@ -267,16 +281,59 @@ def test_another_users_lock_file_is_skipped_and_left_alone(as_user, state):
     os.chown(theirs, 65534, 65534)
     before = os.lstat(theirs)
     for _ in range(20):
-        with reserve_ports(1, state_dir=state, port_range=(lo, hi)) as r:
-            assert r.ports == [lo + 1]
-    with pytest.raises(RuntimeError, match="1 had another user's lock file"):
-        reserve_ports(2, state_dir=state, port_range=(lo, hi))
+        with reserve_ports(2, state_dir=state, port_range=(lo, hi)) as r:
+            assert sorted(r.ports) == [lo, lo + 1]   # theirs held by the claim alone
     after = os.lstat(theirs)
     assert (after.st_ino, after.st_uid, after.st_mode, after.st_mtime_ns, after.st_size) == (
         before.st_ino, before.st_uid, before.st_mode, before.st_mtime_ns, before.st_size)
     with open(theirs, "rb") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # not left locked either
     assert entries(state) == [str(lo)]
+
+
+def _squat(as_user, state, lo=1024, hi=65536):
+    """Uid 65534 makes a file under every port name of ``[lo, hi)``."""
+    out = subprocess.run(as_user(65534) + [json.dumps(dict(mode="squat", state_dir=state,
+                                                          range=[lo, hi]))],
+                         capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_another_user_squatting_every_port_name_locks_nobody_out(as_user, state):
+    """The state directory is shared (1777): another user can make a file
+    under every port's name, readable or not.  Ports are still reserved,
+    held by their claims, and the squatter's files are left as they were."""
+    reserve_ports(1, state_dir=state).close()   # makes the directory
+    assert _squat(as_user, state) == 65536 - 1024
+    before = entries(state)
+    for _ in range(20):
+        with reserve_ports(3, state_dir=state) as r:
+            assert len(set(r.ports)) == 3
+    assert entries(state) == before
+    assert all(os.lstat(os.path.join(state, n)).st_uid == 65534 for n in before)
+
+
+def test_a_claim_of_another_user_holds_its_port(as_user, state):
+    """The claim is what keeps two users' runs apart: a port another user
+    holds is busy to us, whatever the files say."""
+    lo, hi = free_range(2)
+    holder = subprocess.Popen(as_user(65534) + [json.dumps(
+        dict(mode="hold", state_dir=state, range=[lo, hi], n=2))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd="/", env={"PATH": "/usr/bin:/bin"})
+    try:
+        assert sorted(json.loads(holder.stdout.readline())) == [lo, lo + 1], holder.stderr.read()
+        for name in entries(state):          # their lock files gone: the claims still hold
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(state, name))
+        with pytest.raises(RuntimeError, match="2 were held by other runs"):
+            reserve_ports(1, state_dir=state, port_range=(lo, hi), attempts=10)
+    finally:
+        holder.communicate(timeout=30)
+    with reserve_ports(2, state_dir=state, port_range=(lo, hi)) as r:
+        assert sorted(r.ports) == [lo, lo + 1]
 
 
 # --------------------------------------------------------------------------
@@ -300,13 +357,12 @@ def test_planted_links_are_not_followed(state, shared_tmp):
     planted = {p: os.lstat(os.path.join(state, str(p))) for p in range(lo, lo + 4)}
     victims = {v: os.stat(v) for v in (victim, hard_victim)}
 
-    with reserve_ports(1, state_dir=state, port_range=(lo, hi)) as r:
-        assert r.ports == [lo + 4]                       # the one port with nothing planted
+    with reserve_ports(5, state_dir=state, port_range=(lo, hi)) as r:
+        # Nothing planted locks anyone out: its port is held by the claim.
+        assert sorted(r.ports) == list(range(lo, hi))
         for v in victims:                                # the targets are not locked
             with open(v, "rb") as f:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    with pytest.raises(RuntimeError, match="4 had another user's lock file .or something"):
-        reserve_ports(1, state_dir=state, port_range=(lo, lo + 4))
 
     assert not os.path.lexists(missing)                 # not created through the link
     for v, st in victims.items():                       # not opened for writing, not truncated
@@ -498,6 +554,8 @@ def test_a_lock_on_a_file_removed_meanwhile_is_not_trusted(state, monkeypatch):
 
     monkeypatch.setattr(ports_module, "fcntl", Fcntl)
     monkeypatch.setattr(ports_module, "_sweep", lambda *a: 0)  # go straight to the port
+    # The lock files' own protocol, under the claims that would stop the race.
+    monkeypatch.setattr(ports_module, "_claim", lambda port: socket.socket())
     with reserve_ports(1, state_dir=state, port_range=(lo, hi)) as r:
         monkeypatch.undo()
         assert r.ports == [lo]

@@ -7,14 +7,18 @@ port 0 and closing does not give that: the kernel may hand the port to anyone
 the moment it is closed, and it comes from the ephemeral range that every
 outgoing connection (including the workers' own gRPC clients) draws from.
 
-So a port is taken only when all three hold:
+So a port is taken only when all of these hold:
 
 * it lies below the kernel's ephemeral range (``ip_local_port_range``), so no
   outgoing connection is ever given it;
-* this process holds an exclusive ``flock`` on the lock file
-  ``<state dir>/<port>``, a regular file it owns; the lock is released when
-  the reservation is closed or the process dies, even by SIGKILL, so a crashed
-  pytest never leaks reservations;
+* this process holds the port's claim, an abstract Unix socket name
+  (:func:`_claim`), which the kernel gives one process of any user at a
+  time and takes back when it dies, even by SIGKILL, so a crashed pytest
+  never leaks reservations and nobody can squat one with files;
+* it holds an exclusive ``flock`` on the lock file ``<state dir>/<port>``
+  where that is a regular file it owns or can make (what older versions of
+  the harness go by); another user's file under that name, or a full
+  directory, leaves the port to the claim alone;
 * a test ``bind`` on all interfaces succeeds (TensorFlow's server binds
   ``*:PORT``), so a port some unrelated program uses is skipped.
 
@@ -33,6 +37,7 @@ import stat
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
+from harness.errors import PortsUnavailableError
 from harness.launch.state_dir import FILE_MODE, open_state_dir, resolve_state_dir, state_dir_error
 
 DEFAULT_RANGE = (20000, 32768)
@@ -113,6 +118,8 @@ def _lock(dirfd: int, name: str, path: str, source: str,
             except OSError as e:
                 if isinstance(e, FileExistsError) or _lstat(dirfd, name) is not None:
                     continue  # made by someone else meanwhile
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    return _FOREIGN  # a full directory: the claim alone holds the port
                 raise state_dir_error(
                     path, source, f"a lock file cannot be created in it ({e.strerror})") from None
             with contextlib.suppress(OSError):
@@ -183,6 +190,32 @@ def _sweep(dirfd: int, path: str, source: str) -> int:
 
 
 # --------------------------------------------------------------------------
+# Claims: the kernel's own exclusive names
+
+CLAIM_PREFIX = b"\0pytest-mwms-port-"
+
+
+def _claim(port: int) -> Optional[socket.socket]:
+    """Bind the abstract Unix socket name of ``port``: a socket holding the
+    claim, or None when some process (of any user) holds it.
+
+    The name is the kernel's, not a file's: nobody can squat it without a
+    live process holding a socket per port (as they could bind the ports
+    themselves), it needs no directory, and it goes with its holder, even on
+    SIGKILL.  Abstract names are per network namespace, as ports are.
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.bind(CLAIM_PREFIX + str(port).encode())
+    except OSError as e:
+        s.close()
+        if e.errno == errno.EADDRINUSE:
+            return None
+        raise
+    return s
+
+
+# --------------------------------------------------------------------------
 # Reservations
 
 def _candidates(lo: int, hi: int, wait: Callable[[], bool]) -> Iterator[int]:
@@ -203,20 +236,26 @@ class PortReservation:
     """N ports held for one cluster; ``close()`` gives them back."""
 
     def __init__(self, ports: List[int], lock_fds: List[int], dir_fd: int = -1,
-                 path: str = ""):
+                 path: str = "", claims: Optional[List[socket.socket]] = None):
         self.ports = ports
         self.path = path
         self._lock_fds = lock_fds
         self._dir_fd = dir_fd
+        self._claims = claims or []
 
     def close(self) -> None:
         fds, self._lock_fds = self._lock_fds, []
         for port, fd in zip(self.ports, fds):
+            if fd < 0:
+                continue   # its name was another user's file: the claim alone held it
             if self._dir_fd >= 0:
                 _unlock(self._dir_fd, str(port), fd)
             else:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        claims, self._claims = self._claims, []
+        for claim in claims:
+            claim.close()
         if self._dir_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._dir_fd)
@@ -244,7 +283,8 @@ def reserve_ports(n: int, attempts: int = 2000, *, state_dir: Optional[str] = No
     ``port_range``: the half-open ``(lo, hi)`` to draw from, instead of the
     one below the ephemeral range.  At most ``attempts`` ports are tried.
     Raises :class:`~harness.errors.StateDirError` when the directory cannot be
-    used safely, ``RuntimeError`` when too few ports are free.
+    used safely, :class:`~harness.errors.PortsUnavailableError` when too few
+    ports are free.
     """
     lo, hi = port_range if port_range is not None else _system_port_range()
     if not 0 < lo < hi <= 65536:
@@ -255,6 +295,7 @@ def reserve_ports(n: int, attempts: int = 2000, *, state_dir: Optional[str] = No
     dirfd = open_state_dir(path, source)
     ports: List[int] = []
     fds: List[int] = []
+    claims: List[socket.socket] = []
     skipped: Dict[int, str] = {}  # port -> why, as last seen
     tried = 0
     try:
@@ -265,24 +306,34 @@ def reserve_ports(n: int, attempts: int = 2000, *, state_dir: Optional[str] = No
             tried += 1
             if port in ports:
                 continue
+            claim = _claim(port)
+            if claim is None:
+                skipped[port] = _BUSY
+                continue
             fd = _lock(dirfd, str(port), path, source)
-            if isinstance(fd, str):
-                skipped[port] = fd
-            elif not bindable(port):
-                _unlock(dirfd, str(port), fd)
+            if fd == _BUSY or (fd != _FOREIGN and not bindable(port)):
+                if isinstance(fd, int):
+                    _unlock(dirfd, str(port), fd)
+                claim.close()
+                skipped[port] = _BUSY if fd == _BUSY else "unbindable"
+                continue
+            if fd == _FOREIGN and not bindable(port):
+                claim.close()
                 skipped[port] = "unbindable"
-            else:
-                ports.append(port)
-                fds.append(fd)
-                skipped.pop(port, None)
+                continue
+            # Another user's file under the port's name (planted, or of a
+            # killed run) cannot lock anyone out: the claim holds the port.
+            ports.append(port)
+            fds.append(fd if isinstance(fd, int) else -1)
+            claims.append(claim)
+            skipped.pop(port, None)
         if len(ports) < n:
             why = list(skipped.values())
-            raise RuntimeError(
+            raise PortsUnavailableError(
                 f"could not reserve {n} free ports in [{lo}, {hi}) ({tried} tries): of the ports "
-                f"tried, {why.count(_BUSY)} were held by other runs, {why.count('unbindable')} "
-                f"in use by other programs, and {why.count(_FOREIGN)} had another user's lock "
-                f"file (or something that is not a lock file) in {path}")
+                f"tried, {why.count(_BUSY)} were held by other runs and "
+                f"{why.count('unbindable')} in use by other programs")
     except BaseException:
-        PortReservation(ports, fds, dirfd, path).close()
+        PortReservation(ports, fds, dirfd, path, claims).close()
         raise
-    return PortReservation(ports, fds, dirfd, path)
+    return PortReservation(ports, fds, dirfd, path, claims)
