@@ -37,7 +37,8 @@ _HOME = {
         "HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
         "PortsUnavailableError", "TempDirFullError", "NotInWorkerError", "InjectedFault",
         "SecondStrategyError", "StepDesyncError",
-        "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed"), "harness.errors"),
+        "RecordFormatError", "UsageError", "PreloadWarning", "ReportWarning",
+        "ExplorationFailed"), "harness.errors"),
 }
 # Modules of the public line, each loaded as ``harness.<name>`` when first used.
 _MODULES = ("faults", "strategies", "workloads", "compat", "record", "errors")

@@ -15,7 +15,8 @@ from typing import Optional, Sequence, Tuple
 __all__ = ["HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
            "PortsUnavailableError", "TempDirFullError", "NotInWorkerError", "InjectedFault",
            "SecondStrategyError", "StepDesyncError",
-           "RecordFormatError", "UsageError", "PreloadWarning", "ExplorationFailed"]
+           "RecordFormatError", "UsageError", "PreloadWarning", "ReportWarning",
+           "ExplorationFailed"]
 
 
 class HarnessError(Exception):
@@ -120,6 +121,11 @@ class UsageError(HarnessError):
 
 class PreloadWarning(UserWarning):
     """A module named in ``mwms_preload`` could not be preloaded safely."""
+
+
+class ReportWarning(UserWarning):
+    """A report of a run (its timeline, its JUnit properties, its section of
+    the test report) could not be written; the session goes on without it."""
 
 
 # What the test asked of the harness was wrong (a setting, a fault, fn that

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Tuple
+import warnings
+from typing import Any, Callable, Tuple
 
 import pytest
 
-from harness.errors import SettingError, StateDirError, TempDirFullError
+from harness.errors import ReportWarning, SettingError, StateDirError, TempDirFullError
 from harness.settings import (MARKER_KEYS, OPTIONS, Option, RunSettings, apply_marker,
                               instance_id, marker_instances, read_settings)
 from harness.validators import DEFAULT_BACKEND
@@ -36,6 +37,7 @@ SETTINGS_KEY = pytest.StashKey[RunSettings]()
 RUNS_KEY = pytest.StashKey[list]()     # every run's summary this session, for the summary
 TEST_SECONDS_KEY = pytest.StashKey[dict]()   # the tests' time by file, for --durations
 ITEM_SETTINGS_KEY = pytest.StashKey[RunSettings]()   # one test's, with its marker
+REPORT_WARNED_KEY = pytest.StashKey[bool]()   # a report failed and was warned of
 # The fixture a marker's list of values parametrizes (workers=[2, 3]): one
 # test instance per value, its value in the id.
 INSTANCE = "_mwms_instance"
@@ -231,7 +233,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     runs = _runs(item) if call.when == "call" else []
     if runs:
         from harness.report import pytest_report
-        item.user_properties.extend(pytest_report.junit_properties(runs))
+        item.user_properties.extend(
+            _reported(item, "JUnit properties", pytest_report.junit_properties, runs) or ())
     report = yield
     if runs:
         settings = item.config.stash[SETTINGS_KEY]
@@ -239,11 +242,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if settings.report_dir:
             for number, run in enumerate(runs, 1):
                 if pytest_report.wants_timeline(run, settings.report):
-                    timelines[number] = run.timeline(
-                        pytest_report.timeline_stem(settings.report_dir, item.nodeid, number))
-        report.sections.extend(pytest_report.report_sections(runs, timelines, report.failed))
-        report.mwms_runs = [pytest_report.run_summary(r, item.nodeid) for r in runs]
+                    written = _reported(item, "a timeline", run.timeline, pytest_report.timeline_stem(
+                        settings.report_dir, item.nodeid, number))
+                    if written:
+                        timelines[number] = written
+        report.sections.extend(_reported(item, "the report's sections",
+                                         pytest_report.report_sections, runs, timelines,
+                                         report.failed) or ())
+        report.mwms_runs = [s for s in (_reported(item, "a run's summary",
+                                                   pytest_report.run_summary, r, item.nodeid)
+                                        for r in runs) if s is not None]
     return report
+
+
+def _reported(item: pytest.Item, what: str, write: Callable, *args: Any) -> Any:
+    """``write(*args)``, or None where it fails: a report that cannot be
+    made warns (once a session) and the session goes on without it."""
+    try:
+        return write(*args)
+    except Exception as e:
+        if not item.config.stash.get(REPORT_WARNED_KEY, False):
+            item.config.stash[REPORT_WARNED_KEY] = True
+            warnings.warn(ReportWarning(f"pytest-mwms could not write {what} for {item.nodeid}: "
+                                        f"{type(e).__name__}: {e}; the session goes on without "
+                                        f"it (further failures of reports are not warned of)"), stacklevel=2)
+        return None
 
 
 class SessionRuns:

@@ -23,6 +23,7 @@ observed (the record and the verdict; nothing else):
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -438,8 +439,17 @@ def write_panels(panels: Sequence[Panel], path: str) -> Tuple[str, str]:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     trace_path, svg_path = path + ".trace.json", path + ".svg"
-    with open(trace_path, "w") as f:
-        json.dump(chrome_trace(panels), f)
-    with open(svg_path, "w") as f:
-        f.write(svg(panels))
+    # Both made whole in memory first, then each written under a temporary
+    # name and renamed: a failure leaves neither a partial nor an empty file.
+    texts = {trace_path: json.dumps(chrome_trace(panels)), svg_path: svg(panels)}
+    for target, text in texts.items():
+        partial = f"{target}.partial-{os.getpid()}"
+        try:
+            with open(partial, "w") as f:
+                f.write(text)
+            os.replace(partial, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise
     return trace_path, svg_path
