@@ -142,8 +142,13 @@ PROGRESS_SIZE = progress.HEADER_SIZE + progress.DEFAULT_CAPACITY * progress.RECO
 # function and collective, plus one a dump; the watcher writes a line a
 # change of state; the stack file grows a dump at a time without end, so
 # only its latest bytes are read (the dumps before them are out of reach).
-LIMITS = {META: 1 << 20, PROGRESS: PROGRESS_SIZE, EVENTS: 32 << 20, WATCH: 4 << 20,
+LIMITS = {META: 1 << 20, PROGRESS: PROGRESS_SIZE, EVENTS: 8 << 20, WATCH: 4 << 20,
           STACKS: 16 << 20}
+# And the most lines of a lines file, and JSON values of a JSON file: each
+# value is an object in memory, tens of times its bytes, so a file of short
+# lines or tiny values within the byte limit alone could take GiBs.
+MAX_LINES = {EVENTS: 1 << 16, WATCH: 1 << 16}
+MAX_VALUES = 1 << 19
 # A progress record's integers, as the recorder writes them.
 _RECORD_FIELDS = (("function", -1, 2 ** 31 - 1), ("number", -1, checks.COUNT_MAX),
                   ("detail", -1, checks.COUNT_MAX))
@@ -257,11 +262,22 @@ def _json(data: bytes):
         raise ValueError("nested too deep") from None
 
 
+def _check_values(path: str, kind: str, data: bytes) -> None:
+    """Refuse JSON text of more values than a recorder's file holds,
+    before it is parsed: each value needs a comma, a colon or a bracket
+    (or a line) of its own, so their count bounds the values'."""
+    most = sum(map(data.count, (b",", b":", b"[", b"{"))) + data.count(b"\n")
+    if most > MAX_VALUES:
+        raise RecordFormatError(f"{path}: about {most} JSON values, more than a recorder's "
+                                f"{kind} file holds ({MAX_VALUES})")
+
+
 def _read_meta(folder: int, path: str) -> dict:
     try:
         data, _ = _read(folder, path, META)
     except _Missing:
         raise RecordFormatError(f"{path}: cannot be read (it is gone)") from None
+    _check_values(path, META, data)
     try:
         meta = _json(data)
     except ValueError as e:
@@ -286,8 +302,13 @@ def _read_lines(folder: int, path: str, check, required: bool = True) -> Tuple[d
         if required:
             raise RecordFormatError(f"{path}: missing (its task's other files are here)") from None
         return ()
+    lines = data.splitlines()
+    if len(lines) > MAX_LINES[kind]:
+        raise RecordFormatError(f"{path}: {len(lines)} lines, more than a recorder's {kind} "
+                                f"file holds ({MAX_LINES[kind]})")
+    _check_values(path, kind, data)
     out = []
-    for number, line in enumerate(data.splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         try:
             obj = _json(line)
         except ValueError:

@@ -202,6 +202,12 @@ WRONG = {
                                                       1001.0), "number is -7"),
     "a written count of 2**63": (lambda b: _record(b, 0, progress.STEP, -1, 0, 0, 1001.0,
                                                    written=2 ** 63), "more than 2**53"),
+    "too many lines": (lambda b: _write(b + files.EVENTS, '{"kind": "drain", "time": 1}\n'
+                                        * (files.MAX_LINES[files.EVENTS] + 1)),
+                       "65537 lines, more than"),
+    "too many values": (lambda b: _add_event(b, '{"kind": "fault", "time": 1, "data": ['
+                                             + "0," * files.MAX_VALUES + '0]}'),
+                        "JSON values, more than"),
     "a watch line of no state": (lambda b: _write(b + files.WATCH, '{"time": 1}\n'),
                                  "has no 'state'"),
     "a watch line at inf": (lambda b: _write(
@@ -265,7 +271,8 @@ EXAMPLE_SECONDS = 10.0     # generous: a few tenths on a loaded machine
 EXAMPLE_BYTES = 200 << 20
 
 HOSTILE_NUMBERS = st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e308, -1e308,
-                                   -1, -1.5, 0, 2 ** 53 + 1, 2 ** 63, 2 ** 64, -2 ** 63, 1e11])
+                                   -1, -1.5, 0, 2 ** 53, 2 ** 53 + 1, 2 ** 63, 2 ** 64, -2 ** 63,
+                                   1e11, 1e11 + 1])
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | HOSTILE_NUMBERS | st.floats() | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
@@ -373,8 +380,16 @@ MUTATIONS = {
 
 
 def _extra(folder, draw):
-    """A file the recorder did not write: another task's files copied under
-    a drawn stem, or a stray file of a recorder's suffix."""
+    """Files the recorder did not write: a task's files again under another
+    stem, one of its files copied under a drawn stem, or a stray file of a
+    recorder's suffix."""
+    metas = [p for p in _paths(folder) if p.endswith(files.META)]
+    if metas and draw(st.booleans()):   # a task recorded twice: a restarted process's files
+        base = draw(st.sampled_from(metas))[: -len(files.META)]
+        for suffix in FILE_KINDS:
+            if os.path.isfile(base + suffix) and not os.path.islink(base + suffix):
+                shutil.copy(base + suffix, base + ".9" + suffix)
+        return
     stem = draw(st.text(st.characters(codec="utf-8", exclude_characters="/\x00"),
                         min_size=1, max_size=12))
     suffix = draw(st.sampled_from(FILE_KINDS))
