@@ -3,8 +3,12 @@
 ``record`` exits with the script's own status; ``analyze`` exits 0 when the
 files show a run that completed, 1 when they show another outcome (or a job
 still running, or a task that left no files), and 2 for bad input: a
-missing or empty directory, a torn or foreign file, and with
-``--require-all`` a task that left no files.  Each problem is one line.
+missing or empty directory, a torn or foreign file, one that is not a
+regular file of the recording or is larger than its kind allows, a value
+of the wrong type or out of range (:mod:`harness.record.files` reads a
+recording as untrusted input), and with ``--require-all`` a task that left
+no files.  Each problem is one line, with the characters a terminal would
+act on escaped, as is everything else printed from the files.
 """
 from __future__ import annotations
 
