@@ -265,7 +265,7 @@ def test_a_name_the_recorder_never_makes_is_refused(tmp_path, capsys):
 
 # ------------------------------------------------------------------- fuzzing
 
-EXAMPLES = 40      # the suite's short search (a few seconds)
+EXAMPLES = 150     # the suite's short search (a few seconds)
 FUZZ_MINUTES = float(os.environ.get("MWMS_FUZZ_MINUTES", "0") or 0)
 EXAMPLE_SECONDS = 10.0     # generous: a few tenths on a loaded machine
 EXAMPLE_BYTES = 200 << 20
