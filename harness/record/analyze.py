@@ -137,7 +137,10 @@ def _last_dump(task: files.TaskFiles, clock, until: Optional[float]) -> str:
     if not dumps:
         return ""
     d = dumps[-1][1]
-    dumped = task.stacks.encode()[int(d.get("offset", 0)):][: int(d.get("length", 0))]
+    start = d["offset"] - task.stacks_from
+    if start < 0:   # older than the stack file's bytes that were read
+        return ""
+    dumped = task.stacks.encode(errors="surrogateescape")[start:][: d["length"]]
     text = dumped.decode(errors="replace")
     if text.startswith("--- "):
         text = text.split("\n", 1)[-1]
@@ -201,9 +204,10 @@ def observe_task(task: files.TaskFiles, index: int, clock, until: Optional[float
         how, status = data.get("how"), data.get("status")
         if how == files.RAISED:
             error = data.get("error") or {}
-            changes.update(error=WorkerError(**{k: error[k] for k in (
-                "type_name", "message", "traceback", "fields") if k in error}) if error
-                else WorkerError("Exception", ""), finish_time=at, exit_code=1)
+            changes.update(error=WorkerError(error.get("type_name") or "Exception",
+                                             error.get("message") or "",
+                                             error.get("traceback") or "", error.get("fields")),
+                           finish_time=at, exit_code=1)
         elif how == files.EXITED:
             changes.update(exit_code=int(status) if isinstance(status, int) else 1, exit_time=at)
         else:

@@ -3,8 +3,12 @@
 ``record`` exits with the script's own status; ``analyze`` exits 0 when the
 files show a run that completed, 1 when they show another outcome (or a job
 still running, or a task that left no files), and 2 for bad input: a
-missing or empty directory, a torn or foreign file, and with
-``--require-all`` a task that left no files.  Each problem is one line.
+missing or empty directory, a torn or foreign file, one that is not a
+regular file of the recording or is larger than its kind allows, a value
+of the wrong type or out of range (:mod:`harness.record.files` reads a
+recording as untrusted input), and with ``--require-all`` a task that left
+no files.  Each problem is one line, with the characters a terminal would
+act on escaped, as is everything else printed from the files.
 """
 from __future__ import annotations
 
@@ -130,9 +134,20 @@ def _analyze_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
+def shown(text: str, keep: str = "\n\t") -> str:
+    """``text`` with every character a terminal would act on or break a
+    line at (but those in ``keep``) written as an escape: what the files
+    hold is printed, never obeyed."""
+    return "".join(c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in text)
+
+
+def _say(text: str) -> None:
+    print(shown(text))
+
+
 def _bad_input(problems: Sequence[str]) -> int:
     for line in problems:
-        print(f"harness analyze: {line}", file=sys.stderr)
+        print(f"harness analyze: {shown(line, keep='')}", file=sys.stderr)
     return 2
 
 
@@ -147,19 +162,19 @@ def analyze_command(argv: Sequence[str], prog: str = PROG) -> int:
     if analysis.problems:
         return _bad_input(analysis.problems)
     for note in analysis.notes:
-        print(f"note: {note}")
+        _say(f"note: {note}")
     if analysis.observation is None:
-        print(f"RUNNING: {analysis.running}")
+        _say(f"RUNNING: {analysis.running}")
         return 1
     obs = analysis.observation
     verdict = judge.verdict(analysis)
-    print(verdict.text)
+    _say(verdict.text)
     if analysis.ending:
-        print(analysis.ending)
+        _say(analysis.ending)
     for w in obs.workers:
         if w.stack:
-            print(f"--- worker {analysis.positions[w.index]} ({analysis.tasks[w.index]}): its "
-                  f"stacks at the last dump ---\n{w.stack.rstrip()}")
+            _say(f"--- worker {analysis.positions[w.index]} ({analysis.tasks[w.index]}): its "
+                 f"stacks at the last dump ---\n{w.stack.rstrip()}")
     if ns.timeline:
         from harness.report import timeline
         culprits = tuple(analysis.positions.index(c) for c in verdict.culprits
@@ -167,5 +182,5 @@ def analyze_command(argv: Sequence[str], prog: str = PROG) -> int:
         panel = timeline.panel(obs, verdict.outcome, culprits, verdict.text,
                                ambiguous=verdict.ambiguous)
         for path in timeline.write_panels([panel], ns.timeline):
-            print(f"timeline: {path}")
+            _say(f"timeline: {path}")
     return 0 if verdict.outcome == Outcome.COMPLETED and not analysis.missing else 1
