@@ -387,7 +387,8 @@ def _extra(folder, draw):
     if metas and draw(st.booleans()):   # a task recorded twice: a restarted process's files
         base = draw(st.sampled_from(metas))[: -len(files.META)]
         for suffix in FILE_KINDS:
-            if os.path.isfile(base + suffix) and not os.path.islink(base + suffix):
+            if os.path.isfile(base + suffix) and not os.path.islink(base + suffix) \
+                    and not os.path.lexists(base + ".9" + suffix):
                 shutil.copy(base + suffix, base + ".9" + suffix)
         return
     stem = draw(st.text(st.characters(codec="utf-8", exclude_characters="/\x00"),
@@ -418,13 +419,14 @@ def recordings(draw):
     return n, tasks, present, changes
 
 
-def _analyze(folder):
+def _analyze(folder, timeline=None):
     out, err = io.StringIO(), io.StringIO()
     tracemalloc.start()
     began = time.monotonic()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = commands.analyze_command([folder])
+            code = commands.analyze_command(
+                [folder] + (["--timeline", timeline] if timeline else []))
         took = time.monotonic() - began
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -448,8 +450,15 @@ def _check_fuzzed(data, counter):
                     "delete", "fifo", "directory", "link to /dev/zero", "link out",
                     "dangling link", "link inside"):
                 MUTATIONS[name](path, data.draw)
-        code, out, err, took, peak = _analyze(folder)
+        with tempfile.TemporaryDirectory(prefix="mwms-fuzz-timeline-") as drawn:
+            timeline = os.path.join(drawn, "t")
+            code, out, err, took, peak = _analyze(folder, timeline)
+            written = sorted(os.listdir(drawn))
         counter[code] = counter.get(code, 0) + 1
+        # A verdict comes with its timeline, whole; an exit 2, or a job
+        # still running (no verdict yet), leaves none.
+        verdict = code != 2 and "RUNNING: " not in out
+        assert written == (["t.svg", "t.trace.json"] if verdict else []), (code, written, err)
     (out + err).encode()    # printable as it would be to a terminal
     assert took < EXAMPLE_SECONDS and peak < EXAMPLE_BYTES, (took, peak)
     if code == 2:
