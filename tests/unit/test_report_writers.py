@@ -231,6 +231,40 @@ def test_warnings_made_errors_do_not_end_the_session_either():
                         "division by zero"]
 
 
+class _Terminal:
+    def __init__(self):
+        self.lines = []
+
+    def write_sep(self, sep, title):
+        self.lines.append(f"== {title} ==")
+
+    def write_line(self, line):
+        self.lines.append(line)
+
+
+class _SummaryConfig(_Config):
+    """A session's config, with the runs' summaries it collected."""
+
+    def __init__(self, runs):
+        from harness import plugin
+        super().__init__()
+        self.stash[plugin.RUNS_KEY] = runs
+
+    def getoption(self, name, default=None):
+        return default
+
+
+def test_a_session_summary_that_cannot_be_made_is_one_line_under_its_title():
+    from harness import plugin
+    terminal = _Terminal()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        plugin.pytest_terminal_summary(terminal, 1, _SummaryConfig([{"nodeid": "t.py::t"}]))
+    assert terminal.lines == ["== pytest-mwms ==",
+                              "pytest-mwms could not make the session summary: KeyError: 'outcome'"]
+    assert [type(w.message) for w in seen] == [ReportWarning]
+
+
 # ------------------------------------------------ harness analyze --timeline
 
 
