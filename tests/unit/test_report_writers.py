@@ -265,6 +265,18 @@ def test_a_session_summary_that_cannot_be_made_is_one_line_under_its_title():
     assert [type(w.message) for w in seen] == [ReportWarning]
 
 
+def test_harness_run_that_cannot_write_its_timeline_says_so_in_one_line(tmp_path, capsys):
+    """The report dir is a file: the verdict stands, a warning's line says why."""
+    from harness import cli
+    (tmp_path / "reports").write_text("")
+    cli.write_timeline(_a_run_with_no_step(), str(tmp_path / "reports" / "job.py-run1"))
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.startswith(
+        f"harness: warning: the timeline could not be written to {tmp_path}/reports/job.py-run1: "
+        f"FileExistsError: ") and len(said.err.splitlines()) == 1
+    assert os.listdir(tmp_path) == ["reports"]
+
+
 # ------------------------------------------------ harness analyze --timeline
 
 
