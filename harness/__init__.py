@@ -37,7 +37,7 @@ _HOME = {
         "HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
         "PortsUnavailableError", "TempDirFullError", "NotInWorkerError", "InjectedFault",
         "SecondStrategyError", "StepDesyncError",
-        "RecordFormatError", "UsageError", "PreloadWarning", "ReportWarning",
+        "RecordFormatError", "UsageError", "HarnessWarning", "PreloadWarning", "ReportWarning",
         "ExplorationFailed"), "harness.errors"),
 }
 # Modules of the public line, each loaded as ``harness.<name>`` when first used.
@@ -68,10 +68,10 @@ if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr
     from harness.diagnosis.stragglers import StragglerReport, WorkerArrival  # noqa: F401
     from harness.launch.manager import guarded_manager  # noqa: F401
     from harness.errors import (  # noqa: F401
-        ExplorationFailed, FaultError, HarnessError, InjectedFault, NotInWorkerError,
-        PreloadWarning,
-        RecordFormatError, SecondStrategyError, SerializationError, SettingError, StateDirError,
-        StepDesyncError, UsageError)
+        ExplorationFailed, FaultError, HarnessError, HarnessWarning, InjectedFault,
+        NotInWorkerError, PreloadWarning, RecordFormatError, ReportWarning,
+        SecondStrategyError, SerializationError, SettingError, StateDirError, StepDesyncError,
+        UsageError)
     from harness.result import RunResult, WorkerResult  # noqa: F401
     from harness.worker.context import WorkerContext, context  # noqa: F401
 

@@ -54,6 +54,7 @@ from harness.validators import parse_choice
 if TYPE_CHECKING:
     from harness.controller.cluster import Cluster
     from harness.controller.scripts import ScriptMain
+    from harness.result import RunResult
 
 PROG = "python -m harness"
 SCRIPT_USAGE = "[options] (SCRIPT | -m MODULE) [--] [ARG ...]"
@@ -254,6 +255,19 @@ def _job(parser: argparse.ArgumentParser, argv: Sequence[str],
                 script_args)
 
 
+def write_timeline(result: RunResult, stem: str) -> None:
+    """Write the run's timeline and say where; one that cannot be written
+    is a warning's line, and the run's verdict and exit status stand."""
+    try:
+        paths = result.timeline(stem)
+    except Exception as e:   # a report never changes what the run decided
+        print(f"harness: warning: the timeline could not be written to {stem}: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return
+    for path in paths:
+        print(f"harness: timeline: {path}")
+
+
 def run_command(argv: Sequence[str], prog: str = PROG) -> int:
     plan: list = []
 
@@ -287,8 +301,7 @@ def run_command(argv: Sequence[str], prog: str = PROG) -> int:
         print(line)
     print(result.diagnosis)
     if settings.report_dir and wants_timeline(result, settings.report):
-        for path in result.timeline(timeline_stem(settings.report_dir, what, 1)):
-            print(f"harness: timeline: {path}")
+        write_timeline(result, timeline_stem(settings.report_dir, what, 1))
     ok = result.outcome == job.ns.expect
     print(f"harness: {what} on {_size(settings)}: {result.outcome} in {timing(result)}; "
           f"expected {job.ns.expect}: {'ok' if ok else 'NOT OK'}", flush=True)

@@ -15,8 +15,8 @@ from typing import Optional, Sequence, Tuple
 __all__ = ["HarnessError", "SettingError", "FaultError", "SerializationError", "StateDirError",
            "PortsUnavailableError", "TempDirFullError", "NotInWorkerError", "InjectedFault",
            "SecondStrategyError", "StepDesyncError",
-           "RecordFormatError", "UsageError", "PreloadWarning", "ReportWarning",
-           "ExplorationFailed"]
+           "RecordFormatError", "UsageError", "HarnessWarning", "PreloadWarning",
+           "ReportWarning", "ExplorationFailed"]
 
 
 class HarnessError(Exception):
@@ -119,13 +119,20 @@ class UsageError(HarnessError):
     usage, exit status 2."""
 
 
-class PreloadWarning(UserWarning):
+class HarnessWarning(UserWarning):
+    """Base of the harness's own warnings: something it could not do, and
+    went on without (``-W error::harness.HarnessWarning`` makes them errors;
+    ``-W ignore::...`` hides them)."""
+
+
+class PreloadWarning(HarnessWarning):
     """A module named in ``mwms_preload`` could not be preloaded safely."""
 
 
-class ReportWarning(UserWarning):
-    """A report of a run (its timeline, its JUnit properties, its section of
-    the test report) could not be written; the session goes on without it."""
+class ReportWarning(HarnessWarning):
+    """A report of a run (its timeline, its JUnit properties, its sections
+    of the test report, the session summary) could not be made; the session
+    goes on without it, and its other tests run.  Warned once a session."""
 
 
 # What the test asked of the harness was wrong (a setting, a fault, fn that

@@ -21,10 +21,11 @@ the fixture or the marker, or a run's report needs it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, List, Tuple
 
 import pytest
 
@@ -229,12 +230,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A test that ran clusters: its last verdict as JUnit properties, a
     timeline per run in ``--mwms-report-dir``, each run that did not
     complete as report sections, and every run on the report for the
-    session summary (which xdist carries to the controller)."""
+    session summary (which xdist carries to the controller).  Each is made
+    by :func:`_reported`: one that fails is left out, and the test's report
+    and the session go on."""
     runs = _runs(item) if call.when == "call" else []
+    problems: List[str] = []
     if runs:
         from harness.report import pytest_report
-        item.user_properties.extend(
-            _reported(item, "JUnit properties", pytest_report.junit_properties, runs) or ())
+        item.user_properties.extend(_reported(
+            item.config, problems, "its JUnit properties", pytest_report.junit_properties,
+            runs) or ())
     report = yield
     if runs:
         settings = item.config.stash[SETTINGS_KEY]
@@ -242,30 +247,43 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if settings.report_dir:
             for number, run in enumerate(runs, 1):
                 if pytest_report.wants_timeline(run, settings.report):
-                    written = _reported(item, "a timeline", run.timeline, pytest_report.timeline_stem(
-                        settings.report_dir, item.nodeid, number))
+                    stem = pytest_report.timeline_stem(settings.report_dir, item.nodeid, number)
+                    written = _reported(item.config, problems, f"the timeline of run {number}",
+                                        run.timeline, stem)
                     if written:
                         timelines[number] = written
-        report.sections.extend(_reported(item, "the report's sections",
+        report.sections.extend(_reported(item.config, problems, "its report sections",
                                          pytest_report.report_sections, runs, timelines,
                                          report.failed) or ())
-        report.mwms_runs = [s for s in (_reported(item, "a run's summary",
-                                                   pytest_report.run_summary, r, item.nodeid)
-                                        for r in runs) if s is not None]
+        summaries = [_reported(item.config, problems, f"the summary of run {number}",
+                               pytest_report.run_summary, r, item.nodeid)
+                     for number, r in enumerate(runs, 1)]
+        report.mwms_runs = [s for s in summaries if s is not None]
+        if problems:
+            report.sections.append(("pytest-mwms: reports not made", "\n".join(problems)))
     return report
 
 
-def _reported(item: pytest.Item, what: str, write: Callable, *args: Any) -> Any:
-    """``write(*args)``, or None where it fails: a report that cannot be
-    made warns (once a session) and the session goes on without it."""
+def _reported(config: pytest.Config, problems: List[str], what: str,
+              make: Callable[..., Any], *args: Any) -> Any:
+    """``make(*args)``, or None where it raises: the report is left out, its
+    problem added to ``problems`` and warned of once a session
+    (:class:`~harness.errors.ReportWarning`), and the session goes on.  A
+    report must never end a session: pytest ends one whose hook raised with
+    INTERNALERROR, the session's other tests never run."""
     try:
-        return write(*args)
-    except Exception as e:
-        if not item.config.stash.get(REPORT_WARNED_KEY, False):
-            item.config.stash[REPORT_WARNED_KEY] = True
-            warnings.warn(ReportWarning(f"pytest-mwms could not write {what} for {item.nodeid}: "
-                                        f"{type(e).__name__}: {e}; the session goes on without "
-                                        f"it (further failures of reports are not warned of)"), stacklevel=2)
+        return make(*args)
+    except Exception as e:   # any failure of a report is the same to the session
+        problem = f"pytest-mwms could not make {what}: {type(e).__name__}: {e}"
+        problems.append(problem)
+        if not config.stash.get(REPORT_WARNED_KEY, False):
+            config.stash[REPORT_WARNED_KEY] = True
+            # Under -W error the warning itself raises: the problem is in
+            # the report's section, or the summary's line, all the same.
+            with contextlib.suppress(Warning):
+                warnings.warn(ReportWarning(f"{problem}; the session goes on without it "
+                                            f"(later reports that fail are not warned of)"),
+                              stacklevel=2)
         return None
 
 
@@ -288,11 +306,21 @@ class SessionRuns:
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):   # an xdist worker: the controller summarizes
         return
-    settings = config.stash.get(SETTINGS_KEY, None)
     runs = config.stash.get(RUNS_KEY, [])
     if not runs:
         return
+    problems: List[str] = []
+    lines = _reported(config, problems, "the session summary", _summary_lines, config, runs)
+    lines = (lines or []) + problems
+    if lines:
+        terminalreporter.write_sep("=", "pytest-mwms")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def _summary_lines(config: pytest.Config, runs: list) -> List[str]:
     from harness.report import pytest_report
+    settings = config.stash.get(SETTINGS_KEY, None)
     # pytest's --durations also asks where each file's time went.
     wants_phases = config.getoption("durations", None) is not None
     lines = pytest_report.summary_lines(
@@ -302,7 +330,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
             and settings.backend == DEFAULT_BACKEND:
         from harness import network
         lines.append(f"clusters ran with {network.header(settings.network)}")
-    if lines:
-        terminalreporter.write_sep("=", "pytest-mwms")
-        for line in lines:
-            terminalreporter.write_line(line)
+    return lines

@@ -233,7 +233,10 @@ class RunResult:
     def timeline(self, path: str) -> Tuple[str, str]:
         """Write this run's timeline (every attempt) as ``PATH.trace.json``, a
         Chrome trace for Perfetto or ``chrome://tracing``, and ``PATH.svg``,
-        a picture that needs no viewer; return the two paths.  See
+        a picture that needs no viewer; return the two paths.  Every run
+        can be drawn (no worker started, no step, several attempts); the
+        two files are written whole or not at all, and an ``OSError`` (an
+        unwritable folder, a full disk) leaves neither.  See
         :mod:`harness.report.timeline`."""
         from harness.report import timeline
         return timeline.write(self, str(path))

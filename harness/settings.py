@@ -178,7 +178,9 @@ OPTIONS = (
     Option("report-dir", "DIR", None, "none",
            "write a timeline of each run (a Chrome trace for Perfetto and an SVG picture) "
            "into DIR; the failure report names the files",
-           "Costs a few milliseconds a run written; `--mwms-report` chooses which runs.",
+           "Costs a few milliseconds a run written; `--mwms-report` chooses which runs. A "
+           "timeline that cannot be written is a `ReportWarning` and a line in its test's "
+           "report; the session goes on.",
            parse=parse_directory, directory=True),
     Option("report", "|".join(REPORT_MODES), "failed", "failed",
            "with `--mwms-report-dir`: a timeline for the runs that did not complete, or for "

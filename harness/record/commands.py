@@ -151,6 +151,25 @@ def _bad_input(problems: Sequence[str]) -> int:
     return 2
 
 
+def _write_timeline(path: str, analysis, verdict) -> str:
+    """Write the recording's timeline to ``PATH.trace.json`` and ``PATH.svg``
+    and say their names; else the one line that says why it could not be
+    written (neither file is left behind: see
+    :func:`harness.report.timeline.write_panels`)."""
+    from harness.report import timeline
+    culprits = tuple(analysis.positions.index(c) for c in verdict.culprits
+                     if c in analysis.positions)
+    try:
+        panel = timeline.panel(analysis.observation, verdict.outcome, culprits, verdict.text,
+                               ambiguous=verdict.ambiguous)
+        written = timeline.write_panels([panel], path)
+    except Exception as e:   # any failure: the one line, not a traceback
+        return f"{path}: the timeline could not be written: {type(e).__name__}: {e}"
+    for name in written:
+        _say(f"timeline: {name}")
+    return ""
+
+
 def analyze_command(argv: Sequence[str], prog: str = PROG) -> int:
     from harness.diagnosis.observations import Outcome
     from harness.record import analyze, files, judge
@@ -176,11 +195,8 @@ def analyze_command(argv: Sequence[str], prog: str = PROG) -> int:
             _say(f"--- worker {analysis.positions[w.index]} ({analysis.tasks[w.index]}): its "
                  f"stacks at the last dump ---\n{w.stack.rstrip()}")
     if ns.timeline:
-        from harness.report import timeline
-        culprits = tuple(analysis.positions.index(c) for c in verdict.culprits
-                         if c in analysis.positions)
-        panel = timeline.panel(obs, verdict.outcome, culprits, verdict.text,
-                               ambiguous=verdict.ambiguous)
-        for path in timeline.write_panels([panel], ns.timeline):
-            _say(f"timeline: {path}")
+        problem = _write_timeline(ns.timeline, analysis, verdict)
+        if problem:
+            print(f"harness analyze: {shown(problem, keep='')}", file=sys.stderr)
+            return 2
     return 0 if verdict.outcome == Outcome.COMPLETED and not analysis.missing else 1

@@ -431,25 +431,31 @@ def write(result, path: str) -> Tuple[str, str]:
 
 
 def write_panels(panels: Sequence[Panel], path: str) -> Tuple[str, str]:
-    """:func:`write` for panels made otherwise (``harness analyze``)."""
+    """:func:`write` for panels made otherwise (``harness analyze``).  Both
+    files or neither: each is made whole in memory, written under a
+    temporary name beside its place and renamed there, and a failure
+    (an exception while drawing, a full disk, an unwritable folder) removes
+    what was written and raises, leaving no partial or empty file."""
     for ext in (".trace.json", ".json", ".svg"):
         if path.endswith(ext):
             path = path[: -len(ext)]
             break
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
     trace_path, svg_path = path + ".trace.json", path + ".svg"
-    # Both made whole in memory first, then each written under a temporary
-    # name and renamed: a failure leaves neither a partial nor an empty file.
     texts = {trace_path: json.dumps(chrome_trace(panels)), svg_path: svg(panels)}
-    for target, text in texts.items():
-        partial = f"{target}.partial-{os.getpid()}"
-        try:
-            with open(partial, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    written: List[str] = []
+    try:
+        for target, text in texts.items():
+            partial = f"{target}.partial-{os.getpid()}"
+            written.append(partial)
+            with open(partial, "w", encoding="utf-8") as f:
                 f.write(text)
-            os.replace(partial, target)
-        except BaseException:
+        for target in texts:
+            os.replace(f"{target}.partial-{os.getpid()}", target)
+            written.append(target)
+    except BaseException:
+        for name in written:
             with contextlib.suppress(OSError):
-                os.unlink(partial)
-            raise
+                os.unlink(name)
+        raise
     return trace_path, svg_path
