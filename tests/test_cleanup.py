@@ -249,11 +249,12 @@ def test_a_second_and_third_ctrl_c_end_the_session_and_every_worker(
 
 # A module the inner session's forkserver imports last (``--mwms-preload``):
 # it marks the moment, then holds the server, so that the session's first
-# start is still waiting on it when Ctrl-C comes.
+# start is still waiting on it when Ctrl-C comes, and would wait far longer
+# than the 10 s pytest has to end.
 SLOW_PRELOAD = """
 import os, time
 open(os.environ["MWMS_PRELOADING"], "w").close()
-time.sleep(4)
+time.sleep(120)
 """
 
 

@@ -16,14 +16,14 @@
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import contextlib
 import os
 import signal
 import threading
+import time
 import warnings
 import weakref
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import multiprocess
 import psutil
@@ -39,9 +39,12 @@ START_METHODS = validators.START_METHODS
 # How many workers start at once (a thread each): more only queue at the
 # forkserver, which forks one at a time.
 MAX_STARTING = 16
-# How long an interrupted start waits for the starts under way to finish, so
-# that their processes are killed rather than left behind.
-START_UNDO_WAIT = 30.0
+# How long an interrupted start waits for the starts under way to finish (so
+# that their processes are killed rather than left behind), and, for those
+# still waiting on a forkserver busy importing (the session's first run),
+# how long they get to fail once the harness ends the server.
+START_UNDO_WAIT = 2.0
+SERVER_GONE_WAIT = 3.0
 
 
 def kill_tree(pid: int, known: Sequence[psutil.Process] = ()) -> None:
@@ -258,38 +261,116 @@ class LocalLauncher(Launcher):
         ctx = self._context()
         if self.start_method == "forkserver":
             _ensure_forkserver()
-        pool = concurrent.futures.ThreadPoolExecutor(min(len(specs), MAX_STARTING) or 1,
-                                                     thread_name_prefix="mwms-start")
-        started = [pool.submit(_start_one, ctx, spec) for spec in specs]
+        starts = Starts(ctx, specs)
         try:
-            handles = [f.result() for f in started]
+            handles = starts.run()
         except BaseException:
             # Whatever stopped this one (a failed start, Ctrl-C), every
             # process that did start is undone, and a further Ctrl-C waits
             # for that: cut short, it would leave a worker running.
             with interrupts.deferred():
-                _undo_starts(started)
+                starts.cancel(end_server=self.start_method == "forkserver")
             raise
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
         if self.start_method == "forkserver":
             _warn_about_preload()
         return handles
 
 
-def _undo_starts(started: Sequence[concurrent.futures.Future]) -> None:
-    """Kill the process of every start, waiting (bounded) for those still
-    under way; a start that never began is cancelled."""
-    for f in started:
-        f.cancel()
-    concurrent.futures.wait(started, timeout=START_UNDO_WAIT)
-    for f in started:
-        if not f.done() or f.cancelled() or f.exception() is not None:
-            continue
-        h = f.result()
+class Starts:
+    """One :meth:`LocalLauncher.start` call's starts: a few threads take the
+    specs in turn.  Each process started is kept for the caller or, once the
+    call is abandoned (:meth:`cancel`), killed: by the caller when it had
+    started by then, else by the thread that started it.  Each process has
+    one killer, whatever the moment of the interrupt."""
+
+    def __init__(self, ctx, specs: Sequence[WorkerSpec]):
+        self.ctx = ctx
+        self.specs = list(specs)
+        self.lock = threading.Lock()
+        self.taken = 0
+        self.cancelled = False
+        self.handles: Dict[int, ProcessHandle] = {}   # by position in specs
+        self.errors: List[BaseException] = []
+        self.threads = [threading.Thread(target=self._take, name=f"mwms-start-{i}")
+                        for i in range(min(len(self.specs), MAX_STARTING))]
+
+    def _take(self) -> None:
+        while True:
+            with self.lock:
+                if self.cancelled or self.errors or self.taken == len(self.specs):
+                    return
+                position, self.taken = self.taken, self.taken + 1
+            try:
+                handle = _start_one(self.ctx, self.specs[position])
+            except BaseException as e:
+                with self.lock:
+                    self.errors.append(e)
+                return
+            with self.lock:
+                kept = not self.cancelled
+                if kept:
+                    self.handles[position] = handle
+            if not kept:
+                undo([handle])
+
+    def run(self) -> List[ProcessHandle]:
+        """Every spec's handle, in order; the first failed start's error."""
+        for thread in self.threads:
+            thread.start()
+        for thread in self.threads:
+            thread.join()
+        if self.errors:
+            self.cancel(end_server=False)
+            raise self.errors[0]
+        return [self.handles[i] for i in range(len(self.specs))]
+
+    def cancel(self, end_server: bool) -> None:
+        """Abandon the call: no spec is taken any more, and the starts under
+        way get :data:`START_UNDO_WAIT`; then (``end_server``) the forkserver
+        they still wait on is ended, which fails them.  Every process
+        started is killed."""
+        with self.lock:
+            self.cancelled = True
+        if not self._joined(START_UNDO_WAIT) and end_server:
+            end_forkserver()
+            self._joined(SERVER_GONE_WAIT)
+        with self.lock:
+            kept, self.handles = list(self.handles.values()), {}
+        undo(kept)
+
+    def _joined(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        for thread in self.threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self.threads)
+
+
+def undo(handles: Sequence[ProcessHandle]) -> None:
+    """Kill each worker with all it started, and wait for it to be gone."""
+    for h in handles:
         h.kill_tree()
+    for h in handles:
         h.join(5)
         h.close()
+
+
+def end_forkserver() -> None:
+    """End this process's forkserver with every worker it forked (each
+    leads its process group), all by SIGKILL: the server's own SIGTERM
+    handler would wait for a long import (TensorFlow's) to return first.
+    The starts waiting on it fail; the next start begins a new server."""
+    pid = forkserver_pid()
+    if not pid:
+        return
+    try:
+        workers = psutil.Process(pid).children()
+    except psutil.Error:
+        workers = []
+    for worker in workers:
+        kill_tree(worker.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _start_one(ctx, spec: WorkerSpec) -> ProcessHandle:
