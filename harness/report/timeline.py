@@ -23,12 +23,10 @@ observed (the record and the verdict; nothing else):
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import itertools
 import json
 import math
-import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from xml.sax.saxutils import escape
 
@@ -37,6 +35,7 @@ from harness.diagnosis import ledger as ledger_facts
 from harness.diagnosis.echoes import exit_text
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.stragglers import wait_labels, waits
+from harness.report.writing import write_together
 
 # Call boxes by how the call ended (the SVG's fill, the trace's colour name).
 CALL_COLOURS = {"completed": ("#7fbf7f", "good"), "raised": ("#e06666", "terrible"),
@@ -441,21 +440,5 @@ def write_panels(panels: Sequence[Panel], path: str) -> Tuple[str, str]:
             path = path[: -len(ext)]
             break
     trace_path, svg_path = path + ".trace.json", path + ".svg"
-    texts = {trace_path: json.dumps(chrome_trace(panels)), svg_path: svg(panels)}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    written: List[str] = []
-    try:
-        for target, text in texts.items():
-            partial = f"{target}.partial-{os.getpid()}"
-            written.append(partial)
-            with open(partial, "w", encoding="utf-8") as f:
-                f.write(text)
-        for target in texts:
-            os.replace(f"{target}.partial-{os.getpid()}", target)
-            written.append(target)
-    except BaseException:
-        for name in written:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-        raise
+    write_together({trace_path: json.dumps(chrome_trace(panels)), svg_path: svg(panels)})
     return trace_path, svg_path
