@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import signal
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from harness.diagnosis.deadlock import SETTLE, certain_after_failure, certain_deadlock
 from harness.diagnosis.observations import EndedBy
@@ -33,6 +33,7 @@ class Proofs:
     def __init__(self, start: float, end_when_certain: bool):
         self.end_when_certain = end_when_certain
         self.next = start + STOPPED_EVERY if end_when_certain else math.inf
+        self.stopped_since: Dict[int, float] = {}   # worker -> elapsed when first seen stopped
 
     def returned(self, now: float) -> None:
         self.next = min(self.next, now)
@@ -49,9 +50,10 @@ class Proofs:
         settled = any(w.returned or w.error is not None or w.exit_code is not None
                       for w in workers)
         self.next = now + (PROOF_EVERY if settled else STOPPED_EVERY)
-        held = held_for_good(tracked, actions) if self.end_when_certain else ()
+        held = held_for_good(tracked, actions) if self.end_when_certain else []
+        self.stopped_since = {i: self.stopped_since.get(i, elapsed) for i in held}
         if certain_deadlock(workers, elapsed, exit_on_return=exit_on_return,
-                            held=held) is not None:
+                            held=self.stopped_since) is not None:
             return EndedBy.DEADLOCK
         if self.end_when_certain and failed and \
                 certain_after_failure(workers, elapsed) is not None:

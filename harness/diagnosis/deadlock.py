@@ -48,7 +48,12 @@ nothing left to give (each of its collectives, to complete, took the
 waiting worker's matching one with it).  So the wait is endless whatever
 the counts say, as when a worker's extra collective paired with its
 peers' next one and left it one short at the end.  A broadcast is left
-out: its sender may finish before its receivers start.
+out: its sender may finish before its receivers start.  A peer stopped
+for good gives nothing more either, whether or not its own collectives
+completed: its part of the all-reduce can end on the stopped worker before
+the waiting one has taken the last of it, and it never will now.  What the
+peer had already sent arrives within moments, so this proof waits
+:data:`SETTLE` seconds after the peer was first seen stopped.
 
 A worker that died or raised is gone for good too, when nothing will
 start it again: :func:`certain_after_failure` proves, for a run that asked
@@ -64,7 +69,7 @@ Pure: a function of the workers' observations.
 from __future__ import annotations
 
 import dataclasses
-from typing import Collection, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from harness.diagnosis import ledger
 from harness.diagnosis.observations import WorkerObservation
@@ -89,6 +94,10 @@ class CertainDeadlock:
     pending_kind: str = "all-reduce"   # what the waiting worker waits on
 
     def __str__(self) -> str:
+        if self.calls >= self.call and self.how == "is stopped":
+            return (f"{name(self.returned)} is stopped for good after {self.calls} calls of "
+                    f"`{self.function}`; {name(self.waiting)} still waits on an "
+                    f"{self.pending_kind} in call {self.call}, which needs its part")
         if self.calls >= self.call:   # proved by the pending collective, not the counts
             return (f"{name(self.returned)} {self.how} with every collective it launched "
                     f"completed; {name(self.waiting)} waits on an {self.pending_kind} in call "
@@ -143,9 +152,12 @@ def _pending_reduction(w: WorkerObservation) -> Optional[str]:
 
 
 def _proof(w: WorkerObservation, gone: Sequence[WorkerObservation],
-           stuck: Sequence[WorkerObservation] = ()) -> Optional[CertainDeadlock]:
+           stuck: Sequence[WorkerObservation] = (),
+           still: Sequence[WorkerObservation] = ()) -> Optional[CertainDeadlock]:
     """Why ``w`` waits for ever, when a peer in ``gone`` (finished for
-    good) or ``stuck`` (stopped, and nothing will continue it) proves it."""
+    good) or ``stuck`` (stopped, and nothing will continue it) proves it;
+    ``still``: those of ``stuck`` stopped long enough for what they sent
+    to have arrived."""
     waiting = _waits_for_ever_on(w)
     if waiting is None:
         return None
@@ -157,35 +169,39 @@ def _proof(w: WorkerObservation, gone: Sequence[WorkerObservation],
             how = "raised" if o.error is not None else "died" if o.died else "returned"
             return CertainDeadlock(w.index, name, number, o.index, made, how,
                                    pending or "all-reduce")
-    for o in stuck:   # alive: what it launched may be pending too, so counts only
+    for o in stuck:
         made = ledger.calls_of(o, name)
-        if made < number:
-            return CertainDeadlock(w.index, name, number, o.index, made, "is stopped")
+        if made < number or (pending is not None and o in still):
+            return CertainDeadlock(w.index, name, number, o.index, made, "is stopped",
+                                   pending or "all-reduce")
     return None
 
 
 def certain_deadlock(workers: Sequence[WorkerObservation], now: float,
                      settle: float = SETTLE, exit_on_return: bool = False,
-                     held: Collection[int] = ()) -> Optional[CertainDeadlock]:
+                     held: Optional[Mapping[int, float]] = None) -> Optional[CertainDeadlock]:
     """The first proof, at ``now`` (seconds since the run started), that the
     run can never complete (see the module docstring), or None; a worker
     that returned proves nothing where it then leaves (``exit_on_return``).
     ``held``: the workers stopped (SIGSTOP) that nothing will continue,
-    which make no more calls either.  Only once the run has gone still:
+    which make no more calls either, each with the time (seconds since the
+    run started) it was first seen stopped.  Only once the run has gone still:
     every worker has finished, died, is held, or waits for ever, so the
     verdict sees what the hang timer would have seen (a peer still on its
     way to its own return is waited for)."""
+    held = held or {}
     gone = [] if exit_on_return else [o for o in workers
                                       if _gone(o, now, settle) and _countable(o)]
     stuck = [o for o in workers if o.index in held and _countable(o)
              and not o.finished and not o.died]
     if not gone and not stuck:
         return None
+    still = [o for o in stuck if now - held[o.index] >= settle]
     proofs = []
     for w in workers:
         if w.finished or w.died or w in stuck:
             continue
-        proof = _proof(w, gone, stuck)
+        proof = _proof(w, gone, stuck, still)
         if proof is None:
             return None
         proofs.append(proof)

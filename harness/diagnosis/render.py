@@ -195,8 +195,9 @@ def cut(line: str, width: int = MAX_WIDTH) -> str:
 
 def deadlock_text(obs: RunObservation) -> str:
     """Why the ledgers prove the run can never complete."""
+    # The run ended on this proof, so its stopped workers had been stopped long enough.
     proof = certain_deadlock(obs.workers, obs.duration, exit_on_return=obs.exit_on_return,
-                             held=[w.index for w in obs.workers if w.stopped])
+                             held={w.index: 0.0 for w in obs.workers if w.stopped})
     return str(proof) if proof is not None else "the ledgers prove it can never complete"
 
 

@@ -189,3 +189,38 @@ def test_only_a_launched_reduction_proves_the_wait_endless(changes):
         waiting = dataclasses.replace(waiting, calls=calls)
     ws = [collectives_worker(0, 6, returned=True, finish_time=1.0), waiting]
     assert certain_deadlock(ws, now=5.0) is None
+
+
+# -- a peer stopped (SIGSTOP) that nothing will continue ------------------------------
+
+def test_a_stopped_peer_that_made_fewer_calls_proves_the_wait_endless_at_once():
+    ws = [worker(0, 4, pending=True), worker(1, 3)]
+    proof = certain_deadlock(ws, now=1.0, held={1: 1.0})
+    assert str(proof) == "worker 1 is stopped after 3 calls of `step`; worker 0 waits in call 4"
+
+
+def test_a_peer_stopped_after_its_part_of_the_call_ended_proves_it_once_settled():
+    # The stopped worker's all-reduce ended before its peer had taken the
+    # last part of it: the counts are even, the peer waits for good.
+    ws = [collectives_worker(0, 3, pending_kind="all-reduce"), collectives_worker(1, 3)]
+    assert certain_deadlock(ws, now=1.0 + SETTLE / 2, held={1: 1.0}) is None
+    proof = certain_deadlock(ws, now=1.0 + SETTLE, held={1: 1.0})
+    assert str(proof) == ("worker 1 is stopped for good after 3 calls of `step`; worker 0 "
+                          "still waits on an all-reduce in call 3, which needs its part")
+
+
+@pytest.mark.parametrize("changes", [
+    dict(pending_kind=None),          # its collective done, the call not ended: computing
+    dict(pending_kind="all-reduce", ledger="calls"),   # no word on which is pending
+    dict(pending_kind="broadcast"),
+], ids=["computing", "calls-level", "broadcast"])
+def test_a_stopped_peer_that_made_the_call_proves_only_a_pending_reduction(changes):
+    pending = dict(changes)
+    kind = pending.pop("pending_kind")
+    waiting = collectives_worker(0, 3, pending_kind=kind, **pending)
+    if kind is None:
+        calls = waiting.calls[:-1] + (dataclasses.replace(waiting.calls[-1], ended=None),)
+        waiting = dataclasses.replace(waiting, calls=calls)
+    ws = [waiting, collectives_worker(1, 3)]
+    assert certain_deadlock(ws, now=5.0, held={1: 1.0}) is None
+    assert certain_deadlock(ws, now=5.0) is None   # not held: it may resume
