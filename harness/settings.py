@@ -148,7 +148,9 @@ OPTIONS = (
            "restarts only that worker (same address and `TF_CONFIG`, a fresh process; each "
            "worker up to K times) while the others keep running, as a pod restart does",
            "`task` is what Kubernetes does to one failed pod; TensorFlow's collectives then "
-           "often fail on the others (the restarted task's incarnation is new).",
+           "often fail on the others (the restarted task's incarnation is new): such an echo "
+           "within 30 s of the restart starts every task again together, using none of their "
+           "restarts ([api](api.md#task-restarts)).",
            parse=parse_restart_policy, marker=True),
     Option("network", "|".join(NETWORK_MODES), "auto", "auto",
            "`isolated` runs each cluster in a network namespace of its own, unreachable "

@@ -218,8 +218,10 @@ def test_task_policy_restarts_the_crashed_worker_alone(mwms_cluster):
 
 
 def test_task_restarts_end_when_a_worker_used_them(mwms_cluster):
+    # Each echo restarted alone: worker 1's second process is not stopped
+    # with its peers' first ones, so its Crash acts.
     result = mwms_cluster.run(attempt_loop, timeout=20, grace=1, restarts=1,
-                              restart_policy="task",
+                              restart_policy="task", restart_echoes_together=False,
                               faults=[Crash(1, 0, attempt=0), Crash(1, 0, attempt=1)])
     result.assert_crashed(culprits=[1])
     assert [a.exit_code for a in result.workers[1].attempts] == [1, 1]

@@ -259,7 +259,8 @@ class MultiProcessRunner:
                         eager=self._eager, grpc_fail_fast=self._grpc_fail_fast)
         inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
                           timeout=self._hang_timeout, grace=GRACE_SEC, restarts=restarts,
-                          restart_on="crash,fail", restart_policy="task", on_return="exit")
+                          restart_on="crash,fail", restart_policy="task", on_return="exit",
+                          restart_echoes_together=False)
         self._incarnations.append(inc)
         inc.start()
 

@@ -176,7 +176,8 @@ def task_restarter(req: RunRequest, start_again, result_of) -> Optional[TaskRest
     if not policy.restarts_tasks:
         return None
     return TaskRestarter(req.settings.workers, policy.task_restarts(req.settings.restarts),
-                         req.restart_on, start_again, result_of)
+                         req.restart_on, start_again, result_of,
+                         together=req.restart_echoes_together)
 
 
 def ended_result(worker: TrackedWorker, spec: protocol.WorkerSpec, incarnation: int) -> WorkerResult:

@@ -114,7 +114,7 @@ class Cluster:
             faults: Sequence = (),
             cluster=None, timeout: Optional[float] = None, grace: Optional[float] = None,
             restarts: Optional[int] = None, restart_on=DEFAULT_RESTART_ON,
-            restart_policy: Optional[str] = None,
+            restart_policy: Optional[str] = None, restart_echoes_together: bool = True,
             sync_check: bool = False, ledger=True, check_replicas=False, reference=False,
             progress: Optional[OnProgress] = None,
             end_when_certain: bool = False) -> RunResult:
@@ -150,6 +150,10 @@ class Cluster:
           (``"crash,fail"``; add ``hang``) starts again, up to K times,
           whole or, with ``restart_policy="task"``, the failed worker only;
           ``RunResult.attempts`` holds every attempt.
+        - ``restart_echoes_together=False``: under ``restart_policy="task"``
+          a peer's echo of a restarted task's failure is restarted alone, as
+          a failure of its own (TensorFlow's runner does so), not with every
+          task together.
 
         The checks:
 
@@ -178,7 +182,8 @@ class Cluster:
             grace=grace, restarts=restarts, restart_policy=restart_policy, ledger=ledger,
             step_fn=step_fn, check_replicas=check_replicas, reference=reference,
             on_return=on_return, progress=progress, cluster=cluster,
-            end_when_certain=end_when_certain)
+            end_when_certain=end_when_certain,
+            restart_echoes_together=restart_echoes_together)
         self.runs.append(self.submit(request, checked))
         return self.runs[-1]
 

@@ -49,7 +49,8 @@ class RunRequest:
       level name or None), ``step_fn``, ``restart_on`` (the outcomes that
       restart), ``tolerance`` (``check_replicas``; None: off),
       ``reference_tolerance`` (``reference``; None: off), ``exit_on_return``
-      (``on_return="exit"``), ``progress``, ``end_when_certain``.
+      (``on_return="exit"``), ``progress``, ``end_when_certain``,
+      ``restart_echoes_together``.
     - ``network``: how the run is networked, chosen from the settings and
       the plan (:func:`harness.network.choose_network`).
     """
@@ -66,6 +67,7 @@ class RunRequest:
     reference_tolerance: Optional[float] = None
     exit_on_return: bool = False
     end_when_certain: bool = False
+    restart_echoes_together: bool = True
     progress: Optional[OnProgress] = None
     network: NetworkChoice = NetworkChoice("host")  # noqa: RUF009 - frozen, shared safely
 
@@ -160,6 +162,7 @@ VALIDATORS = {
     "on_return": parse_on_return,
     "progress": parse_progress,
     "end_when_certain": lambda value: _flag(value, "run(end_when_certain=...)"),
+    "restart_echoes_together": lambda value: _flag(value, "run(restart_echoes_together=...)"),
 }
 
 
@@ -189,5 +192,6 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
         tolerance=values.get("check_replicas"), reference_tolerance=values.get("reference"),
         exit_on_return=values.get("on_return", False), progress=values.get("progress"),
         end_when_certain=values.get("end_when_certain", False),
+        restart_echoes_together=values.get("restart_echoes_together", True),
         network=choose_network(settings.network, backend.no_network_namespace, plan))
 

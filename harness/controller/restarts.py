@@ -18,6 +18,17 @@
   (the stages ``task_restarts`` and ``task_restart`` of
   :mod:`harness.diagnosis.stages`).
 
+A restart that TensorFlow answers by aborting the peers is handled as a
+TFJob (Kubeflow) with ``restartPolicy: OnFailure`` handles a job's failure:
+the peers' errors are echoes of the one failure, not failures of their own.
+A worker that raises an echo (:func:`~harness.diagnosis.echoes.is_restart_echo`:
+TensorFlow reporting a peer's failure or restart) within
+:data:`ECHO_WINDOW` seconds of a task's restart stops every task and
+starts them all together, one fresh cluster, using none of their restarts
+(:meth:`TaskRestarter.echoes`).  Restarted one by one, each peer's new
+process would join a group that another's old process still holds, and
+they would abort each other again.
+
 Which end of one worker a restart follows is :func:`task_outcome`, a plain
 function of its observation.
 """
@@ -28,6 +39,7 @@ import os
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
 from harness.controller.outcome import certain_to_recur
+from harness.diagnosis.echoes import is_restart_echo
 from harness.diagnosis.observations import Outcome, WorkerObservation
 from harness.diagnosis.story import USED_UP, NotRestarted
 from harness.errors import SettingError
@@ -36,6 +48,14 @@ from harness.result import WorkerResult
 if TYPE_CHECKING:
     from harness.controller.watch import TrackedWorker
     from harness.launch.base import WorkerHandle
+
+
+# How long after a task's restart a peer's echo counts as one of its
+# failure: past TensorFlow's ~10 s of heartbeats in which a peer learns of a
+# dead task, with room for a loaded machine.
+ECHO_WINDOW = 30.0
+# How many times the echoes of one failure may restart every task together.
+TOGETHER_PER_FAILURE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +120,8 @@ class TaskRestarter:
 
     def __init__(self, num_workers: int, restarts: int, restart_on: frozenset,
                  start: Callable[[int, int], TrackedWorker],
-                 result_of: Callable[[TrackedWorker, int], WorkerResult]):
+                 result_of: Callable[[TrackedWorker, int], WorkerResult],
+                 together: bool = True):
         self.left = [restarts] * num_workers
         self.restarts = restarts
         self.restart_on = restart_on
@@ -109,6 +130,9 @@ class TaskRestarter:
         self.history: Dict[int, List[WorkerResult]] = {i: [] for i in range(num_workers)}
         self.not_restarted: Dict[int, NotRestarted] = {}
         self.ended: List[WorkerHandle] = []     # the handles of the processes that ended
+        self.failed_at: Optional[float] = None  # when a task was last restarted for its failure
+        self.together = 0                       # restarts of every task for that failure
+        self.echoes_restart_all = together      # False: an echo is a failure of its own
 
     def incarnation(self, index: int) -> int:
         return len(self.history[index])
@@ -132,9 +156,22 @@ class TaskRestarter:
             return False
         return True
 
+    def echoes(self, worker: TrackedWorker, now: float) -> bool:
+        """Whether ``worker``'s error is an echo of the failure a task was
+        restarted for (TensorFlow reporting it, within :data:`ECHO_WINDOW`):
+        then every task is to be restarted together, using none of their
+        restarts.  Counts that restart."""
+        if (not self.echoes_restart_all or self.failed_at is None
+                or now - self.failed_at > ECHO_WINDOW
+                or self.together >= TOGETHER_PER_FAILURE or not is_restart_echo(worker.seen.error)):
+            return False
+        self.together += 1
+        return True
+
     def restart(self, worker: TrackedWorker, now: float, asked: bool = False) -> TrackedWorker:
         """Keep what ``worker``'s ended process left, start its next one;
-        one ``asked`` for from outside uses none of its restarts."""
+        one ``asked`` for from outside (or by an echo) uses none of its
+        restarts, one for its own failure opens the window of its echoes."""
         i = worker.index
         worker.handle.join(0)
         worker.handle.kill_tree()       # what the ended process started goes with it
@@ -144,7 +181,9 @@ class TaskRestarter:
         self.history[i].append(self._result_of(worker, self.incarnation(i)))
         worker.handle.close()
         self.ended.append(worker.handle)
-        self.left[i] -= 0 if asked else 1
+        if not asked:
+            self.left[i] -= 1
+            self.failed_at, self.together = now, 0
         return self._start(i, self.incarnation(i))
 
 

@@ -21,6 +21,7 @@ from harness.controller.memory import MemorySampler
 from harness.core import progress, protocol
 from harness.core.protocol import VariablePrint
 from harness.controller.proof import Proofs
+from harness.diagnosis.echoes import is_restart_echo
 from harness.diagnosis.observations import EndedBy, Event, WorkerObservation
 from harness.plan import changes_the_network_at_once
 from harness.launch.base import WorkerHandle
@@ -178,6 +179,7 @@ class WatchLoop:
         # restart_policy="task": restarts a worker that crashed or failed
         # (a TaskRestarter); its failure then starts no grace.
         self.restarter = restarter
+        self.restarting_together = False   # every task is being stopped and started again
         self.network = network or RunNetwork()   # for network faults' commands
         self.attempt = attempt
         self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
@@ -232,10 +234,44 @@ class WatchLoop:
 
     def _on_raised(self, worker: TrackedWorker, msg: protocol.Message, now: float) -> None:
         worker.note(error=msg.data, finish_time=now - self.start)
+        if self.restarting_together:
+            return      # its process is stopped and started again with the others
+        if self.restarter is not None and is_restart_echo(worker.seen.error):
+            # The failure it echoes may have ended a process the loop has
+            # not looked at yet: that one is restarted first, as the cause.
+            self._collect_exits(now, but=worker)
+            if self.restarter.echoes(worker, now):
+                self._restart_together(now)
+                return
         if self._restarts(worker):
             self._restart(worker, now)
         else:
             self._failure_at(worker, now)
+
+    def _collect_exits(self, now: float, but: TrackedWorker) -> None:
+        """Collect the exit of each worker but ``but`` whose process ended."""
+        for other in list(self.workers):
+            if other is not but and other.seen.exit_code is None:
+                self._collect_exit(other, now)
+
+    def _restart_together(self, now: float) -> None:
+        """Stop every task that has not returned and start them all again,
+        one fresh cluster, using none of their restarts: what its echoes
+        ask of a task's failure (:meth:`TaskRestarter.echoes`)."""
+        self.restarting_together = True
+        try:
+            for worker in [w for w in self.workers if not w.seen.returned]:
+                self._drain(worker, now)
+                # One that raised exits by itself; the others are stopped.
+                worker.handle.join(RAISED_EXIT_WAIT if worker.seen.error is not None else 0)
+                if worker.handle.exitcode is None:
+                    worker.handle.kill_tree(worker.handle.descendants())
+                    worker.handle.join(RAISED_EXIT_WAIT)
+                    worker.note(killed_by_harness=True)
+                worker.note(exit_code=worker.handle.exitcode, exit_time=now - self.start)
+                self._restart(worker, now, asked=True)
+        finally:
+            self.restarting_together = False
 
     def _restarts(self, worker: TrackedWorker) -> bool:
         """Whether ``worker``, which ended badly, gets a fresh process."""
@@ -304,6 +340,8 @@ class WatchLoop:
         self._drain(worker, now)
         worker.note(exit_code=code, exit_time=now - self.start)
         worker.channel_open = False
+        if self.restarting_together:
+            return
         if self._restarts(worker):
             self._restart(worker, now)
         elif not worker.finished:

@@ -23,7 +23,8 @@ from harness.diagnosis.observations import EXIT_STATUS_UNKNOWN
 
 _ECHO_TYPES = frozenset({"UnavailableError", "CancelledError"})
 _ECHO_MARKERS = ("collective ops is aborted by", "[_derived_]", "unhealthy",
-                 "stopped sending heartbeats", "socket closed", "connection reset")
+                 "stopped sending heartbeats", "socket closed", "connection reset",
+                 "with a different incarnation")
 # A collective timing out means a peer never joined: a report about a peer;
 # so does the coordination service's registration barrier timing out (a
 # peer never registered: it started late, or never).
@@ -61,6 +62,19 @@ def is_echo(error: Optional[WorkerError]) -> bool:
     if kind in _ECHO_TYPES or any(m in msg for m in _ECHO_MARKERS):
         return True
     return kind == "DeadlineExceededError" and any(m in msg for m in _DEADLINE_ECHO)
+
+
+# What a restarted task's process raises when it joins a cluster whose
+# coordination service still holds the failure it was restarted for: its
+# agent is put in error before it connects.
+_RESTART_MARKERS = ("coordination service agent is not in disconnected state",)
+
+
+def is_restart_echo(error: Optional[WorkerError]) -> bool:
+    """Whether ``error`` reports a task's failure or restart (an echo), or
+    is a restarted process turned away by the cluster its failure left."""
+    return is_echo(error) or (error is not None and any(
+        m in (error.message or "").lower() for m in _RESTART_MARKERS))
 
 
 def shape_mismatches(message: str) -> Iterator[Tuple[int, str, str]]:

@@ -14,6 +14,7 @@ from harness.diagnosis.observations import (EndedBy, Outcome, ReplicaCheck, RunO
                                             WorkerObservation, error_of)
 from harness.diagnosis import ledger
 from harness.diagnosis.echoes import (error_text, exit_text, is_collective_mismatch, is_echo,
+                                      is_restart_echo,
                                       short_type, tasks_named_unhealthy, telling_line)
 from harness.diagnosis.data import data_lines
 from harness.diagnosis.known import known_lines
@@ -342,17 +343,37 @@ def ended_as(w: WorkerObservation) -> str:
     return f"crashed{step} ({exit_text(w.exit_code)})"
 
 
+def task_failures(ended: Sequence[WorkerObservation]) -> Tuple[WorkerObservation, ...]:
+    """The ended processes of restarted tasks that failed of their own
+    cause: neither an echo (TensorFlow reporting a peer's failure) nor
+    stopped by the harness to start again with the others."""
+    return tuple(w for w in ended if not is_restart_echo(w.error) and not w.killed_by_harness)
+
+
 def task_story(ended: Sequence[WorkerObservation]) -> str:
-    """The restarts of ``restart_policy="task"``, in the order given."""
-    return "; ".join(f"{name(w.index)} {ended_as(w)} and was restarted" for w in ended)
+    """The restarts of ``restart_policy="task"``, in the order given: each
+    task that failed of its own cause, then its echoes, told as such (and
+    whether every task was restarted with them, as a process the harness
+    stopped to start again shows)."""
+    failures = task_failures(ended) or tuple(ended)
+    told = [f"{name(w.index)} {ended_as(w)} and was restarted" for w in failures]
+    echoes = [w for w in ended if is_restart_echo(w.error) and w not in failures]
+    if echoes:
+        together = any(w.killed_by_harness and w.error is None for w in ended)
+        how = "every task restarted together" if together else "each restarted"
+        told.append(f"then the echoes of {'that failure' if len(failures) == 1 else 'those'} "
+                    f"({how}): " + "; ".join(f"{name(w.index)} {ended_as(w)}" for w in echoes))
+    return "; ".join(told)
 
 
 def task_restarts_text(v: Verdict, ended: Sequence[WorkerObservation],
                        not_restarted: Sequence[NotRestarted]) -> str:
-    """``v``'s text with the task restarts told first and the tasks not
-    restarted noted after."""
-    head = (f"{v.outcome.upper()} after {len(ended)} task restart"
-            f"{'s' if len(ended) != 1 else ''}: {task_story(ended)}; then:\n" if ended else "")
+    """``v``'s text with the task restarts told first (counted by the
+    failures restarted: an echo's restart is its failure's) and the tasks
+    not restarted noted after."""
+    n = len(task_failures(ended) or ended)
+    head = (f"{v.outcome.upper()} after {n} task restart"
+            f"{'s' if n != 1 else ''}: {task_story(ended)}; then:\n" if ended else "")
     notes = "".join(f"\n{names(nr.workers)} not restarted: {not_restarted_text(nr)}"
                     for nr in sorted(not_restarted, key=lambda nr: nr.workers))
     return f"{head}{v.text}{notes}"

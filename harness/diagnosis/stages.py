@@ -21,7 +21,7 @@ from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_
                                       never_acted_lines, not_restarted_text, pasts_text,
                                       race_text, shared_setting_text, task_restarts_text,
                                       unseen_past_text, why_not_acted)
-from harness.diagnosis.echoes import is_echo
+from harness.diagnosis.echoes import is_restart_echo
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,
                                      NotActed, Story)
@@ -78,7 +78,7 @@ def restart_order(ended: Sequence[WorkerObservation]) -> Tuple[WorkerObservation
     order."""
     def when(w: WorkerObservation):
         t = w.finish_time if w.error is not None else w.exit_time
-        return is_echo(w.error), t if t is not None else 0.0
+        return is_restart_echo(w.error), t if t is not None else 0.0
     return tuple(sorted(ended, key=when))
 
 
@@ -97,7 +97,7 @@ def own_cause(v: Verdict, obs: RunObservation) -> Optional[int]:
     if v.ambiguous or len(v.culprits) != 1:
         return None
     error = obs.workers[v.culprits[0]].error
-    return None if error is None or is_echo(error) else v.culprits[0]
+    return None if error is None or is_restart_echo(error) else v.culprits[0]
 
 
 def task_restart(v: Verdict, obs: RunObservation, story: Story) -> Changes:

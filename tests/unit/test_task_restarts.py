@@ -8,8 +8,9 @@ import pytest
 from harness import faults as F
 from harness.controller.outcome import attempt_story, judge, with_task_history
 from harness.controller.request import make_request
-from harness.controller.restarts import (POLICIES, TaskRestarter, check_restart_on,
-                                         incarnation_plan, task_outcome)
+from harness.controller.restarts import (ECHO_WINDOW, POLICIES, TOGETHER_PER_FAILURE,
+                                         TaskRestarter, check_restart_on, incarnation_plan,
+                                         task_outcome)
 from harness.diagnosis.echoes import telling_line
 from harness.diagnosis.observations import Outcome
 from harness.diagnosis.render import not_restarted_text, task_story
@@ -92,6 +93,62 @@ def test_the_restarter_counts_per_worker_and_says_why_not():
         r2.not_restarted[0])
 
 
+class _Handle:
+    exitcode = 1
+
+    def join(self, timeout=None):
+        pass
+
+    def kill_tree(self, known=()):
+        pass
+
+    def close(self):
+        pass
+
+
+def _ended_worker(obs):
+    return types.SimpleNamespace(seen=obs, events=list(obs.events), index=obs.index,
+                                 handle=_Handle(), note=lambda **changes: None)
+
+
+def test_an_echo_soon_after_a_tasks_restart_restarts_every_task_using_none_of_theirs():
+    started = []
+    r = TaskRestarter(3, 1, frozenset({Outcome.CRASHED, Outcome.FAILED}),
+                      start=lambda i, k: started.append((i, k)), result_of=lambda w, k: k)
+    echo = _ended_worker(raised(2, 8, "tensorflow.AbortedError", INCARNATION, 1.0))
+    assert not r.echoes(echo, 100.0)            # no task restarted yet: no failure to echo
+    r.restart(_ended_worker(died(1, 8, 1, 1.0)), 100.0)
+    assert r.left == [1, 0, 1] and started == [(1, 1)]
+    own = _ended_worker(raised(0, 8, "ValueError", "bad batch", 1.0))
+    assert not r.echoes(own, 101.0)             # an error of its own is no echo
+    assert all(r.echoes(echo, 101.0) for _ in range(TOGETHER_PER_FAILURE))
+    assert not r.echoes(echo, 101.0)            # the echoes of one failure restart so often
+    r.restart(echo, 101.0, asked=True)
+    assert r.left == [1, 0, 1]                  # an echo's restart uses none of its own
+    late = TaskRestarter(3, 1, frozenset({Outcome.CRASHED}), start=lambda i, k: None,
+                         result_of=lambda w, k: k)
+    late.restart(_ended_worker(died(1, 8, 1, 1.0)), 100.0)
+    assert not late.echoes(echo, 100.0 + ECHO_WINDOW + 1)
+    assert late.echoes(echo, 100.0 + ECHO_WINDOW)
+
+
+def test_the_story_tells_the_echoes_restarted_with_every_task_and_counts_one_restart():
+    crash = died(1, 8, 1, 2.0, steps=range(9))
+    echo = raised(2, 8, "tensorflow.UnavailableError",
+                  "Collective ops is aborted by: Socket closed", 2.1, steps=range(8))
+    stopped = dataclasses.replace(died(0, 8, -9, 2.1, steps=range(8)), killed_by_harness=True)
+    again = dataclasses.replace(died(1, 0, -9, 2.1), killed_by_harness=True)
+    last = run(returned(0, 10), returned(1, 10), returned(2, 10))
+    result = _result(last, history={0: [_ended(stopped)], 1: [_ended(crash), _ended(again, 1)],
+                                    2: [_ended(echo)]})
+    assert result.outcome == Outcome.COMPLETED
+    assert result.diagnosis.startswith(
+        "COMPLETED after 1 task restart: worker 1 crashed at step 8 (exit code 1) and was "
+        "restarted; then the echoes of that failure (every task restarted together): worker 2 "
+        "failed at step 7 with UnavailableError: Collective ops is aborted by: Socket closed; "
+        "then:\nCOMPLETED"), result.diagnosis
+
+
 def test_a_faults_attempt_is_its_workers_restart_count():
     plan = (F.Crash(1, 3), F.Crash(1, 2, attempt=1), F.Crash(0, 1, attempt=1))
     assert incarnation_plan(plan, [0, 1]) == (F.Crash(1, 2, attempt=1),)
@@ -119,9 +176,10 @@ def test_the_story_puts_the_cause_before_the_echoes_whatever_the_order_heard():
                          "recvmsg:Connection reset by peer", 1.9))
     order = restart_order([echo.observation, crash.observation])
     assert [w.index for w in order] == [1, 2]
-    assert task_story(order) == ("worker 1 crashed at step 3 (exit code 1) and was restarted; worker 2 "
-                     "failed at step 3 with UnavailableError: Collective ops is aborted by: "
-                     "recvmsg:Connection reset by peer and was restarted")
+    assert task_story(order) == ("worker 1 crashed at step 3 (exit code 1) and was restarted; then "
+                                 "the echoes of that failure (each restarted): worker 2 failed at "
+                                 "step 3 with UnavailableError: Collective ops is aborted by: "
+                                 "recvmsg:Connection reset by peer")
     assert telling_line("Graph execution error:\n\nDetected at node x\n" + INCARNATION) == \
         INCARNATION
     assert telling_line("{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/"
