@@ -221,9 +221,8 @@ def ten_steps():
 
 @pytest.mark.timeout(120)
 @pytest.mark.mwms(workers=3)
-@scenario(outcome="completed", source="kubeflow/training-operator#55 (TFJob restartPolicy "
-          "OnFailure, ExitCode); kubeflow/training-operator#2045 (backoffLimit); "
-          "TensorFlow's PeerFailureRecoverTest")
+@scenario(outcome="completed", source="kubernetes-sigs/jobset failurePolicy (RestartJobSet, "
+          "RestartJobSetAndIgnoreMaxRestarts); TensorFlow's PeerFailureRecoverTest")
 def test_the_peers_aborts_after_a_task_restart_are_echoes_that_restart_every_task_together(
         mwms_cluster):
     """One task fails; TensorFlow aborts its peers; they are echoes of the
@@ -243,11 +242,11 @@ def test_the_peers_aborts_after_a_task_restart_are_echoes_that_restart_every_tas
     (``FailedPreconditionError`` "Coordination service agent is not in
     DISCONNECTED state", 1 run in 10 under load): told as an echo too.
 
-    Source: a TFJob (Kubeflow) with ``restartPolicy: OnFailure`` or
-    ``ExitCode`` restarts a failed pod and counts the job's failures against
-    its ``backoffLimit``
-    (https://github.com/kubeflow/training-operator/issues/55,
-    https://github.com/kubeflow/training-operator/issues/2045);
+    Source: JobSet's ``failurePolicy`` (kubernetes-sigs/jobset) recreates
+    every child job when one fails, and a rule for a failure's reason can
+    do it without spending ``maxRestarts``
+    (``RestartJobSetAndIgnoreMaxRestarts``); a TFJob instead restarts each
+    failed pod alone (``restart_echoes_together=False``);
     TensorFlow's own ``PeerFailureRecoverTest`` expects the peers of a
     restarted task to fail and restart with it.
 

@@ -19,15 +19,21 @@
   :mod:`harness.diagnosis.stages`).
 
 A restart that TensorFlow answers by aborting the peers is handled as a
-TFJob (Kubeflow) with ``restartPolicy: OnFailure`` handles a job's failure:
-the peers' errors are echoes of the one failure, not failures of their own.
-A worker that raises an echo (:func:`~harness.diagnosis.echoes.is_restart_echo`:
+gang scheduler handles a job's failure: JobSet's ``failurePolicy``
+(kubernetes-sigs/jobset) recreates every child job when one fails, and a
+rule matching the failure's reason can restart them without spending
+``maxRestarts`` (``RestartJobSetAndIgnoreMaxRestarts``).  Here the failed
+task is restarted alone first, as Kubernetes restarts one pod; a worker
+that then raises an echo (:func:`~harness.diagnosis.echoes.is_restart_echo`:
 TensorFlow reporting a peer's failure or restart) within
-:data:`ECHO_WINDOW` seconds of a task's restart stops every task and
-starts them all together, one fresh cluster, using none of their restarts
+:data:`ECHO_WINDOW` seconds stops every task and starts them all
+together, one fresh cluster, using none of their restarts
 (:meth:`TaskRestarter.echoes`).  Restarted one by one, each peer's new
 process would join a group that another's old process still holds, and
-they would abort each other again.
+they would abort each other again.  A TFJob (Kubeflow) does restart its
+failed pods one by one, each restart counted against its
+``backoffLimit``: ``restart_echoes_together=False``, which TensorFlow's own
+runner does too.
 
 Which end of one worker a restart follows is :func:`task_outcome`, a plain
 function of its observation.
