@@ -260,10 +260,10 @@ class WatchLoop:
         ask of a task's failure (:meth:`TaskRestarter.echoes`)."""
         self.restarting_together = True
         try:
-            ended = [w for w in self.workers if not w.seen.returned]
+            restarting = [w for w in self.workers if not w.seen.returned]
             # Every old process ends before any new one starts: a new one
             # that met an old peer would be aborted by it again.
-            for worker in ended:
+            for worker in restarting:
                 self._drain(worker, now)
                 # One that raised exits by itself; the others are stopped.
                 worker.handle.join(RAISED_EXIT_WAIT if worker.seen.error is not None else 0)
@@ -272,7 +272,7 @@ class WatchLoop:
                     worker.handle.join(RAISED_EXIT_WAIT)
                     worker.note(killed_by_harness=True)
                 worker.note(exit_code=worker.handle.exitcode, exit_time=now - self.start)
-            for worker in ended:
+            for worker in restarting:
                 self._restart(worker, now, asked=True)
         finally:
             self.restarting_together = False
