@@ -129,14 +129,18 @@ def test_restarts_recover_a_crash_and_the_replicas_are_checked(tmp_path):
         "harness: attempt 1: completed in ", "[w1] started attempt 1", "[w1] trained 8 steps")]
     assert order == sorted(order), out
     # The total, and each attempt's part of it: the attempts ran one after
-    # the other within the call, and the crash's run lasted its grace.
+    # the other within the call, and the crash's run lasted its grace unless
+    # worker 0 raised on its own (a peer killed mid-call can fail it with
+    # "Socket closed" within 0.1 s: a race TensorFlow decides).
     last = out.strip().splitlines()[-1]
     times = re.search(r"completed in ([\d.]+) s from the call, start-up included, over 2 "
                       r"attempts \(attempt 0 crashed: ([\d.]+) s, the run itself ([\d.]+) s; "
                       r"attempt 1 completed: ([\d.]+) s, the run itself ([\d.]+) s\)", last)
     assert times, last
     total, first, first_run, second, second_run = map(float, times.groups())
-    assert total >= first + second - 0.2 and first >= first_run >= 1.0
+    assert total >= first + second - 0.2 and first >= first_run > 0, out
+    attempt0 = out[out.index("--- attempt 0 ---"):]
+    assert first_run >= 1.0 or "worker 0: raised" in attempt0, out
     assert second >= second_run > 0
 
 
