@@ -149,6 +149,9 @@ def _explore_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", default=None, metavar="N",
                    help="draw the same plans as a search with this seed (default: a fresh "
                         "seed, printed)")
+    p.add_argument("--reproduce", default="3", metavar="N",
+                   help="run the smallest failing plan N times more, to tell a failure that "
+                        "reproduces from a race (default 3)")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -321,7 +324,8 @@ def explore_command(argv: Sequence[str], prog: str = PROG) -> int:
     def check(ns: argparse.Namespace, settings: RunSettings) -> None:
         search.update(check_settings(dict(property=ns.property, budget=ns.budget,
                                           shrink_budget=ns.shrink_budget,
-                                          max_faults=ns.max_faults, seed=ns.seed), _flag))
+                                          max_faults=ns.max_faults, seed=ns.seed,
+                                          reproduce=ns.reproduce), _flag))
         search["kinds"] = check_kinds(ns.kinds, search["property"], "--kinds") \
             if ns.kinds else None
 
@@ -329,6 +333,10 @@ def explore_command(argv: Sequence[str], prog: str = PROG) -> int:
     settings, what = job.settings, job.what
     print(f"harness: exploring {what} on {_size(settings)} for {search['budget']:g} s "
           f"(property {search['property']}, restarts {settings.restarts})", flush=True)
+    if search["property"] == "survives" and settings.restarts == 0:
+        print("harness: with --restarts 0 nothing restarts the script, so 'survives' asks that "
+              "it completes through every fault without one: any crash breaks it; give "
+              "--restarts 1 to search its recovery", flush=True)
     status = StatusLine(format=format_search)
     try:
         found = job.cluster.explore(
@@ -345,6 +353,9 @@ def explore_command(argv: Sequence[str], prog: str = PROG) -> int:
     status.close()
     print(found.summary())
     if found.failure is not None:
+        print("harness: what the workers printed in the run of that plan:")
+        for line in output_lines(found.failure.result):
+            print(line)
         print("the run of that plan:\n" + found.failure.result.diagnosis)
         print(f"harness: replay it with: {prog} run -n {settings.workers} --restarts "
               f"{settings.restarts} "

@@ -251,6 +251,10 @@ def test_explore_shows_a_live_status_and_prints_the_plan_that_breaks_the_job(tmp
     assert re.search(r"^faults=\[Crash\(worker=\d, step=\d, how='\w+'\)\]$", out, re.M), out
     assert "  signature: crashed; culprit: a worker the plan faulted" in out
     assert re.search(r"hang timeout \d+(\.\d)? s, seed 0", out), out
+    assert "harness: with --restarts 0 nothing restarts the script" in out
+    assert re.search(r"shrunk in \d+ runs \([\d.]+ s\); reproduced 3 of 3 replays$", out, re.M), out
+    printed = out.index("harness: what the workers printed in the run of that plan:")
+    assert out.index("[w0] started attempt 0", printed) < out.index("\nthe run of that plan:\n")
     assert re.search(r"harness: replay it with: python -m harness run -n 2 --restarts 0 "
                      r"--fault \"Crash\(worker=\d, step=\d, how='\w+'\)\" steps.py -- "
                      r"--steps 4$", out, re.M), out

@@ -288,21 +288,29 @@ class Cluster:
                 restarts: int = 0, restart_policy: Optional[str] = None,
                 budget: float = 60, shrink_budget: Optional[float] = None,
                 seed: Optional[int] = None, timeout: Optional[float] = None,
-                check: bool = True, key: Optional[str] = None, **run_options):
+                reproduce: int = 3, check: bool = True, key: Optional[str] = None,
+                **run_options):
         """Search for a plan of faults that breaks ``property`` on
         ``fn(*args, **kwargs)``; return the :class:`~harness.explore.Exploration`.
 
         The job runs once without faults (it must complete: that run also
-        gives its steps, and how long a step takes); then plans of
-        ``1..max_faults`` faults of ``kinds`` (names of
-        :data:`harness.strategies.KINDS`), at any training worker and step,
-        drawn by hypothesis from ``seed`` (a fresh one when None; the
-        result says which), run one after another until one breaks the
-        property or ``budget`` seconds are spent.  A failing plan then
-        shrinks for up to ``shrink_budget`` seconds (``budget`` when None)
-        to the smallest plan that fails the same way (the outcome, the
-        culprits relative to the plan, the error's type, the broken
-        promise).
+        gives its steps, and how long its start-up and a step take); then
+        plans of ``1..max_faults`` faults of ``kinds`` (names of
+        :data:`harness.strategies.KINDS`, or the fault classes), at any
+        training worker and step, run one after another until one breaks
+        the property or ``budget`` seconds are spent.  The plans are drawn
+        from ``seed`` (a fresh one when None; the result says which),
+        spread over each kind, worker 0 and the other workers, and the
+        parts of the job's steps, before going deeper; a plan is never
+        run twice (:mod:`harness.explore.space`).  With ``max_faults`` > 1
+        and ``restarts``, a second fault can act in the restart attempt.
+        A failing plan then shrinks for up to ``shrink_budget`` seconds
+        (``budget`` when None) to the smallest plan that fails the same
+        way (the outcome, the culprits relative to the plan, the error's
+        type, the broken promise), and runs ``reproduce`` times more: a
+        failure that does not come back every time is reported as racy.
+        A search that finds nothing says what its plans covered
+        (``Exploration.coverage``), and names what they never reached.
 
         - ``property="survives"``: every plan's run completes, after up to
           ``restarts`` restarts (``restart_policy`` as in :meth:`run`), and
@@ -314,9 +322,10 @@ class Cluster:
           its candidates; never a culprit no fault acted in.  Kinds, by
           default: every step-keyed kind.
 
-        Each plan's hang timeout is ``timeout``, or five times the longest
-        wait between two steps of the fault-free run (at least 3 s, at
-        most the cluster's).  The jobs keep what must outlive an attempt in
+        Each plan's hang timeout is ``timeout``, or from the fault-free run:
+        twice its start-up, five times its median wait between steps and
+        twice its longest, whichever is most (at least 3 s, at most the
+        cluster's).  The jobs keep what must outlive an attempt in
         ``harness.context().run_dir``.  A failure is saved in hypothesis's
         example database, and the next search of the same job (``key``, by
         default the function's qualified name and arguments) runs it first.  With
@@ -331,7 +340,7 @@ class Cluster:
                                kinds=kinds, max_faults=max_faults, restarts=restarts,
                                restart_policy=restart_policy, budget=budget,
                                shrink_budget=shrink_budget, seed=seed, timeout=timeout,
-                               check=check, key=key, **run_options)
+                               reproduce=reproduce, check=check, key=key, **run_options)
 
     def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
                            port: int, tolerance: float) -> RunResult:

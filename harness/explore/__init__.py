@@ -23,13 +23,15 @@ from harness import faults as F
 from harness import plan as plan_module
 from harness.errors import ExplorationFailed, SettingError
 from harness.explore.properties import PROPERTIES
-from harness.explore.search import Exploration, BreakingPlan, SavedPlans, SearchProgress
+from harness.explore.coverage import Coverage, PlanRun
+from harness.explore.search import REPRODUCE, Exploration, BreakingPlan, SavedPlans, SearchProgress
 from harness.explore.search import explore as run_search
+from harness.explore.space import Space, kind_weights
 from harness.validators import (parse_choice, parse_restarts, parse_seconds, parse_seed,
                                 parse_whole)
 
-__all__ = ["Exploration", "BreakingPlan", "SearchProgress", "explore_cluster", "DEFAULT_KINDS",
-           "SETTINGS", "check_settings", "check_kinds"]
+__all__ = ["Exploration", "BreakingPlan", "Coverage", "PlanRun", "SearchProgress",
+           "explore_cluster", "DEFAULT_KINDS", "SETTINGS", "check_settings", "check_kinds"]
 
 # The kinds a plan draws from when explore is given none: for "survives",
 # what a job can be expected to survive (a crash, an error, a preemption
@@ -57,6 +59,7 @@ SETTINGS: Dict[str, Callable[[Any, str], Any]] = {
     "shrink_budget": _optional_seconds,
     "seed": parse_seed,
     "timeout": _optional_seconds,
+    "reproduce": lambda value, where: parse_whole(value, where, 0),
 }
 
 
@@ -67,13 +70,22 @@ def check_settings(values: Dict[str, Any], where: Callable[[str], str]) -> Dict[
 
 
 def check_kinds(kinds: Any, property: str, where: str = "explore(kinds=...)") -> tuple:
-    """The fault kinds to draw: names of :data:`harness.strategies.KINDS`,
-    as a list or comma-separated; None: :data:`DEFAULT_KINDS` of ``property``."""
+    """The fault kinds to draw: names of :data:`harness.strategies.KINDS`
+    or the fault classes themselves (``[Crash, "Pause"]``), as a list or
+    comma-separated; None: :data:`DEFAULT_KINDS` of ``property``."""
     from hypothesis.errors import InvalidArgument
 
     from harness import strategies
     if isinstance(kinds, str):
         kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+    elif isinstance(kinds, type) and issubclass(kinds, F.Fault):
+        kinds = [kinds]
+    if kinds is not None and not isinstance(kinds, (str, bytes)):
+        try:
+            kinds = [k.__name__ if isinstance(k, type) and issubclass(k, F.Fault) else k
+                     for k in kinds]
+        except TypeError:
+            pass   # not a list: chosen_kinds names the value
     unknown = [k for k in kinds or () if isinstance(k, str) and k not in strategies.STEP_KINDS]
     if unknown:
         raise SettingError(f"{where}: {unknown[0]!r} is not a kind of fault explore draws; "
@@ -104,6 +116,7 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
                     restarts: int = 0, restart_policy: Optional[str] = None,
                     budget: float = 60, shrink_budget: Optional[float] = None,
                     seed: Optional[int] = None, timeout: Optional[float] = None,
+                    reproduce: int = REPRODUCE,
                     check: bool = True, key: Optional[str] = None,
                     progress: Optional[Callable[[SearchProgress], None]] = None,
                     **run_options) -> Exploration:
@@ -111,12 +124,11 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     hears of each plan's run as it starts and ends, and of the running
     plan's own progress (a :class:`SearchProgress` whose ``run`` is the
     run's :class:`~harness.controller.Progress`), for a live status line."""
-    from harness import strategies
     v = check_settings(dict(property=property, max_faults=max_faults, restarts=restarts,
                             budget=budget, shrink_budget=shrink_budget, seed=seed,
-                            timeout=timeout), _api)
-    property, max_faults, restarts, seed, timeout = (
-        v["property"], v["max_faults"], v["restarts"], v["seed"], v["timeout"])
+                            timeout=timeout, reproduce=reproduce), _api)
+    property, max_faults, restarts, seed, timeout, reproduce = (
+        v["property"], v["max_faults"], v["restarts"], v["seed"], v["timeout"], v["reproduce"])
     budget = v["budget"]
     shrink_budget = budget if v["shrink_budget"] is None else v["shrink_budget"]
     if invariant is not None and not callable(invariant):
@@ -155,16 +167,16 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
         return all(type(f).__name__ in chosen and f.worker < workers
                    and getattr(f, "step", 0) < steps for f in plan)
 
-    def strategy_for(steps: int):
-        return strategies.plans(workers, steps, chosen, min_faults=1, max_faults=max_faults,
-                                attempts=attempts, for_ever=property != "survives")
+    def space_for(steps: int) -> Space:
+        return Space(workers, steps, chosen, max_faults=max_faults, attempts=attempts,
+                     for_ever=property != "survives")
 
     saved = SavedPlans(f"{key or job_key(fn, args, kwargs)} property={property} "
                        f"workers={settings.workers} restarts={restarts}")
-    found = run_search(run, judge, strategy_for=strategy_for, kinds=chosen, property=property,
+    found = run_search(run, judge, space_for=space_for, kinds=chosen, property=property,
                        budget=budget, shrink_budget=shrink_budget, seed=seed, timeout=timeout,
-                       most_timeout=settings.timeout, saved=saved, is_valid=is_valid,
-                       progress=progress)
+                       most_timeout=settings.timeout, weights=kind_weights(chosen, property),
+                       reproduce=reproduce, saved=saved, is_valid=is_valid, progress=progress)
     if found.failure is not None:
         cluster.runs.append(found.failure.result)
         if check:

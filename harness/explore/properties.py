@@ -54,7 +54,9 @@ class Check:
 
 def signature_of(result, plan: Sequence, broken: str = "") -> Signature:
     faulted = truth(result, plan)
-    roles = tuple("faulted" if c in faulted else "other" for c in result.culprits)
+    # A multiset: which worker holds which role is the plan's business, so
+    # a blame that moves with the fault keeps its signature.
+    roles = tuple(sorted("faulted" if c in faulted else "other" for c in result.culprits))
     return Signature(str(result.outcome), roles, result.ambiguous, result.error, broken)
 
 

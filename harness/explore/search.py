@@ -1,6 +1,8 @@
-"""The search: plans drawn by hypothesis, run one after another on the
-cluster until one breaks the property or the budget (seconds) is spent;
-then the failing plan shrunk while its signature stays the same.
+"""The search: plans drawn over the job's space (:mod:`harness.explore.space`),
+run one after another on the cluster until one breaks the property or the
+budget (seconds) is spent; then the failing plan shrunk while its
+signature stays the same, and replayed to tell a failure that reproduces
+from a race.
 
 :func:`explore` is generic over how a plan runs (``run(plan, timeout)``
 returns a :class:`~harness.result.RunResult`), so
@@ -8,19 +10,21 @@ returns a :class:`~harness.result.RunResult`), so
 both come here.  Its steps:
 
 1. the job runs without faults: it must complete and hold the property,
-   and it says how many steps there are to draw from and how long a step
-   takes (the plans' hang timeout, unless one is given, is five times the
-   longest wait between two steps of that run, at least
-   :data:`LEAST_TIMEOUT`, at most the cluster's);
+   and it says how many steps there are to draw from and how long its
+   start-up and its steps take (the plans' hang timeout, unless one is
+   given: :func:`hang_timeout`);
 2. the plans saved from earlier searches of the same job run first
    (hypothesis's example database, :class:`SavedPlans`);
-3. plans drawn from :func:`harness.strategies.plans` run until one fails
-   or the budget is spent (or hypothesis has drawn every plan there is);
+3. plans drawn by :class:`~harness.explore.space.Draws` run until one
+   fails or the budget is spent (or every plan there is has run); what
+   they covered is kept (:mod:`harness.explore.coverage`);
 4. a failing plan shrinks (:mod:`harness.explore.shrink`) within
    ``shrink_budget`` seconds: each simpler plan whose run fails with the
-   same signature (:mod:`harness.explore.properties`) takes its place.
+   same signature (:mod:`harness.explore.properties`) takes its place;
+5. the smallest plan runs ``reproduce`` times more: a failure that does
+   not come back every time is reported as racy, with its rate.
 
-Runs are never repeated: a plan drawn twice is judged once.  A
+Runs are never repeated but in step 5: a plan drawn twice is judged once.  A
 ``progress`` callback hears of each run as it starts and as it ends
 (:class:`SearchProgress`), for a live status line; the search prints
 nothing.
@@ -32,12 +36,16 @@ import collections
 import dataclasses
 import itertools
 import random
+import statistics
 import time
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import faults_text
+from harness.explore.attribution import acted
+from harness.explore.coverage import Coverage, PlanRun, coverage
 from harness.explore.properties import NEVER_ACTED, Check, Signature, headline, signature_of
 from harness.explore.shrink import Plan, simpler
+from harness.explore.space import Draws, Space
 
 if TYPE_CHECKING:
     from harness.controller import Progress
@@ -47,9 +55,12 @@ if TYPE_CHECKING:
 # delay a drawn plan holds that a job should survive (a second), with room
 # for a loaded machine.
 LEAST_TIMEOUT = 3.0
-# A plan's hang timeout is this many times the longest wait between steps
-# of the fault-free run.
-TIMEOUT_FACTOR = 5.0
+# A plan's hang timeout covers this many times the fault-free run's
+# start-up (a restarted attempt starts up again), this many times its
+# usual wait between steps, and this many times its longest.
+STARTUP_FACTOR, STEP_FACTOR, LONGEST_FACTOR = 2.0, 5.0, 2.0
+# How many times more the smallest failing plan runs, by default.
+REPRODUCE = 3
 
 
 # What a signature's culprit roles (harness.explore.properties) mean, in words.
@@ -81,7 +92,7 @@ def seconds_text(seconds: float) -> str:
 class SearchProgress:
     """Where a search is, for a live status line: its ``stage`` (one of
     :data:`STAGES`), ``runs`` the plans run so far (the shrink's
-    included), ``elapsed`` seconds since it began, ``left`` seconds left of
+    and the replays included), ``elapsed`` seconds since it began, ``left`` seconds left of
     the stage's budget, ``running`` the plan now running (None between
     runs) and ``run`` that run's own progress when the caller passes it on
     (:meth:`later`), ``last`` the plan run last and ``ended`` how it
@@ -107,7 +118,7 @@ class SearchProgress:
 
 
 # A search's stages, in order.
-STAGES = ("fault-free run", "saved plans", "search", "shrink")
+STAGES = ("fault-free run", "saved plans", "search", "shrink", "replay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,11 +132,26 @@ class BreakingPlan:
     found: Plan                    # the plan the search drew, before shrinking
     shrink_runs: int = 0
     shrink_seconds: float = 0.0
+    replays: int = 0               # how many times more the plan ran
+    reproduced: int = 0            # in how many of them it failed the same way
 
     @property
     def line(self) -> str:
         """``faults=[...]``: paste it into ``run()`` to see the failure again."""
         return faults_text.plan_line(self.plan)
+
+    @property
+    def racy(self) -> bool:
+        """The plan did not fail the same way every time it ran again."""
+        return self.reproduced < self.replays
+
+    def reproduced_text(self) -> str:
+        if not self.replays:
+            return "not replayed (reproduce=0)"
+        if not self.racy:
+            return f"reproduced {self.reproduced} of {self.replays} replays"
+        return (f"RACY: failed the same way in {self.reproduced} of {self.replays} replays "
+                f"({self.reproduced + 1} of {self.replays + 1} runs in all)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +162,8 @@ class Exploration:
     time, ``steps`` the job's steps, ``timeout`` the plans' hang timeout,
     ``exhausted`` True when every plan there is was run, ``seed`` the
     seed that draws the same plans again, ``failure`` None or a
-    :class:`BreakingPlan`."""
+    :class:`BreakingPlan`, ``plans`` each plan the search ran (saved and
+    drawn, not the shrink's) and ``coverage`` what they covered."""
 
     property: str
     runs: int
@@ -148,6 +175,8 @@ class Exploration:
     exhausted: bool
     search_seconds: float
     failure: Optional[BreakingPlan] = None
+    plans: Tuple[PlanRun, ...] = ()
+    coverage: Optional[Coverage] = None
 
     @builtins.property   # the builtin: in this class `property` names a field
     def runs_per_minute(self) -> float:
@@ -161,13 +190,15 @@ class Exploration:
                 + ("; every plan was run" if self.exhausted else ""))
         f = self.failure
         if f is None:
-            return head + "\nno plan broke the property"
+            return "\n".join([head, "no plan broke the property; "
+                              + "\n".join(self.coverage.lines() if self.coverage else
+                                          ("coverage not kept",))])
         return "\n".join([
             f"{f.line}",
             f"  breaks '{self.property}': {f.how}",
             f"  signature: {describe(f.signature)}",
             f"  found as {faults_text.plan_line(f.found)}; shrunk in {f.shrink_runs} runs "
-            f"({f.shrink_seconds:.1f} s)",
+            f"({f.shrink_seconds:.1f} s); {f.reproduced_text()}",
             "  " + head])
 
 
@@ -199,44 +230,30 @@ class SavedPlans:
             self.database.delete(self.key, line.encode())
 
 
-class _Stop(Exception):
-    """Ends hypothesis's drawing: a failure was found or the budget is spent."""
-
-
-def each_drawn(strategy, seed: int, visit: Callable[[Plan], None]) -> bool:
-    """Call ``visit`` on plans hypothesis draws from ``strategy`` (seeded:
-    the same plans in the same order for the same seed) until it raises
-    :class:`_Stop`; True when hypothesis ran out of plans to draw first.
-    ``visit`` must give the same answer for a plan it has seen: hypothesis
-    calls it once more with the plan that stopped it."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-    from hypothesis import seed as seeded
-
-    @seeded(seed)
-    @settings(database=None, max_examples=1_000_000, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck), derandomize=False,
-              verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False)
-    @given(strategy)
-    def draw(plan):
-        visit(plan)
-
-    try:
-        draw()
-    except _Stop:
-        return False
-    return True
-
-
-def longest_wait(result: RunResult) -> float:
-    """The longest time between two successive steps of ``result`` (the
-    start and the end included) on any worker, seconds."""
-    longest = 0.0
+def hang_timeout(result: RunResult, least: float, most: float) -> float:
+    """The plans' hang timeout from the fault-free run ``result``: room for
+    :data:`STARTUP_FACTOR` times its start-up (to its first step, the
+    longest on any worker: a restarted attempt starts up again),
+    :data:`STEP_FACTOR` times its median wait between steps and
+    :data:`LONGEST_FACTOR` times its longest; within ``least`` and
+    ``most``.  One slow gap moves it by twice itself, not five times."""
+    startup, gaps = 0.0, []
     for w in result.observation.workers:
-        times = [0.0] + sorted(e.time for e in w.events if e.kind == "step")
-        if w.finish_time is not None:
-            times.append(w.finish_time)
-        longest = max([longest] + [b - a for a, b in itertools.pairwise(times)])
-    return longest
+        times = sorted(e.time for e in w.events if e.kind == "step")
+        if not times:
+            continue
+        startup = max(startup, times[0])
+        ends = times + ([w.finish_time] if w.finish_time is not None else [])
+        gaps += [b - a for a, b in itertools.pairwise(ends)]
+    usual = statistics.median(gaps) if gaps else 0.0
+    wanted = max(STARTUP_FACTOR * startup, STEP_FACTOR * usual,
+                 LONGEST_FACTOR * max(gaps, default=0.0))
+    return min(most, max(least, wanted))
+
+
+def restarted(result: RunResult) -> bool:
+    """A restart happened in ``result``: of the whole run, or of a task."""
+    return len(result.attempts) > 1 or any(len(w.attempts) > 1 for w in result.workers)
 
 
 def job_steps(result: RunResult) -> int:
@@ -263,6 +280,8 @@ class Search:
         self.judged: Dict[Plan, _Judged] = {}
         self.outcomes: Dict[str, int] = collections.Counter()
         self.seconds: List[float] = []
+        self.ran: List[PlanRun] = []
+        self.replays = 0
         self.timeout = 0.0
         self.started = clock()
         self.stage, self.stage_started, self.stage_budget = STAGES[0], self.started, budget
@@ -284,7 +303,7 @@ class Search:
         now = self.clock()
         last, ended = self.last if self.last is not None else (None, "")
         self.progress(SearchProgress(
-            self.stage, len(self.judged), now - self.started,
+            self.stage, len(self.judged) + self.replays, now - self.started,
             max(0.0, self.stage_budget - (now - self.stage_started)), running, last, ended))
 
     def try_plan(self, plan: Plan, count: bool = True) -> _Judged:
@@ -297,13 +316,29 @@ class Search:
         judged = _Judged(result, self.judge(result, plan), self.clock() - t0)
         self.judged[plan] = judged
         self.last = (plan, _tally(result, judged.check))
-        if judged.check.signature is None and plan:
-            judged.result = None   # only failures are kept whole: a search runs hundreds
         if count:
             self.seconds.append(judged.seconds)
             self.outcomes[self.last[1]] += 1
+            if plan:
+                self.ran.append(PlanRun(plan, self.last[1], acted(result, plan),
+                                        restarted(result), judged.seconds))
+        if judged.check.signature is None and plan:
+            judged.result = None   # only failures are kept whole: a search runs hundreds
         self.report()
         return judged
+
+    def replay(self, plan: Plan, target: Signature, times: int) -> int:
+        """Run ``plan`` ``times`` times more: in how many it failed with ``target``."""
+        same = 0
+        for _ in range(times):
+            self.report(running=plan)
+            result = self.run(plan, self.timeout)
+            check = self.judge(result, plan)
+            self.last = (plan, _tally(result, check))
+            same += check.signature == target
+            self.replays += 1
+            self.report()
+        return same
 
     def saved_first(self, saved: SavedPlans, is_valid: Callable[[Plan], bool]) -> Optional[Plan]:
         """Run the plans saved by earlier searches, within the budget: the
@@ -355,18 +390,20 @@ def _tally(result: RunResult, check: Check) -> str:
 
 
 def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult, Plan], Check], *,
-            strategy_for: Callable[[int], object], kinds: Sequence[str], property: str,
+            space_for: Callable[[int], Space], kinds: Sequence[str], property: str,
             budget: float, shrink_budget: float, seed: Optional[int],
             timeout: Optional[float], most_timeout: float,
+            weights: Optional[Dict[str, float]] = None, reproduce: int = REPRODUCE,
             saved: Optional[SavedPlans] = None,
             is_valid: Callable[[Plan, int], bool] = lambda plan, steps: True,
             clock: Callable[[], float] = time.monotonic,
             progress: Optional[Callable[[SearchProgress], None]] = None) -> Exploration:
-    """See the module docstring.  ``strategy_for(steps)`` is the plans'
-    strategy once the job's steps are known; ``is_valid(plan, steps)``
-    says whether a saved plan still fits the cluster and the job (one that
-    does not is dropped); ``progress(SearchProgress)`` is called as each
-    run starts and ends."""
+    """See the module docstring.  ``space_for(steps)`` is the space to
+    draw from once the job's steps are known, ``weights`` each kind's share
+    of the draws (:func:`harness.explore.space.kind_weights`);
+    ``is_valid(plan, steps)`` says whether a saved plan still fits the
+    cluster and the job (one that does not is dropped);
+    ``progress(SearchProgress)`` is called as each run starts and ends."""
     seed = random.SystemRandom().randrange(2 ** 32) if seed is None else seed
     search = Search(run, judge, budget, clock, progress)
     search.timeout = most_timeout
@@ -374,8 +411,8 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
     clean_run = clean.result
     assert clean_run is not None   # the fault-free run is kept whole
     steps = job_steps(clean_run)
-    search.timeout = timeout if timeout is not None else min(
-        most_timeout, max(LEAST_TIMEOUT, TIMEOUT_FACTOR * longest_wait(clean_run)))
+    search.timeout = timeout if timeout is not None else \
+        hang_timeout(clean_run, LEAST_TIMEOUT, most_timeout)
     found: Optional[Plan] = None
     if clean.check.signature is not None:
         found = ()
@@ -384,44 +421,55 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
         found = ()
         search.judged[()] = _Judged(clean_run, Check(signature_of(clean_run, ()),
                                                      headline(clean_run)), clean.seconds)
-    exhausted = False
     if found is None and steps == 0:
         from harness.errors import SettingError
         raise SettingError(
             "explore: the job reported no steps in its fault-free run, so no step-keyed fault "
             "can act; report them with harness.context().steps(n), the Keras callback, or "
             "step_fn= (see run())")
+    space = space_for(max(steps, 1))
     if found is None and saved is not None:
         found = search.saved_first(saved, lambda plan: is_valid(plan, steps))
+    exhausted = False
     if found is None:
-        search.enter("search")
-        stop: List[Plan] = []
-
-        def visit(plan: Plan) -> None:
-            plan = tuple(plan)
-            if stop:
-                raise _Stop
-            if not search.left(search.started, budget):
-                raise _Stop
-            if search.try_plan(plan).check.signature is not None:
-                stop.append(plan)
-                raise _Stop
-
-        exhausted = each_drawn(strategy_for(steps), seed, visit)
-        found = stop[0] if stop else None
+        found, exhausted = _draw(search, Draws(space, seed, weights))
     search_seconds = clock() - search.started
 
     failure = None
     if found is not None:
-        target = search.judged[found].check.signature
-        assert target is not None   # found broke the property
-        search.enter("shrink", shrink_budget)
-        plan, runs, seconds = search.shrink(found, target, kinds, shrink_budget)
-        best = search.judged[plan]
-        assert best.result is not None   # it broke the property too: kept whole
-        failure = BreakingPlan(plan, best.result, target, best.check.how, found, runs, seconds)
-        if saved is not None and plan:
+        failure = _shrunk(search, found, kinds, shrink_budget, reproduce)
+        if saved is not None and failure.plan:
             saved.save(failure.line)
     return Exploration(property, len(search.seconds), dict(search.outcomes),
                        tuple(search.seconds), steps, search.timeout, seed, exhausted,
-                       search_seconds, failure)
+                       search_seconds, failure, tuple(search.ran),
+                       coverage(space, search.ran, exhausted))
+
+
+def _draw(search: Search, draws: Draws) -> Tuple[Optional[Plan], bool]:
+    """Run drawn plans until one breaks the property (it, False), the
+    budget is spent (None, False) or every plan the draws reach has run
+    (None, True)."""
+    search.enter("search")
+    while search.left(search.started, search.budget):
+        plan = draws.next(set(search.judged), [r.plan for r in search.ran if r.restarted])
+        if plan is None:
+            return None, draws.space.max_faults == 1
+        if search.try_plan(plan).check.signature is not None:
+            return plan, False
+    return None, False
+
+
+def _shrunk(search: Search, found: Plan, kinds: Sequence[str], budget: float,
+            reproduce: int) -> BreakingPlan:
+    """``found`` shrunk within ``budget`` seconds, then replayed ``reproduce`` times."""
+    target = search.judged[found].check.signature
+    assert target is not None   # found broke the property
+    search.enter("shrink", budget)
+    plan, runs, seconds = search.shrink(found, target, kinds, budget)
+    best = search.judged[plan]
+    assert best.result is not None   # it broke the property too: kept whole
+    search.enter("replay", 0.0)
+    same = search.replay(plan, target, reproduce)
+    return BreakingPlan(plan, best.result, target, best.check.how, found, runs, seconds,
+                        reproduce, same)

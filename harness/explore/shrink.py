@@ -6,12 +6,17 @@ a kind earlier in the kinds' table (:data:`harness.strategies.STEP_KINDS`),
 an earlier attempt, an earlier step, a lower worker, a simpler setting (a
 crash by ``exit``, a shorter pause, a pause that ends).  Every candidate
 :func:`simpler` gives is below its plan in that order, so a shrink that
-takes any candidate that still fails the same way ends.  Plain functions.
+takes any candidate that still fails the same way ends.
+
+The candidates come in the order of the moves most likely to keep a
+failure: a fault fewer, an earlier attempt, an earlier step, a simpler
+setting, a lower worker, and last another kind (a crash that breaks a
+job's recovery is rarely a preemption's failure too).  Plain functions.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from harness import faults as F
 from harness.strategies import SHORT_SECONDS, STEP_KINDS
@@ -49,22 +54,28 @@ def _smaller(value: int) -> List[int]:
     return sorted({v for v in (0, value // 2, value - 1) if 0 <= v < value})
 
 
-def _simpler_faults(f: F.Fault, kinds: Sequence[str]) -> List[F.Fault]:
-    out: List[F.Fault] = []
+# Each move's rank: the lower, the sooner it is tried.
+FEWER, ATTEMPT, STEP, SETTING, WORKER, KIND = range(6)
+
+
+def _simpler_faults(f: F.Fault, kinds: Sequence[str]) -> List[Tuple[int, F.Fault]]:
+    """The faults one move simpler than ``f``, each with its move's rank."""
+    out: List[Tuple[int, F.Fault]] = []
     if not isinstance(f, F.StepFault) or f.task is not None:
         return out
     kind = type(f).__name__
     for k in kinds:
         if k in STEP_KINDS and kind in STEP_KINDS and STEP_KINDS.index(k) < STEP_KINDS.index(kind):
-            out.append(_plain(k, f))
-    out += [dataclasses.replace(f, attempt=a) for a in _smaller(f.attempt)]
-    out += [dataclasses.replace(f, step=s) for s in _smaller(f.step)]
-    out += [dataclasses.replace(f, worker=w) for w in _smaller(f.worker)]
+            out.append((KIND, _plain(k, f)))
+    out += [(ATTEMPT, dataclasses.replace(f, attempt=a)) for a in _smaller(f.attempt)]
+    out += [(STEP, dataclasses.replace(f, step=s)) for s in _smaller(f.step)]
+    out += [(WORKER, dataclasses.replace(f, worker=w)) for w in _smaller(f.worker)]
     if isinstance(f, F.Crash):
-        out += [dataclasses.replace(f, how=h) for h in F.CRASH_HOW[:F.CRASH_HOW.index(f.how)]]
+        out += [(SETTING, dataclasses.replace(f, how=h))
+                for h in F.CRASH_HOW[:F.CRASH_HOW.index(f.how)]]
     if isinstance(f, (F.Pause, F.Delay)):
         shorter = [s for s in SHORT_SECONDS if f.seconds is None or s < f.seconds]
-        out += [dataclasses.replace(f, seconds=s) for s in shorter]
+        out += [(SETTING, dataclasses.replace(f, seconds=s)) for s in shorter]
     return out
 
 
@@ -76,15 +87,18 @@ def valid(plan: Sequence[F.Fault]) -> bool:
 
 
 def simpler(plan: Sequence[F.Fault], kinds: Sequence[str] = STEP_KINDS) -> List[Plan]:
-    """The plans one change simpler than ``plan``, the simplest first: one
-    fault fewer; a fault of an earlier kind of ``kinds``, in an earlier
-    attempt, at an earlier step (the first, half way, one before), at a
-    lower worker, with a simpler setting."""
+    """The plans one change simpler than ``plan``, by move (see the module
+    docstring), the simplest first within a move: one fault fewer; a fault
+    in an earlier attempt, at an earlier step (the first, half way, one
+    before), with a simpler setting, at a lower worker, of an earlier kind
+    of ``kinds``.  Each plan once, at its cheapest move."""
     plan = tuple(plan)
-    out: Set[Plan] = set()
-    if len(plan) > 1:
-        out.update(plan[:i] + plan[i + 1:] for i in range(len(plan)))
+    rank: Dict[Plan, int] = {}
+    moves = [(FEWER, plan[:i] + plan[i + 1:]) for i in range(len(plan))] if len(plan) > 1 else []
     for i, f in enumerate(plan):
-        out.update(plan[:i] + (g,) + plan[i + 1:] for g in _simpler_faults(f, kinds))
+        moves += [(r, plan[:i] + (g,) + plan[i + 1:]) for r, g in _simpler_faults(f, kinds)]
     below = order(plan)
-    return sorted((p for p in out if valid(p) and order(p) < below), key=order)
+    for r, p in moves:
+        if valid(p) and order(p) < below:
+            rank[p] = min(r, rank.get(p, r))
+    return sorted(rank, key=lambda p: (rank[p], order(p)))

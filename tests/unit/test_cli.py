@@ -134,6 +134,9 @@ def test_explore_takes_the_cluster_options_and_its_own():
         _parser("explore").parse_args(["--property", "fast"])
     with pytest.raises(SystemExit):   # a run option is not explore's
         _parser("explore").parse_args(["--fault", "Crash(0, 1)"])
+    ns = _parser("explore").parse_args(["--reproduce", "-1"])
+    with pytest.raises(SettingError, match="--reproduce"):
+        check_settings(dict(reproduce=ns.reproduce), lambda name: "--" + name)
 
 
 @pytest.mark.parametrize("line,plan", [

@@ -2,6 +2,7 @@
 loop on a fake job, and the saved plans."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import types
 from typing import Tuple
@@ -18,7 +19,8 @@ from harness.diagnosis.observations import Event
 from harness.errors import SettingError
 from harness.explore import properties, shrink
 from harness.explore.attribution import Attribution, attribute
-from harness.explore.search import SavedPlans, explore, longest_wait
+from harness.explore.search import SavedPlans, explore, hang_timeout
+from harness.explore.space import Space
 
 STEPS = 12
 
@@ -60,8 +62,8 @@ def survives_judge(invariant):
 def search(run, judge, kinds=("Crash",), budget=1e9, seed=0, saved=None, max_faults=1, **kw):
     clock = kw.pop("clock", None)
     extra = {"clock": clock} if clock else {}
-    return explore(run, judge, strategy_for=lambda steps: strategies.plans(
-        3, steps, list(kinds), min_faults=1, max_faults=max_faults), kinds=kinds,
+    return explore(run, judge, space_for=lambda steps: Space(
+        3, steps, tuple(kinds), max_faults=max_faults), kinds=kinds,
         property="survives", budget=budget, shrink_budget=budget, seed=seed, timeout=None,
         most_timeout=60.0, saved=saved, **extra, **kw)
 
@@ -81,6 +83,24 @@ def test_the_simplest_candidates_come_first():
     assert (F.Crash(2, 7, "kill"),) in cands and (F.Crash(0, 8, "kill"),) in cands
     assert (F.Crash(2, 8, "exit"),) in cands
     assert all(len(p) == 1 for p in cands)
+    assert len(cands) == len(set(cands))
+
+
+def test_the_moves_most_likely_to_keep_a_failure_come_first():
+    """A fault fewer, then an earlier step, a simpler setting, a lower
+    worker, and another kind last (a Preempt that is already as small as
+    it gets is not tried as a crash first)."""
+    cands = shrink.simpler((F.Preempt(2, 6), F.Crash(1, 4, "kill")), ["Crash", "Preempt"])
+    moves = [c for c in cands]
+    assert moves[0] in {(F.Preempt(2, 6),), (F.Crash(1, 4, "kill"),)}
+    first_step = next(i for i, c in enumerate(moves) if len(c) == 2 and c[0].step < 6
+                      and isinstance(c[0], F.Preempt))
+    first_kind = next(i for i, c in enumerate(moves) if isinstance(c[0], F.Crash)
+                      and c[0].worker == 2)
+    first_worker = next(i for i, c in enumerate(moves) if len(c) == 2 and c[0].worker < 2
+                        and isinstance(c[0], F.Preempt))
+    assert first_step < first_worker < first_kind
+    assert shrink.simpler((F.Preempt(0, 0),), ["Crash", "Preempt"])[-1] == (F.Crash(0, 0),)
 
 
 @settings(max_examples=50, deadline=None)
@@ -109,6 +129,16 @@ def test_culprits_are_told_relative_to_the_plan():
     assert a == b and a.culprits == ("faulted",)
     c = properties.signature_of(fake_result("crashed", (1,), acted=[F.Crash(0, 5)]), (F.Crash(0, 5),))
     assert c.culprits == ("other",)
+
+
+def test_a_signature_s_roles_are_a_multiset_whatever_the_workers_order():
+    """Every worker blamed: a crash of worker 2 and one of worker 0 fail
+    the same way, so a shrink can move the fault to worker 0."""
+    late = properties.signature_of(
+        fake_result("hang", (0, 1, 2), ambiguous=True, acted=[F.Crash(2, 3)]), (F.Crash(2, 3),))
+    early = properties.signature_of(
+        fake_result("hang", (0, 1, 2), ambiguous=True, acted=[F.Crash(0, 3)]), (F.Crash(0, 3),))
+    assert late == early and late.culprits == ("faulted", "other", "other")
 
 
 def test_survives_holds_on_completion_and_breaks_on_the_invariant():
@@ -200,10 +230,27 @@ def test_a_job_that_fails_without_faults_is_the_failure():
 
 
 def test_the_plans_hang_timeout_comes_from_the_fault_free_run():
-    r = fake_result()
-    assert longest_wait(r) == pytest.approx(0.1, abs=1e-9)
     found = search(lambda plan, t: fake_result(acted=plan), survives_judge(None), budget=1e9)
     assert found.timeout == 3.0   # five times 0.1 s is below the least
+
+
+def _stepped(times, finish):
+    w = types.SimpleNamespace(events=tuple(Event(t, "step", i) for i, t in enumerate(times)),
+                              finish_time=finish)
+    return types.SimpleNamespace(observation=types.SimpleNamespace(workers=(w,)))
+
+
+def test_the_hang_timeout_covers_the_start_up_the_usual_step_and_the_longest():
+    steady = [2.0 + 0.5 * i for i in range(10)]
+    assert hang_timeout(_stepped(steady, 7.0), 3.0, 60.0) == pytest.approx(4.0)   # 2 x start-up
+    fast = [0.5 + 1.0 * i for i in range(10)]
+    assert hang_timeout(_stepped(fast, 10.5), 3.0, 60.0) == pytest.approx(5.0)    # 5 x a step
+    # One slow gap of 4 s among steps of 0.5 s moves it to twice that gap,
+    # not five times: the search's timeout no longer rides on one outlier.
+    slow_once = steady[:5] + [t + 4.0 for t in steady[5:]]
+    assert hang_timeout(_stepped(slow_once, 11.0), 3.0, 60.0) == pytest.approx(2 * 4.5)
+    assert hang_timeout(_stepped(steady, 7.0), 3.0, 3.5) == 3.5
+    assert hang_timeout(_stepped([], None), 3.0, 60.0) == 3.0
 
 
 def test_a_saved_failure_runs_first_and_a_fixed_one_is_dropped():
@@ -230,7 +277,8 @@ def test_bad_arguments_name_themselves():
     cluster = types.SimpleNamespace(settings=None)
     for kwargs, named in [(dict(property="fast"), "property"), (dict(kinds=["Nap"]), "kinds"),
                           (dict(budget=0), "budget"), (dict(max_faults=0), "max_faults"),
-                          (dict(seed=-1), "seed"), (dict(invariant=3), "invariant")]:
+                          (dict(seed=-1), "seed"), (dict(invariant=3), "invariant"),
+                          (dict(reproduce=-1), "reproduce"), (dict(kinds=[int]), "kinds")]:
         with pytest.raises(SettingError, match=f"explore\\({named}"):
             explore_cluster(cluster, print, **kwargs)
 
@@ -266,7 +314,7 @@ def test_the_search_reports_each_run_as_it_starts_and_ends():
     from harness.explore.search import STAGES
     assert [p.stage for p in seen][:2] == ["fault-free run"] * 2
     assert seen[0].running == () and seen[0].runs == 0 and seen[1].last == ()
-    assert {p.stage for p in seen} <= set(STAGES) and seen[-1].stage == "shrink"
+    assert {p.stage for p in seen} <= set(STAGES) and seen[-1].stage == "replay"
     started = [p for p in seen if p.running is not None]
     ended = [p for p in seen if p.running is None]
     assert len(started) == len(ended) == seen[-1].runs
@@ -287,3 +335,47 @@ def test_the_result_lines_round_the_timeout_and_say_what_a_culprit_is():
     summary = Exploration("survives", 3, {"completed": 3}, (1.0,) * 3, 8, 3.44184, 1, False,
                           3.0).summary()
     assert "hang timeout 3.4 s" in summary and "3.44" not in summary
+
+
+def test_the_smallest_plan_is_replayed_and_a_racy_one_is_reported_with_its_rate():
+    run, invariant = crash_window_job()
+    found = search(run, survives_judge(invariant), reproduce=3)
+    assert (found.failure.replays, found.failure.reproduced) == (3, 3)
+    assert not found.failure.racy and "reproduced 3 of 3 replays" in found.summary()
+    # Breaks once in two runs of the same plan: the race is said, with its rate.
+    calls = collections.Counter()
+
+    def racy(plan, timeout):
+        calls[plan] += 1
+        r = run(plan, timeout)
+        r.repeated = r.repeated and calls[plan] % 2 == 1
+        return r
+    found = search(racy, survives_judge(invariant), reproduce=4)
+    assert found.failure.plan == (F.Crash(0, 7, "exit"),)
+    assert (found.failure.replays, found.failure.reproduced) == (4, 2) and found.failure.racy
+    assert "RACY: failed the same way in 2 of 4 replays (3 of 5 runs in all)" in found.summary()
+
+
+def test_a_search_that_finds_nothing_says_what_it_covered():
+    run, invariant = crash_window_job(window=())
+    now = [0.0]
+
+    def timed(plan, timeout):
+        now[0] += 1.0
+        return run(plan, timeout)
+    found = search(timed, survives_judge(invariant), kinds=("Crash", "Preempt"), budget=10.0,
+                   clock=lambda: now[0])
+    assert found.failure is None and len(found.plans) == found.runs - 1
+    summary = found.summary()
+    assert "no plan broke the property; covered: " in summary
+    assert f"{found.runs - 1} of {found.runs - 1} plans acted" in summary
+    # Ten runs spread over every kind and role before going deeper.
+    assert found.coverage.by_kind["Crash"] >= 3 and found.coverage.by_kind["Preempt"] >= 3
+    assert set(found.coverage.by_role) == {"worker 0", "another worker"}
+
+
+def test_kinds_are_named_or_given_as_the_fault_classes():
+    from harness.explore import check_kinds
+    assert check_kinds([F.Crash, "Pause"], "survives") == ("Crash", "Pause")
+    assert check_kinds(F.Preempt, "survives") == ("Preempt",)
+    assert check_kinds("Crash, Delay", "survives") == ("Crash", "Delay")

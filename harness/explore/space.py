@@ -1,0 +1,196 @@
+"""The space a search draws its plans from, and the draws: plain functions
+and a seeded draw, no TensorFlow, no hypothesis.
+
+A fault's place in the space is its *cell*: its kind, its worker's role
+(worker 0, which does the chief's part of a job, or one of the others,
+which are alike unless the job tells them apart) and the window of steps
+it falls in (the job's steps cut in up to :data:`WINDOWS` runs of steps).
+:class:`Draws` picks the next plan from the cell run least so far, so a
+short search spreads over every kind, role and part of the job before it
+goes deeper, and a plan is never drawn twice; kinds a property rarely
+fails on count for less (:func:`kind_weights`).  With ``max_faults`` > 1
+it also draws plans of several faults: a second fault in the restart
+attempt of a plan that made a restart happen (a fault during recovery),
+or elsewhere in the first attempt.  Plans that made a restart happen are
+the search's guide: their neighbours (the step before or after, the
+other role) are drawn before the rest of the space.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+from harness import faults as F
+from harness.explore.shrink import Plan, valid
+from harness.strategies import SHORT_SECONDS
+
+Cell = Tuple[str, str, int]   # (kind, role, window)
+
+# The most windows a job's steps are cut in.
+WINDOWS = 4
+# The roles, by what a worker does for the job.
+CHIEF_ROLE, OTHER_ROLE = "worker 0", "another worker"
+# The share of draws that follow a plan which made a restart happen, once
+# there is one, and that add a fault to such a plan (max_faults > 1).
+NEAR_SHARE, MORE_SHARE = 0.25, 0.35
+
+
+def kind_weights(kinds: Sequence[str], property: str) -> Dict[str, float]:
+    """How much of the search each kind gets, relative to a crash's: under
+    ``survives`` a delay or a pause far under the hang timeout rarely
+    breaks a job, so they are drawn a quarter and half as often."""
+    rare = {"Delay": 0.25, "Pause": 0.5} if property == "survives" else {}
+    return {k: rare.get(k, 1.0) for k in kinds}
+
+
+def _settings(kind: str, for_ever: bool) -> Tuple[tuple, ...]:
+    """Each setting a fault of ``kind`` is drawn with, as constructor arguments."""
+    if kind == "Crash":
+        return tuple((h,) for h in F.CRASH_HOW)
+    if kind == "Delay":
+        return tuple((s,) for s in SHORT_SECONDS)
+    if kind == "Pause":
+        return tuple((s,) for s in SHORT_SECONDS + ((None,) if for_ever else ()))
+    return ((),)
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """Every plan a search may run: faults of ``kinds`` at workers
+    ``0..workers-1`` and steps ``0..steps-1``; with ``max_faults`` > 1, up
+    to that many, in attempts ``0..attempts-1``."""
+
+    workers: int
+    steps: int
+    kinds: Tuple[str, ...]
+    max_faults: int = 1
+    attempts: int = 1
+    for_ever: bool = False
+
+    def windows(self) -> Tuple[range, ...]:
+        """The job's steps cut in up to :data:`WINDOWS` runs, the first
+        ones longer by one where they do not divide evenly."""
+        n = min(WINDOWS, self.steps)
+        size, extra = divmod(self.steps, n)
+        out, start = [], 0
+        for i in range(n):
+            end = start + size + (i < extra)
+            out.append(range(start, end))
+            start = end
+        return tuple(out)
+
+    def window_of(self, step: int) -> int:
+        return next(i for i, w in enumerate(self.windows()) if step in w)
+
+    def roles(self) -> Tuple[str, ...]:
+        return (CHIEF_ROLE, OTHER_ROLE) if self.workers > 1 else (CHIEF_ROLE,)
+
+    @staticmethod
+    def role_of(worker: int) -> str:
+        return CHIEF_ROLE if worker == 0 else OTHER_ROLE
+
+    def workers_of(self, role: str) -> range:
+        return range(1) if role == CHIEF_ROLE else range(1, self.workers)
+
+    def cells(self) -> Tuple[Cell, ...]:
+        return tuple((k, r, w) for k in self.kinds for r in self.roles()
+                     for w in range(len(self.windows())))
+
+    def cell_of(self, fault: F.Fault) -> Cell:
+        return (type(fault).__name__, self.role_of(fault.worker),
+                self.window_of(getattr(fault, "step", 0)))
+
+    def singles(self, cell: Cell) -> List[Plan]:
+        """Every one-fault plan of ``cell``, in the first attempt."""
+        kind, role, window = cell
+        cls = getattr(F, kind)
+        return [(cls(w, s, *setting),) for w in self.workers_of(role)
+                for s in self.windows()[window] for setting in _settings(kind, self.for_ever)]
+
+    def size(self) -> int:
+        """How many one-fault plans there are."""
+        return sum(len(self.singles(c)) for c in self.cells())
+
+
+def canonical(plan: Sequence[F.Fault]) -> Plan:
+    """A plan's faults in one order (by attempt, step, worker): two plans
+    that differ only in their order are one."""
+    return tuple(sorted(plan, key=lambda f: (f.attempt, getattr(f, "step", 0), f.worker,
+                                             type(f).__name__, repr(f))))
+
+
+class Draws:
+    """The next plan to run, seeded: ``next(ran, restarted)`` with the
+    plans run so far and those of them that made a restart happen; None
+    when every plan the draws can reach has run."""
+
+    def __init__(self, space: Space, seed: int, weights: Optional[Dict[str, float]] = None):
+        self.space = space
+        self.rng = random.Random(seed)
+        self.weights = weights or dict.fromkeys(space.kinds, 1.0)
+        self.tries: Dict[Cell, int] = dict.fromkeys(space.cells(), 0)
+        self.left: Dict[Cell, List[Plan]] = {}
+
+    def _single(self, ran: Set[Plan]) -> Optional[Plan]:
+        open_cells = [c for c in self.space.cells() if self._left_in(c, ran)]
+        if not open_cells:
+            return None
+        least = min(self.tries[c] / self.weights[c[0]] for c in open_cells)
+        cell = self.rng.choice([c for c in open_cells
+                                if self.tries[c] / self.weights[c[0]] == least])
+        self.tries[cell] += 1
+        plans = self.left[cell]
+        return plans.pop(self.rng.randrange(len(plans)))
+
+    def _left_in(self, cell: Cell, ran: Set[Plan]) -> bool:
+        if cell not in self.left:
+            self.left[cell] = self.space.singles(cell)
+        self.left[cell] = [p for p in self.left[cell] if p not in ran]
+        return bool(self.left[cell])
+
+    def _near(self, plan: Plan) -> Iterator[Plan]:
+        """Plans one step or the other role from ``plan``'s first fault."""
+        f = plan[0]
+        moves: List[F.Fault] = []
+        if isinstance(f, F.StepFault):
+            moves += [dataclasses.replace(f, step=s) for s in (f.step - 1, f.step + 1)
+                      if 0 <= s < self.space.steps]
+        moves += [dataclasses.replace(f, worker=w) for w in range(self.space.workers)
+                  if self.space.role_of(w) != self.space.role_of(f.worker)]
+        self.rng.shuffle(moves)
+        return ((g,) + plan[1:] for g in moves)
+
+    def _more(self, plan: Plan) -> Iterator[Plan]:
+        """``plan`` with one fault more: in the restart attempt when there
+        is one, else elsewhere in the first."""
+        later = self.space.attempts > 1 and all(f.attempt == 0 for f in plan)
+        for _ in range(8):
+            kind = self.rng.choice(self.space.kinds)
+            setting = self.rng.choice(_settings(kind, self.space.for_ever))
+            worker = self.rng.randrange(self.space.workers)
+            step = self.rng.randrange(self.space.steps)
+            attempt = self.rng.randrange(1, self.space.attempts) if later else 0
+            yield canonical(plan + (getattr(F, kind)(worker, step, *setting, attempt=attempt),))
+
+    def next(self, ran: Set[Plan], restarted: Sequence[Plan]) -> Optional[Plan]:
+        fresh = [p for p in restarted if len(p) < self.space.max_faults] \
+            if self.space.max_faults > 1 else []
+        if fresh and self.rng.random() < MORE_SHARE:
+            for plan in self._more(self.rng.choice(fresh)):
+                if plan not in ran and valid(plan):
+                    return plan
+        if restarted and self.rng.random() < NEAR_SHARE:
+            for plan in self._near(self.rng.choice(list(restarted))):
+                if plan not in ran and valid(plan):
+                    return plan
+        single = self._single(ran)
+        if single is not None or self.space.max_faults == 1:
+            return single
+        # Every one-fault plan has run: plans of several faults, built on them.
+        bases = sorted((p for p in ran if 0 < len(p) < self.space.max_faults), key=repr)
+        for _ in range(4 * len(bases)):
+            for plan in self._more(self.rng.choice(bases)):
+                if plan not in ran and valid(plan):
+                    return plan
+        return None

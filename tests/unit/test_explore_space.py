@@ -1,0 +1,104 @@
+"""The space a search draws from, its draws and what a search covered of
+it: plain functions, no TensorFlow."""
+from __future__ import annotations
+
+import collections
+
+from harness import faults as F
+from harness.explore.coverage import PlanRun, coverage
+from harness.explore.space import CHIEF_ROLE, OTHER_ROLE, Draws, Space, kind_weights
+
+
+def _draw_all(space, seed=0, weights=None, limit=10_000):
+    draws, ran = Draws(space, seed, weights), []
+    while len(ran) < limit:
+        plan = draws.next(set(ran), [])
+        if plan is None:
+            return ran
+        ran.append(plan)
+    return ran
+
+
+def test_the_steps_are_cut_in_windows_the_first_longer():
+    assert [list(w) for w in Space(3, 10, ("Crash",)).windows()] == \
+        [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert [list(w) for w in Space(3, 2, ("Crash",)).windows()] == [[0], [1]]
+    s = Space(3, 10, ("Crash", "Preempt"))
+    assert s.roles() == (CHIEF_ROLE, OTHER_ROLE) and Space(1, 4, ("Crash",)).roles() == (CHIEF_ROLE,)
+    assert len(s.cells()) == 2 * 2 * 4
+    assert s.cell_of(F.Preempt(2, 7)) == ("Preempt", OTHER_ROLE, 2)
+    assert s.size() == 3 * 10 * 3 + 3 * 10
+
+
+def test_the_first_draws_reach_every_cell_before_any_twice():
+    space = Space(4, 12, ("Crash", "RaiseError", "Preempt"))
+    first = _draw_all(space, seed=3)[:len(space.cells())]
+    assert {space.cell_of(p[0]) for p in first} == set(space.cells())
+
+
+def test_no_plan_is_drawn_twice_and_the_draws_end_with_the_space():
+    space = Space(3, 5, ("Crash", "Preempt"))
+    ran = _draw_all(space)
+    assert len(ran) == len(set(ran)) == space.size()
+
+
+def test_the_same_seed_draws_the_same_plans_and_seeds_differ():
+    space = Space(3, 12, ("Crash", "RaiseError", "Delay", "Pause", "Preempt"))
+    assert _draw_all(space, seed=7, limit=30) == _draw_all(space, seed=7, limit=30)
+    firsts = {_draw_all(space, seed=s, limit=1)[0] for s in (0, 1, 2, 3, 7, 1234)}
+    assert len(firsts) > 1
+
+
+def test_delays_and_pauses_are_rare_under_survives():
+    kinds = ("Crash", "RaiseError", "Delay", "Pause", "Preempt")
+    space = Space(3, 20, kinds)
+    ran = _draw_all(space, weights=kind_weights(kinds, "survives"), limit=110)
+    count = collections.Counter(type(p[0]).__name__ for p in ran)
+    assert count["Delay"] < count["Pause"] < count["Crash"]
+    assert (count["Delay"] + count["Pause"]) / len(ran) < 0.3
+    assert kind_weights(kinds, "detected") == dict.fromkeys(kinds, 1.0)
+
+
+def test_a_plan_that_made_a_restart_happen_guides_the_draws():
+    """Its neighbours come early, and with max_faults=2 and a restart
+    attempt, plans with a second fault in that attempt."""
+    space = Space(3, 12, ("Crash",), max_faults=2, attempts=2)
+    draws, ran = Draws(space, 0), []
+    guide = (F.Crash(1, 6),)
+    ran.append(guide)
+    for _ in range(40):
+        ran.append(draws.next(set(ran), [guide]))
+    near = {(F.Crash(1, 5),), (F.Crash(1, 7),)}
+    assert near & set(ran)
+    later = [p for p in ran if len(p) == 2]
+    assert later and all(p[0] == guide[0] and p[1].attempt == 1 for p in later)
+
+
+def _ran(plan, acted=None, restarted=False, ended="completed"):
+    return PlanRun(tuple(plan), ended, tuple(plan if acted is None else acted), restarted, 1.0)
+
+
+def test_coverage_names_what_no_plan_reached():
+    space = Space(3, 8, ("Crash", "Preempt"))
+    runs = [_ran([F.Crash(0, 0)]), _ran([F.Crash(2, 5)], restarted=True),
+            _ran([F.Preempt(1, 7)], acted=(), ended="a fault never acted")]
+    c = coverage(space, runs)
+    assert (c.plans, c.acted, c.never_acted, c.restarted) == (3, 2, 1, 1)
+    assert c.by_kind == {"Crash": 2} and c.by_role == {CHIEF_ROLE: 1, OTHER_ROLE: 1}
+    assert set(c.reached) == {("Crash", CHIEF_ROLE, 0), ("Crash", OTHER_ROLE, 2)}
+    text = "\n".join(c.lines())
+    # The preemption never acted: every one of its cells is named unreached.
+    assert "covered: 2 of 3 plans acted (1 never acted); 2 of 16 cells" in text
+    assert "never reached: Preempt anywhere; Crash at worker 0, steps 2-3;" in text
+    assert "Crash at another worker, steps 6-7" in text and "more" not in text
+    assert "by kind: Crash 2, Preempt 0" in text
+    assert "1 plans made a restart happen; 0 faults acted in a restart attempt" in text
+
+
+def test_coverage_counts_a_fault_in_a_restart_attempt_only_where_it_acted():
+    space = Space(2, 4, ("Crash",), max_faults=2, attempts=2)
+    second = F.Crash(0, 1, attempt=1)
+    runs = [_ran([F.Crash(1, 2), second], restarted=True),
+            _ran([F.Crash(1, 3), second], acted=[F.Crash(1, 3)], restarted=True)]
+    c = coverage(space, runs)
+    assert c.in_restart == 1 and c.acted == 1 and c.never_acted == 1
