@@ -64,7 +64,7 @@ if TYPE_CHECKING:   # for type checkers and the API docs: at run time, __getattr
         Collective, CollectiveOp, DivergentVariable, Outcome, ReferenceCheck, ReplicaCheck,
         RunObservation, WorkerObservation)
     from harness.diagnosis.order import OrderDivergence  # noqa: F401
-    from harness.explore.search import BreakingPlan, Exploration  # noqa: F401
+    from harness.explore.results import BreakingPlan, Exploration  # noqa: F401
     from harness.diagnosis.stragglers import StragglerReport, WorkerArrival  # noqa: F401
     from harness.launch.manager import guarded_manager  # noqa: F401
     from harness.errors import (  # noqa: F401

@@ -32,11 +32,13 @@ and its restart (``grace=1``): 3-5 minutes for a job's 48-60 plans.
 The scenarios run the window's plan on the last worker.  The searches
 (``test_search_*``, culprit checks of the broken scenarios) run
 ``mwms_cluster.explore(..., kinds=["Crash"], restarts=1)`` with a seed whose
-second to fourth plan falls in the window at 2, 3 and 4 workers.  The draws
-are the harness's own (:mod:`harness.explore.space`), so a seed draws the
-same plans whatever hypothesis is installed.  A fresh seed needs a median of
-13-14 plans for the accumulation and 22-25 for the pointer at 2-4 workers
-(the draws of 300 seeds, worked out without running them), and the
+third plan falls in the window at 2, 3 and 4 workers (the accumulation,
+which writes at every step, so no step stands out), or with the crashes
+the search tries first around the job's one write (the pointer).  The
+draws are the harness's own (:mod:`harness.explore.space`), so a seed
+draws the same plans whatever hypothesis is installed.  A fresh seed needs
+a median of 12-15 plans for the accumulation and 3 for the pointer at 2
+and 3 workers (``python -m harness.bench.explore draws``), and the
 searches' budget of 120 s covers that.  A search over the
 ``BackupAndRestore`` job (seed 26, the same budget) found a crash at step
 12 at 2, 3 and 4 workers, measured 2026-12-03; it is left out of the suite
@@ -526,9 +528,11 @@ def test_chief_names_the_checkpoint_once_saved(mwms_cluster):
 def test_search_finds_the_pointer_window(mwms_cluster):
     """``explore`` over single crashes finds a crash of a worker other than
     the chief at step 12 (the chief's crash there comes before the pointer
-    and is survived).  Seed 233 draws a plan of the window third at 2
-    workers and second at 3 and 4 (1 of 40 plans breaks it at 2 workers);
-    the shrink, which would only lower the worker to 1, is cut to a second."""
+    and is survived).  The fault-free run sees the job's one write at the
+    boundary of step 13, so the search first crashes each role at steps 12
+    and 13: the window is among its first four plans, whatever the seed
+    (1 of 40 plans breaks it at 2 workers); the shrink, which would only
+    lower the worker to 1, is cut to a second."""
     found = mwms_cluster.explore(pointer_loop, invariant=every_step_applied_once,
                                  kinds=["Crash"], restarts=1, seed=233, shrink_budget=1,
                                  check=False, **_SEARCH)

@@ -99,3 +99,17 @@ def test_the_diagnosis_names_the_faulted_worker_of_every_plan_of_a_small_space(m
     assert found.exhausted and found.runs == 1 + 8, found.summary()
     assert found.outcomes == {"completed": 1, "failed": 4, "hang": 4}, found.summary()
     assert found.timeout == 3.0   # a warm step is far below the least timeout
+
+
+def test_a_run_that_watches_its_state_reports_where_run_dir_was_written(mwms_cluster):
+    """The job writes its state at the end of every step (a temporary file
+    renamed): each boundary from step 1 on sees the write of the step
+    before; a run that does not watch reports nothing."""
+    from harness.explore.search import state_steps
+    watched = mwms_cluster.run(resumable, watch_state=True)
+    watched.assert_completed()
+    assert state_steps(watched) == tuple(range(1, STEPS))
+    saved = [e for e in watched.observation.workers[1].events if e.kind == "saved"]
+    assert saved[0].step == 1 and "state-1.json" in saved[0].data["files"]
+    plain = mwms_cluster.run(resumable)
+    assert state_steps(plain) == ()

@@ -89,7 +89,8 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
         step_function=req.step_fn, attempt=attempt,
         replicas_path=os.path.join(files, f"worker-{i}.npz") if req.fingerprint else "",
         reference_workers=job.reference_workers, exit_on_return=req.exit_on_return,
-        netns=job.netns[i] if job.netns else None, run_dir=job.run_dir)
+        netns=job.netns[i] if job.netns else None, run_dir=job.run_dir,
+        watch_state=req.watch_state)
         for i in range(n)]
 
 

@@ -117,7 +117,7 @@ class Cluster:
             restart_policy: Optional[str] = None, restart_echoes_together: bool = True,
             sync_check: bool = False, ledger=True, check_replicas=False, reference=False,
             progress: Optional[OnProgress] = None,
-            end_when_certain: bool = False) -> RunResult:
+            end_when_certain: bool = False, watch_state: bool = False) -> RunResult:
         """Run ``fn(*args, **kwargs)`` on every worker and return the verdict.
 
         Every argument is checked before any process starts; a bad one is a
@@ -174,6 +174,10 @@ class Cluster:
           second; it may return a new hang timeout, or a :class:`Steer`.
         - ``end_when_certain=True``: a run that provably can never complete
           ends at once, without the grace or the hang timeout.
+        - ``watch_state=True``: at each step boundary every worker looks
+          for files written under ``harness.context().run_dir`` since the
+          last and reports them (events of kind ``"saved"``): where the job
+          keeps its state, for :meth:`explore`'s fault points.
         """
         checked = time.monotonic()
         request = make_request(
@@ -183,7 +187,7 @@ class Cluster:
             step_fn=step_fn, check_replicas=check_replicas, reference=reference,
             on_return=on_return, progress=progress, cluster=cluster,
             end_when_certain=end_when_certain,
-            restart_echoes_together=restart_echoes_together)
+            restart_echoes_together=restart_echoes_together, watch_state=watch_state)
         self.runs.append(self.submit(request, checked))
         return self.runs[-1]
 

@@ -50,7 +50,7 @@ class RunRequest:
       restart), ``tolerance`` (``check_replicas``; None: off),
       ``reference_tolerance`` (``reference``; None: off), ``exit_on_return``
       (``on_return="exit"``), ``progress``, ``end_when_certain``,
-      ``restart_echoes_together``.
+      ``restart_echoes_together``, ``watch_state``.
     - ``network``: how the run is networked, chosen from the settings and
       the plan (:func:`harness.network.choose_network`).
     """
@@ -68,6 +68,7 @@ class RunRequest:
     exit_on_return: bool = False
     end_when_certain: bool = False
     restart_echoes_together: bool = True
+    watch_state: bool = False
     progress: Optional[OnProgress] = None
     network: NetworkChoice = NetworkChoice("host")  # noqa: RUF009 - frozen, shared safely
 
@@ -163,6 +164,7 @@ VALIDATORS = {
     "progress": parse_progress,
     "end_when_certain": lambda value: _flag(value, "run(end_when_certain=...)"),
     "restart_echoes_together": lambda value: _flag(value, "run(restart_echoes_together=...)"),
+    "watch_state": lambda value: _flag(value, "run(watch_state=...)"),
 }
 
 
@@ -193,5 +195,6 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
         exit_on_return=values.get("on_return", False), progress=values.get("progress"),
         end_when_certain=values.get("end_when_certain", False),
         restart_echoes_together=values.get("restart_echoes_together", True),
+        watch_state=values.get("watch_state", False),
         network=choose_network(settings.network, backend.no_network_namespace, plan))
 

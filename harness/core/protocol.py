@@ -59,6 +59,10 @@ class Kind(TextEnum):
     # data {"path": the checkpoint read, or None: nothing to restore};
     # step: the step whose boundary was reported last (None: before the first).
     RESTORED = "restored"
+    # The run's directory changed since the last step boundary (with
+    # run(watch_state=True)): data {"files": the names written, up to 8};
+    # step: the boundary where it was seen (the write was in the step before).
+    SAVED = "saved"
     # A dataset fn distributed (harness.worker.datasets): data
     # {"cardinality": its length, -1 for ever, -2 unknown}.
     DATASET = "dataset"
@@ -70,7 +74,7 @@ REPLICAS, DRAIN, LEDGER_OFF = Kind.REPLICAS, Kind.DRAIN, Kind.LEDGER_OFF
 LEDGER_FUNCTION, LEDGER_COLLECTIVE = Kind.LEDGER_FUNCTION, Kind.LEDGER_COLLECTIVE
 LEDGER_SITE = Kind.LEDGER_SITE
 NAME_UNRESOLVED, NAME_RESOLVED = Kind.NAME_UNRESOLVED, Kind.NAME_RESOLVED
-RESTORED, DATASET = Kind.RESTORED, Kind.DATASET
+RESTORED, DATASET, SAVED = Kind.RESTORED, Kind.DATASET, Kind.SAVED
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_SITE, LEDGER_OFF)
 
@@ -182,6 +186,7 @@ class WorkerSpec:
     exit_on_return: bool = False   # exit once fn returned, as a script ends (on_return="exit")
     netns: Optional[tuple] = None  # (user ns path, net ns path) to join first; None: the host's
     run_dir: str = ""   # the run's directory, kept across its attempts (ctx.run_dir)
+    watch_state: bool = False   # report where run_dir changes (protocol.SAVED)
 
 
 # A worker's process name carries its log's path after this mark, so that

@@ -17,14 +17,15 @@ object it is handed, never :mod:`harness.controller`, which imports it.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from harness import faults as F
 from harness import plan as plan_module
 from harness.errors import ExplorationFailed, SettingError
 from harness.explore.properties import PROPERTIES
 from harness.explore.coverage import Coverage, PlanRun
-from harness.explore.search import REPRODUCE, Exploration, BreakingPlan, SavedPlans, SearchProgress
+from harness.explore.results import BreakingPlan, Exploration, SearchProgress
+from harness.explore.search import REPRODUCE, SavedPlans
 from harness.explore.search import explore as run_search
 from harness.explore.space import Space, kind_weights
 from harness.validators import (parse_choice, parse_restarts, parse_seconds, parse_seed,
@@ -150,9 +151,10 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
         progress, run_options["progress"] = _with_run_progress(progress)
 
     def run(plan, plan_timeout):
+        # The fault-free run tells where the job writes its state.
         result = cluster.run(fn, args, kwargs, faults=plan, restarts=restarts,
                              restart_policy=restart_policy, timeout=plan_timeout,
-                             end_when_certain=True, **run_options)
+                             end_when_certain=True, watch_state=not plan, **run_options)
         cluster.runs.pop()   # the search's runs are not the test's: its failure is
         return result
 
@@ -167,9 +169,9 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
         return all(type(f).__name__ in chosen and f.worker < workers
                    and getattr(f, "step", 0) < steps for f in plan)
 
-    def space_for(steps: int) -> Space:
+    def space_for(steps: int, state_steps: Tuple[int, ...]) -> Space:
         return Space(workers, steps, chosen, max_faults=max_faults, attempts=attempts,
-                     for_ever=property != "survives")
+                     for_ever=property != "survives", state_steps=state_steps)
 
     saved = SavedPlans(f"{key or job_key(fn, args, kwargs)} property={property} "
                        f"workers={settings.workers} restarts={restarts}")

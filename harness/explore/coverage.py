@@ -46,6 +46,7 @@ class Coverage:
     never_acted: int                # plans with a fault that never acted
     restarted: int
     in_restart: int                 # faults that acted in a restart attempt
+    at_state: int                   # faults that acted at a state point
     by_kind: Dict[str, int]
     by_role: Dict[str, int]
     by_window: Dict[int, int]
@@ -76,9 +77,23 @@ class Coverage:
                                              for w in range(len(s.windows()))))
         out.append(f"  {self.restarted} plans made a restart happen; {self.in_restart} faults "
                    f"acted in a restart attempt")
+        out.append(self.state_text())
         if self.unreached:
             out.append("  never reached: " + self.unreached_text())
         return tuple(out)
+
+    def state_text(self) -> str:
+        s = self.space
+        if not s.state_steps:
+            return ("  state points: none (the fault-free run wrote nothing under "
+                    "harness.context().run_dir at a step boundary)")
+        seen = ", ".join(str(b) for b in s.state_steps[:12]) + (
+            ", ..." if len(s.state_steps) > 12 else "")
+        if not s.state_points():
+            return (f"  state points: none stand out (the fault-free run wrote under run_dir at "
+                    f"{len(s.state_steps)} of {s.steps} step boundaries)")
+        return (f"  state points: writes seen at the boundaries of steps {seen}; {self.at_state} "
+                f"faults acted just before or after one")
 
     def unreached_text(self, most: int = 8) -> str:
         """The cells never reached: a kind none of whose cells was
@@ -99,10 +114,12 @@ def coverage(space: Space, runs: Sequence[PlanRun], exhausted: bool = False) -> 
     by_role: Dict[str, int] = collections.Counter()
     by_window: Dict[int, int] = collections.Counter()
     reached = set()
-    in_restart = 0
+    in_restart = at_state = 0
+    points = set(space.state_points())
     for r in runs:
         for f in r.acted:
             in_restart += f.attempt > 0
+            at_state += f.attempt == 0 and getattr(f, "step", None) in points
             cell = space.cell_of(f)
             reached.add(cell)
             by_kind[cell[0]] += 1
@@ -111,6 +128,7 @@ def coverage(space: Space, runs: Sequence[PlanRun], exhausted: bool = False) -> 
     acted = sum(r.all_acted for r in runs)
     return Coverage(
         space, len(runs), acted, len(runs) - acted, sum(r.restarted for r in runs), in_restart,
+        at_state,
         dict(by_kind), dict(by_role), dict(by_window),
         tuple(c for c in space.cells() if c in reached),
         tuple(c for c in space.cells() if c not in reached), exhausted)

@@ -31,7 +31,6 @@ nothing.
 """
 from __future__ import annotations
 
-import builtins
 import collections
 import dataclasses
 import itertools
@@ -42,13 +41,13 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 
 from harness import faults_text
 from harness.explore.attribution import acted
-from harness.explore.coverage import Coverage, PlanRun, coverage
+from harness.explore.coverage import PlanRun, coverage
 from harness.explore.properties import NEVER_ACTED, Check, Signature, headline, signature_of
+from harness.explore.results import STAGES, BreakingPlan, Exploration, SearchProgress
 from harness.explore.shrink import Plan, simpler
 from harness.explore.space import Draws, Space
 
 if TYPE_CHECKING:
-    from harness.controller import Progress
     from harness.result import RunResult
 
 # The least hang timeout a plan's run gets: above the longest pause or
@@ -61,145 +60,6 @@ LEAST_TIMEOUT = 3.0
 STARTUP_FACTOR, STEP_FACTOR, LONGEST_FACTOR = 2.0, 5.0, 2.0
 # How many times more the smallest failing plan runs, by default.
 REPRODUCE = 3
-
-
-# What a signature's culprit roles (harness.explore.properties) mean, in words.
-ROLES = {"faulted": "a worker the plan faulted",
-         "other": "a worker the plan did not fault"}
-
-
-def describe(signature: Signature) -> str:
-    """A failure's signature for people: ``crashed; culprit: a worker the
-    plan faulted; error UnavailableError``."""
-    said = [signature.outcome]
-    if signature.culprits:
-        roles = ", ".join(ROLES.get(c, c) for c in signature.culprits)
-        said.append(f"cannot tell, candidates: {roles}" if signature.ambiguous
-                    else f"culprit{'s' if len(signature.culprits) > 1 else ''}: {roles}")
-    if signature.error:
-        said.append(f"error {signature.error}")
-    if signature.broken:
-        said.append(signature.broken)
-    return "; ".join(said)
-
-
-def seconds_text(seconds: float) -> str:
-    """Seconds to a tenth, without a trailing ``.0``: ``3.4``, ``30``."""
-    return f"{seconds:.1f}".removesuffix(".0")
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchProgress:
-    """Where a search is, for a live status line: its ``stage`` (one of
-    :data:`STAGES`), ``runs`` the plans run so far (the shrink's
-    and the replays included), ``elapsed`` seconds since it began, ``left`` seconds left of
-    the stage's budget, ``running`` the plan now running (None between
-    runs) and ``run`` that run's own progress when the caller passes it on
-    (:meth:`later`), ``last`` the plan run last and ``ended`` how it
-    ended (its count in ``Exploration.outcomes``)."""
-
-    stage: str
-    runs: int
-    elapsed: float
-    left: float
-    running: Optional[Plan] = None
-    last: Optional[Plan] = None
-    ended: str = ""
-    run: Optional[Progress] = None
-
-    @property
-    def runs_per_minute(self) -> float:
-        return 60.0 * self.runs / self.elapsed if self.elapsed > 0 else 0.0
-
-    def later(self, seconds: float, run: Optional[Progress] = None) -> SearchProgress:
-        """The same search ``seconds`` later, with the running plan's own progress."""
-        return dataclasses.replace(self, elapsed=self.elapsed + seconds,
-                                   left=max(0.0, self.left - seconds), run=run)
-
-
-# A search's stages, in order.
-STAGES = ("fault-free run", "saved plans", "search", "shrink", "replay")
-
-
-@dataclasses.dataclass(frozen=True)
-class BreakingPlan:
-    """The smallest plan found that breaks the property, and its run."""
-
-    plan: Plan
-    result: RunResult
-    signature: Signature
-    how: str                       # what broke, in words
-    found: Plan                    # the plan the search drew, before shrinking
-    shrink_runs: int = 0
-    shrink_seconds: float = 0.0
-    replays: int = 0               # how many times more the plan ran
-    reproduced: int = 0            # in how many of them it failed the same way
-
-    @property
-    def line(self) -> str:
-        """``faults=[...]``: paste it into ``run()`` to see the failure again."""
-        return faults_text.plan_line(self.plan)
-
-    @property
-    def racy(self) -> bool:
-        """The plan did not fail the same way every time it ran again."""
-        return self.reproduced < self.replays
-
-    def reproduced_text(self) -> str:
-        if not self.replays:
-            return "not replayed (reproduce=0)"
-        if not self.racy:
-            return f"reproduced {self.reproduced} of {self.replays} replays"
-        return (f"RACY: failed the same way in {self.reproduced} of {self.replays} replays "
-                f"({self.reproduced + 1} of {self.replays + 1} runs in all)")
-
-
-@dataclasses.dataclass(frozen=True)
-class Exploration:
-    """What a search did: ``runs`` plans run (the fault-free run, saved
-    plans and the search's draws; the shrink's are in ``failure``),
-    ``outcomes`` how they ended (a histogram), ``seconds`` each run's wall
-    time, ``steps`` the job's steps, ``timeout`` the plans' hang timeout,
-    ``exhausted`` True when every plan there is was run, ``seed`` the
-    seed that draws the same plans again, ``failure`` None or a
-    :class:`BreakingPlan`, ``plans`` each plan the search ran (saved and
-    drawn, not the shrink's) and ``coverage`` what they covered."""
-
-    property: str
-    runs: int
-    outcomes: Dict[str, int]
-    seconds: Tuple[float, ...]
-    steps: int
-    timeout: float
-    seed: int
-    exhausted: bool
-    search_seconds: float
-    failure: Optional[BreakingPlan] = None
-    plans: Tuple[PlanRun, ...] = ()
-    coverage: Optional[Coverage] = None
-
-    @builtins.property   # the builtin: in this class `property` names a field
-    def runs_per_minute(self) -> float:
-        return 60.0 * self.runs / self.search_seconds if self.search_seconds > 0 else 0.0
-
-    def summary(self) -> str:
-        seen = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
-        head = (f"explore ({self.property}): {self.runs} runs in {self.search_seconds:.1f} s "
-                f"({self.runs_per_minute:.0f}/min; {seen}); {self.steps} steps, hang timeout "
-                f"{seconds_text(self.timeout)} s, seed {self.seed}"
-                + ("; every plan was run" if self.exhausted else ""))
-        f = self.failure
-        if f is None:
-            return "\n".join([head, "no plan broke the property; "
-                              + "\n".join(self.coverage.lines() if self.coverage else
-                                          ("coverage not kept",))])
-        return "\n".join([
-            f"{f.line}",
-            f"  breaks '{self.property}': {f.how}",
-            f"  signature: {describe(f.signature)}",
-            f"  found as {faults_text.plan_line(f.found)}; shrunk in {f.shrink_runs} runs "
-            f"({f.shrink_seconds:.1f} s); {f.reproduced_text()}",
-            "  " + head])
 
 
 class SavedPlans:
@@ -254,6 +114,13 @@ def hang_timeout(result: RunResult, least: float, most: float) -> float:
 def restarted(result: RunResult) -> bool:
     """A restart happened in ``result``: of the whole run, or of a task."""
     return len(result.attempts) > 1 or any(len(w.attempts) > 1 for w in result.workers)
+
+
+def state_steps(result: RunResult) -> Tuple[int, ...]:
+    """The step boundaries at which a worker of ``result`` (a run with
+    ``watch_state=True``) saw files written under its run directory."""
+    return tuple(sorted({e.step for w in result.observation.workers for e in w.events
+                         if e.kind == "saved" and e.step is not None}))
 
 
 def job_steps(result: RunResult) -> int:
@@ -390,7 +257,7 @@ def _tally(result: RunResult, check: Check) -> str:
 
 
 def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult, Plan], Check], *,
-            space_for: Callable[[int], Space], kinds: Sequence[str], property: str,
+            space_for: Callable[[int, Tuple[int, ...]], Space], kinds: Sequence[str], property: str,
             budget: float, shrink_budget: float, seed: Optional[int],
             timeout: Optional[float], most_timeout: float,
             weights: Optional[Dict[str, float]] = None, reproduce: int = REPRODUCE,
@@ -398,8 +265,10 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
             is_valid: Callable[[Plan, int], bool] = lambda plan, steps: True,
             clock: Callable[[], float] = time.monotonic,
             progress: Optional[Callable[[SearchProgress], None]] = None) -> Exploration:
-    """See the module docstring.  ``space_for(steps)`` is the space to
-    draw from once the job's steps are known, ``weights`` each kind's share
+    """See the module docstring.  ``space_for(steps, state_steps)`` is the
+    space to draw from once the job's steps and its state points are known
+    (:func:`state_steps`; the fault-free run is asked for with
+    ``watch_state``: ``run`` is told by the empty plan), ``weights`` each kind's share
     of the draws (:func:`harness.explore.space.kind_weights`);
     ``is_valid(plan, steps)`` says whether a saved plan still fits the
     cluster and the job (one that does not is dropped);
@@ -427,7 +296,7 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
             "explore: the job reported no steps in its fault-free run, so no step-keyed fault "
             "can act; report them with harness.context().steps(n), the Keras callback, or "
             "step_fn= (see run())")
-    space = space_for(max(steps, 1))
+    space = space_for(max(steps, 1), state_steps(clean_run))
     if found is None and saved is not None:
         found = search.saved_first(saved, lambda plan: is_valid(plan, steps))
     exhausted = False

@@ -5,9 +5,13 @@ A fault's place in the space is its *cell*: its kind, its worker's role
 (worker 0, which does the chief's part of a job, or one of the others,
 which are alike unless the job tells them apart) and the window of steps
 it falls in (the job's steps cut in up to :data:`WINDOWS` runs of steps).
-:class:`Draws` picks the next plan from the cell run least so far, so a
-short search spreads over every kind, role and part of the job before it
-goes deeper, and a plan is never drawn twice; kinds a property rarely
+Where the fault-free run wrote files under its ``run_dir`` (its *state
+points*: the step boundaries at which a write was seen), :class:`Draws`
+first crashes each role just before and just after each write, as
+crash-recovery bug finders place their crashes around the state a system
+keeps (CrashTuner, Legolas).  Then it picks the next plan from the cell run
+least so far, so a short search spreads over every kind, role and part of
+the job before it goes deeper, and a plan is never drawn twice; kinds a property rarely
 fails on count for less (:func:`kind_weights`).  With ``max_faults`` > 1
 it also draws plans of several faults: a second fault in the restart
 attempt of a plan that made a restart happen (a fault during recovery),
@@ -67,6 +71,17 @@ class Space:
     max_faults: int = 1
     attempts: int = 1
     for_ever: bool = False
+    state_steps: Tuple[int, ...] = ()   # boundaries where the fault-free run had written
+
+    def state_points(self) -> Tuple[int, ...]:
+        """The steps just before and just after each write: a write seen at
+        boundary ``b`` was made in step ``b - 1``, so a fault at ``b - 1``
+        comes before it and one at ``b`` after it.  None where the job
+        writes at most of its steps: then no step stands out."""
+        if 2 * len(self.state_steps) > self.steps:
+            return ()
+        return tuple(sorted({s for b in self.state_steps for s in (b - 1, b)
+                             if 0 <= s < self.steps}))
 
     def windows(self) -> Tuple[range, ...]:
         """The job's steps cut in up to :data:`WINDOWS` runs, the first
@@ -131,6 +146,20 @@ class Draws:
         self.weights = weights or dict.fromkeys(space.kinds, 1.0)
         self.tries: Dict[Cell, int] = dict.fromkeys(space.cells(), 0)
         self.left: Dict[Cell, List[Plan]] = {}
+        self.first = self._around_state()
+
+    def _around_state(self) -> List[Plan]:
+        """A crash (else a preemption, else an error) of each role at each
+        state point, in a drawn order: whether a job breaks before or
+        after its write is its own business."""
+        s = self.space
+        kind = next((k for k in ("Crash", "Preempt", "RaiseError") if k in s.kinds), None)
+        if kind is None:
+            return []
+        plans: List[Plan] = [(getattr(F, kind)(self.rng.choice(s.workers_of(role)), step),)
+                             for step in s.state_points() for role in s.roles()]
+        self.rng.shuffle(plans)
+        return plans
 
     def _single(self, ran: Set[Plan]) -> Optional[Plan]:
         open_cells = [c for c in self.space.cells() if self._left_in(c, ran)]
@@ -174,6 +203,10 @@ class Draws:
             yield canonical(plan + (getattr(F, kind)(worker, step, *setting, attempt=attempt),))
 
     def next(self, ran: Set[Plan], restarted: Sequence[Plan]) -> Optional[Plan]:
+        while self.first:
+            plan = self.first.pop(0)
+            if plan not in ran:
+                return plan
         fresh = [p for p in restarted if len(p) < self.space.max_faults] \
             if self.space.max_faults > 1 else []
         if fresh and self.rng.random() < MORE_SHARE:

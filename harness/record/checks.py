@@ -198,6 +198,12 @@ def _collective(value: Any, what: str) -> dict:
     return obj
 
 
+def _listed(value: Any, what: str) -> list:
+    if not isinstance(value, list):
+        raise Bad(f"{what} is {shown(value)}, not a list")
+    return value
+
+
 def _with(checks: Dict[str, Callable[[Any, str], Any]], required: tuple = ()):
     return lambda value, what: fields(value, what, checks, required)
 
@@ -222,6 +228,7 @@ EVENT_DATA: Dict[str, Callable[[Any, str], Any]] = {
     protocol.NAME_UNRESOLVED: _with({"address": text, "error": optional(text)}),
     protocol.NAME_RESOLVED: _with({"address": text}),
     protocol.RESTORED: _with({"path": optional(text)}),
+    protocol.SAVED: _with({"files": lambda v, w: [text(f, w) for f in _listed(v, w)]}),
     protocol.DATASET: _with({"cardinality": optional(lambda v, w: count(v, w, low=-2))}),
     DUMP: _dump,
     EXIT: _exit,

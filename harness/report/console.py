@@ -78,7 +78,7 @@ def format_progress(p: Progress) -> str:
             f"idle {p.idle:.1f}s of {p.timeout:g}s")
 
 
-# A search's stages (harness.explore.search.STAGES) as the status line says them.
+# A search's stages (harness.explore.results.STAGES) as the status line says them.
 STAGE_WORDS = {"fault-free run": "the fault-free run", "saved plans": "saved plans",
                "search": "searching", "shrink": "shrinking"}
 

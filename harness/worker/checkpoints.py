@@ -1,4 +1,5 @@
-"""Worker side: which checkpoint ``fn`` restored, told to the parent.
+"""Worker side: which checkpoint ``fn`` restored, told to the parent; and
+what the run's directory holds, for a run that reports where it changes.
 
 Every way a job restores a checkpoint in TensorFlow 2 goes through one
 method, ``TrackableSaver.restore``: ``tf.train.Checkpoint.restore`` and
@@ -13,12 +14,28 @@ The patch lives only in this process.
 from __future__ import annotations
 
 import os
+from typing import Dict
 
 from harness.core import protocol
 
 # A job that restores in a loop reports its first restores only: the past
 # it resumed from is told by those before its first step.
 MOST = 16
+
+
+def state_of(run_dir: str) -> Dict[str, tuple]:
+    """Each file under ``run_dir`` (relative name) with its size and
+    modification time: a change in either is a write."""
+    out: Dict[str, tuple] = {}
+    for root, _dirs, files in os.walk(run_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:   # removed while walking: a rename's old name
+                continue
+            out[os.path.relpath(path, run_dir)] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 def checkpoint_path(save_path) -> object:

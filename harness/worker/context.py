@@ -15,6 +15,7 @@ from harness.core import linux, progress, protocol
 from harness.errors import NotInWorkerError
 from harness.faults import Fault
 from harness.plan import at_step
+from harness.worker.checkpoints import state_of
 from harness.worker.actions import act_out, replaces_step
 
 _current: Optional[WorkerContext] = None
@@ -80,9 +81,11 @@ class WorkerContext:
                  step_function: Optional[str] = None, attempt: int = 0,
                  check_replicas: bool = False, reference_workers: int = 0,
                  wait_applied: Optional[Callable[[], None]] = None,
-                 run_dir: Optional[str] = None):
+                 run_dir: Optional[str] = None, watch_state: bool = False):
         self.index = index
         self.run_dir = run_dir
+        # What run_dir held at the last boundary, when the run watches it.
+        self.state: Optional[Dict[str, tuple]] = {} if watch_state and run_dir else None
         self.attempt = attempt
         # A single-worker reference run stands in for a cluster of this many.
         self.reference = reference_workers > 0
@@ -199,6 +202,8 @@ class WorkerContext:
             if self.sync_check and self.strategy is not None:
                 from harness.worker.sync import check_step_sync
                 check_step_sync(self, step)
+            if self.state is not None:
+                self._state_changes(step)
             run_body = True
             for f in self._due(step):
                 self._act(f, step)
@@ -206,6 +211,16 @@ class WorkerContext:
             return run_body
         finally:
             self.in_boundary = False
+
+    def _state_changes(self, step: int) -> None:
+        """Tell the parent which files of run_dir were written since the
+        last boundary (:data:`~harness.core.protocol.SAVED`)."""
+        assert self.run_dir is not None and self.state is not None
+        now = state_of(self.run_dir)
+        written = sorted(name for name, stat in now.items() if self.state.get(name) != stat)
+        self.state = now
+        if written:
+            self.send(protocol.SAVED, step=step, data={"files": written[:8]})
 
     def skip_due(self) -> bool:
         """Whether the next automatic step has a SkipStep to act."""

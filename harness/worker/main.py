@@ -201,7 +201,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                                        spec.step_function, spec.attempt,
                                        bool(spec.replicas_path), spec.reference_workers,
                                        wait_applied=channel.wait_applied,
-                                       run_dir=spec.run_dir or None)
+                                       run_dir=spec.run_dir or None, watch_state=spec.watch_state)
     context_module.activate(ctx)
     code = 1
     try:

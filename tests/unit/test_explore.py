@@ -62,8 +62,8 @@ def survives_judge(invariant):
 def search(run, judge, kinds=("Crash",), budget=1e9, seed=0, saved=None, max_faults=1, **kw):
     clock = kw.pop("clock", None)
     extra = {"clock": clock} if clock else {}
-    return explore(run, judge, space_for=lambda steps: Space(
-        3, steps, tuple(kinds), max_faults=max_faults), kinds=kinds,
+    return explore(run, judge, space_for=lambda steps, state: Space(
+        3, steps, tuple(kinds), max_faults=max_faults, state_steps=state), kinds=kinds,
         property="survives", budget=budget, shrink_budget=budget, seed=seed, timeout=None,
         most_timeout=60.0, saved=saved, **extra, **kw)
 
@@ -311,7 +311,7 @@ def test_the_search_reports_each_run_as_it_starts_and_ends():
     seen = []
     found = search(timed, survives_judge(invariant), seed=1, budget=1e9,
                    clock=lambda: now[0], progress=seen.append)
-    from harness.explore.search import STAGES
+    from harness.explore.results import STAGES
     assert [p.stage for p in seen][:2] == ["fault-free run"] * 2
     assert seen[0].running == () and seen[0].runs == 0 and seen[1].last == ()
     assert {p.stage for p in seen} <= set(STAGES) and seen[-1].stage == "replay"
@@ -324,7 +324,7 @@ def test_the_search_reports_each_run_as_it_starts_and_ends():
 
 
 def test_the_result_lines_round_the_timeout_and_say_what_a_culprit_is():
-    from harness.explore.search import Exploration, describe, seconds_text
+    from harness.explore.results import Exploration, describe, seconds_text
     assert [seconds_text(s) for s in (3.44184, 30.0, 3.0, 0.25)] == ["3.4", "30", "3", "0.2"]
     sig = properties.Signature("hang", ("faulted", "other"), ambiguous=True, error=None,
                                broken="wrong culprit")

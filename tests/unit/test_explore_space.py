@@ -102,3 +102,35 @@ def test_coverage_counts_a_fault_in_a_restart_attempt_only_where_it_acted():
             _ran([F.Crash(1, 3), second], acted=[F.Crash(1, 3)], restarted=True)]
     c = coverage(space, runs)
     assert c.in_restart == 1 and c.acted == 1 and c.never_acted == 1
+
+
+def test_state_points_are_the_steps_around_each_write_unless_writes_are_everywhere():
+    space = Space(3, 20, ("Crash", "Preempt"), state_steps=(0, 13))
+    assert space.state_points() == (0, 12, 13)
+    assert Space(3, 20, ("Crash",), state_steps=tuple(range(1, 20))).state_points() == ()
+    assert Space(3, 20, ("Crash",)).state_points() == ()
+
+
+def test_the_draws_crash_each_role_around_each_write_first():
+    space = Space(4, 20, ("RaiseError", "Preempt", "Crash"), state_steps=(13,))
+    first = [Draws(space, seed).next(set(), []) for seed in range(20)]
+    assert {type(p[0]) for p in first} == {F.Crash}
+    ran = _draw_all(space, seed=1)[:4]
+    assert {(p[0].step, space.role_of(p[0].worker)) for p in ran} == \
+        {(12, CHIEF_ROLE), (12, OTHER_ROLE), (13, CHIEF_ROLE), (13, OTHER_ROLE)}
+    assert all(isinstance(p[0], F.Crash) for p in ran)
+    # Without a crash among the kinds, a preemption stands in.
+    preempts = _draw_all(Space(3, 20, ("Delay", "Preempt"), state_steps=(13,)), seed=1)[:4]
+    assert all(isinstance(p[0], F.Preempt) and p[0].step in (12, 13) for p in preempts)
+
+
+def test_coverage_says_where_the_job_wrote_and_how_many_faults_fell_around_it():
+    space = Space(2, 20, ("Crash",), state_steps=(13,))
+    c = coverage(space, [_ran([F.Crash(0, 12)]), _ran([F.Crash(1, 13)]), _ran([F.Crash(1, 3)])])
+    assert c.at_state == 2
+    assert "  state points: writes seen at the boundaries of steps 13; 2 faults acted just " \
+        "before or after one" in c.lines()
+    assert "none (the fault-free run wrote nothing" in coverage(Space(2, 20, ("Crash",)), []).state_text()
+    everywhere = Space(2, 20, ("Crash",), state_steps=tuple(range(1, 20)))
+    assert "none stand out (the fault-free run wrote under run_dir at 19 of 20 step boundaries)" \
+        in coverage(everywhere, []).state_text()
