@@ -107,13 +107,21 @@ def test_a_file_fault_that_finds_nothing_to_write_never_acted(mwms_cluster):
     assert result.outcome == "failed" and result.faults_never_acted, result.diagnosis
 
 
-def test_explore_finds_the_torn_write_and_the_renamed_state_survives_every_one(mwms_cluster):
+# The smallest plan of each: a torn write at the first write; a full disk
+# at the second (at the first there is no file yet to empty, and the
+# restart starts afresh).
+@pytest.mark.parametrize("smallest", [TornWrite(0, 0), DiskFull(0, 1)], ids=repr)
+def test_explore_finds_state_kept_in_place_lost(mwms_cluster, smallest):
     with pytest.raises(ExplorationFailed) as raised:
-        mwms_cluster.explore(state_loop, kwargs={"in_place": True}, kinds=["TornWrite"],
-                             restarts=1, invariant=every_step_once, budget=60, seed=1)
+        mwms_cluster.explore(state_loop, kwargs={"in_place": True},
+                             kinds=[type(smallest)], restarts=1, invariant=every_step_once,
+                             budget=60, seed=1)
     found = raised.value.exploration.failure
-    assert found.plan == (TornWrite(0, 0),), raised.value.exploration.summary()
+    assert found.plan == (smallest,), raised.value.exploration.summary()
     assert not found.racy
+
+
+def test_explore_finds_the_renamed_state_surviving_every_file_fault(mwms_cluster):
     clean = mwms_cluster.explore(state_loop, kinds=["TornWrite", "DiskFull"], restarts=1,
                                  invariant=every_step_once, budget=120, seed=1)
     assert clean.failure is None and clean.exhausted, clean.summary()
