@@ -143,7 +143,8 @@ def _explore_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kinds", default=None, metavar="KIND,KIND",
                    help="the fault kinds to draw, e.g. Crash,Pause (default: for survives "
                         "Crash,RaiseError,Delay,Pause,Preempt; for detected every "
-                        "step-keyed kind)")
+                        "step-keyed kind but DiskFull and TornWrite, which act on the job's "
+                        "files)")
     p.add_argument("--max-faults", default="1", metavar="N",
                    help="the most faults in one plan (default 1)")
     p.add_argument("--seed", default=None, metavar="N",

@@ -47,6 +47,7 @@ NUMBER_LIMITS = {
     "ms": (600_000, "ten minutes"),
     "jitter_ms": (600_000, "ten minutes"),
     "kbps": (100_000_000, "100 Gbit/s"),
+    "fraction": (1, "the whole file"),
 }
 MAX_STEP = 10**9
 
@@ -390,8 +391,37 @@ class StartDelay(Fault):
         _check_number(self, "seconds", self.seconds, allow_none=True)
 
 
+@_fault_class
+class DiskFull(StepFault):
+    """From ``step`` on, in its attempt, the worker's disk under the run's
+    directory (``harness.context().run_dir``) is full: a file it opens
+    there for writing fails with ``OSError`` ``ENOSPC``, and one it opens
+    to truncate is left empty, as a full disk leaves it (the truncation
+    frees the space, the write then fails).  It acts on the worker's own
+    Python file operations (``open``, ``os.open``); TensorFlow's C++ file
+    writes (its checkpoints' own) are not reached."""
+
+
+@_fault_class
+class TornWrite(StepFault):
+    """From ``step`` on, in its attempt, the first file the worker writes
+    under the run's directory is cut to ``fraction`` of its bytes and the
+    worker dies (``os._exit(1)``), as a kill in the middle of the write
+    leaves it: when the job renames a file (``os.replace``, ``os.rename``:
+    the rename does not happen), else at its next step boundary.  As
+    :class:`DiskFull`, it acts on the worker's Python file operations."""
+    fraction: float = 0.5
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "fraction", self.fraction)
+        if self.fraction >= 1:
+            raise FaultError(f"{self!r}: fraction must be below 1 (a part of the file), "
+                             f"got {self.fraction!r}")
+
+
 FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, Partition,
-               Bandwidth, Latency, ResetPeers, BadTFConfig,
+               Bandwidth, Latency, ResetPeers, DiskFull, TornWrite, BadTFConfig,
                StartDelay,
                UnresolvedHost)
 
@@ -400,6 +430,7 @@ FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preem
 # resolving a plan is harness.plan's, internal.
 __all__ = [
     "Fault", "StepFault", "SkipStep", "ExtraCollective", "Crash", "RaiseError", "Pause",
-    "Delay", "Preempt", "Partition", "Bandwidth", "Latency", "ResetPeers", "BadTFConfig",
+    "Delay", "Preempt", "Partition", "Bandwidth", "Latency", "ResetPeers", "DiskFull",
+    "TornWrite", "BadTFConfig",
     "StartDelay", "UnresolvedHost", "FAULT_TYPES", "CRASH_HOW", "BAD_CONFIG_KINDS",
 ]

@@ -3,7 +3,8 @@ composable, each argument checked and named when it is wrong.
 
 ``faults(workers, steps)`` draws one fault of a kind in ``kinds`` (by
 default every step-keyed kind but the network's, which need network
-namespaces) valid for a cluster of ``workers`` running ``steps`` steps;
+namespaces, and the files', which act only on a job that writes files)
+valid for a cluster of ``workers`` running ``steps`` steps;
 ``plans(workers, steps)`` draws a tuple of them, a plan for ``faults=``.
 Hypothesis shrinks what it draws toward fewer faults, a lower worker, an
 earlier step, and the simpler kinds (earlier in :data:`STEP_KINDS`), and
@@ -32,7 +33,7 @@ from hypothesis.errors import InvalidArgument
 
 from harness import faults as F
 
-__all__ = ["faults", "plans", "KINDS", "STEP_KINDS"]
+__all__ = ["faults", "plans", "KINDS", "STEP_KINDS", "FILE_KINDS"]
 
 # How long a pause or a delay that a job should survive lasts, seconds:
 # well under any sensible hang timeout.
@@ -54,7 +55,13 @@ KINDS: Dict[str, Builder] = {
     "Pause": lambda w, s, for_ever: st.builds(
         F.Pause, w, s, st.sampled_from(SHORT_SECONDS + ((None,) if for_ever else ()))),
     "Preempt": lambda w, s, _: st.builds(F.Preempt, w, s),
+    # On the job's files under its run directory: they act only in a job
+    # that writes there after their step.
+    "DiskFull": lambda w, s, _: st.builds(F.DiskFull, w, s),
+    "TornWrite": lambda w, s, _: st.builds(F.TornWrite, w, s),
 }
+# The kinds that act on the job's files.
+FILE_KINDS: Tuple[str, ...] = ("DiskFull", "TornWrite")
 STEP_KINDS: Tuple[str, ...] = tuple(KINDS)
 
 
@@ -65,10 +72,11 @@ def _whole(value, name: str, least: int) -> int:
 
 
 def chosen_kinds(kinds: Optional[Sequence[str]]) -> Tuple[str, ...]:
-    """``kinds`` checked, in the table's order (simpler first); every
-    step-keyed kind for None."""
+    """``kinds`` checked, in the table's order (simpler first); for None,
+    every step-keyed kind but the files' (:data:`FILE_KINDS`: they act only
+    on a job that writes files, so they are asked for by name)."""
     if kinds is None:
-        return STEP_KINDS
+        return tuple(k for k in STEP_KINDS if k not in FILE_KINDS)
     if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
         raise InvalidArgument(f"kinds={kinds!r}: a list of fault kinds' names, such as "
                               f"['Crash', 'Pause']")

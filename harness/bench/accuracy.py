@@ -135,7 +135,12 @@ def _kinds() -> Tuple[Kind, ...]:
 KINDS = _kinds()
 # Fault classes of harness.faults this bench does not run, with the reason
 # (tests/unit/test_accuracy_table.py checks that every other one has a row).
-NOT_IN_BENCH: Dict[str, str] = {}
+NOT_IN_BENCH: Dict[str, str] = {
+    "DiskFull": "acts on a job's own files; the bench's workloads write none "
+                "(tests/test_file_faults.py runs it with its twin)",
+    "TornWrite": "acts on a job's own files; the bench's workloads write none "
+                 "(tests/test_file_faults.py runs it with its twin)",
+}
 
 
 def positions(count: int) -> Tuple[int, ...]:

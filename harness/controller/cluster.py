@@ -324,7 +324,9 @@ class Cluster:
         - ``property="detected"``: every run that does not complete names
           a worker whose fault acted, or says "cannot tell" with one among
           its candidates; never a culprit no fault acted in.  Kinds, by
-          default: every step-keyed kind.
+          default: every step-keyed kind but the file faults (``DiskFull``,
+          ``TornWrite``), which act only on a job that writes files under
+          its ``run_dir``: name them in ``kinds`` to draw them.
 
         Each plan's hang timeout is ``timeout``, or from the fault-free run:
         twice its start-up, five times its median wait between steps and

@@ -38,10 +38,12 @@ __all__ = ["Exploration", "BreakingPlan", "Coverage", "PlanRun", "SearchProgress
 # what a job can be expected to survive (a crash, an error, a preemption
 # notice, a pause that ends, a slow step), not the stand-ins for bugs in
 # its own code (a skipped step, an extra collective) nor a pause for ever;
-# for "detected", every step-keyed kind.
+# for "detected", every step-keyed kind but those on the job's files
+# (harness.strategies.FILE_KINDS: they act only where a job writes under
+# its run directory, so they are named).
 DEFAULT_KINDS = {
     "survives": ("Crash", "RaiseError", "Delay", "Pause", "Preempt"),
-    "detected": None,   # every one of harness.strategies.STEP_KINDS
+    "detected": None,   # harness.strategies.chosen_kinds(None)
 }
 
 

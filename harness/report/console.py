@@ -80,7 +80,7 @@ def format_progress(p: Progress) -> str:
 
 # A search's stages (harness.explore.results.STAGES) as the status line says them.
 STAGE_WORDS = {"fault-free run": "the fault-free run", "saved plans": "saved plans",
-               "search": "searching", "shrink": "shrinking"}
+               "search": "searching", "shrink": "shrinking", "replay": "replaying"}
 
 
 def plan_text(plan: Sequence) -> str:

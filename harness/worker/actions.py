@@ -17,8 +17,9 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, TypeVar
 
 from harness.errors import InjectedFault
-from harness.faults import (Bandwidth, Crash, Delay, ExtraCollective, Latency, Partition, Pause,
-                            Preempt, RaiseError, ResetPeers, SkipStep, StepFault)
+from harness.faults import (Bandwidth, Crash, Delay, DiskFull, ExtraCollective, Latency,
+                            Partition, Pause, Preempt, RaiseError, ResetPeers, SkipStep, StepFault,
+                            TornWrite)
 from harness.plan import changes_the_network_at_once
 from harness.worker.process import flush_output
 
@@ -107,6 +108,14 @@ _Fault = TypeVar("_Fault", bound=StepFault)
 class Action(Generic[_Fault]):
     act: Callable[[_Fault, WorkerContext], None]
     replaces_step: bool = False
+    # The fault tells the parent itself when it acts, later than its
+    # boundary (a file fault, on the job's next write), or never.
+    reports_itself: bool = False
+
+
+def on_files(fault: StepFault, ctx: WorkerContext) -> None:
+    from harness.worker.files import arm
+    arm(fault, ctx)
 
 
 ACTIONS: Dict[type, Action[Any]] = {
@@ -121,6 +130,8 @@ ACTIONS: Dict[type, Action[Any]] = {
     Bandwidth: Action(on_the_network),
     Latency: Action(on_the_network),
     ResetPeers: Action(on_the_network),
+    DiskFull: Action(on_files, reports_itself=True),
+    TornWrite: Action(on_files, reports_itself=True),
 }
 
 
@@ -135,6 +146,11 @@ def _action(fault: StepFault) -> Action[Any]:
 def replaces_step(fault: StepFault) -> bool:
     """Whether ``fault`` acts instead of its step (the step does not run)."""
     return _action(fault).replaces_step
+
+
+def reports_itself(fault: StepFault) -> bool:
+    """Whether ``fault`` tells the parent itself when it acts."""
+    return _action(fault).reports_itself
 
 
 def act_out(fault: StepFault, ctx: WorkerContext) -> None:

@@ -16,7 +16,7 @@ from harness.errors import NotInWorkerError
 from harness.faults import Fault
 from harness.plan import at_step
 from harness.worker.checkpoints import state_of
-from harness.worker.actions import act_out, replaces_step
+from harness.worker.actions import act_out, replaces_step, reports_itself
 
 _current: Optional[WorkerContext] = None
 
@@ -105,6 +105,7 @@ class WorkerContext:
         self.step_function = step_function
         self.in_boundary = False
         self.acted: set = set()
+        self.armed: set = set()   # faults that report themselves when they act (files)
         self.send = send
         # Blocks until the parent has put a network fault in place.
         self.wait_applied = wait_applied
@@ -179,11 +180,15 @@ class WorkerContext:
     def _due(self, step: int):
         """The faults at ``step`` that have not acted yet (each acts once, so
         a second loop that numbers its steps from 0 again does not repeat them)."""
-        return [f for f in at_step(self.faults, step) if f not in self.acted]
+        return [f for f in at_step(self.faults, step)
+                if f not in self.acted and f not in self.armed]
 
     def _act(self, f, step: int) -> None:
-        self.acted.add(f)
-        self.send(protocol.FAULT, step=step, data=f)
+        if reports_itself(f):
+            self.armed.add(f)
+        else:
+            self.acted.add(f)
+            self.send(protocol.FAULT, step=step, data=f)
         act_out(f, self)
 
     def step_boundary(self, step: int) -> bool:
@@ -191,6 +196,9 @@ class WorkerContext:
         body is not to run.  ``steps()`` and the Keras callback call it."""
         self.in_boundary = True
         try:
+            if self.armed:
+                from harness.worker.files import at_boundary
+                at_boundary(self)
             self.current_step = step
             # The resident set at each boundary: a memory rate for a job
             # of any speed (the parent's samples are 10 a second).

@@ -379,3 +379,9 @@ def test_kinds_are_named_or_given_as_the_fault_classes():
     assert check_kinds([F.Crash, "Pause"], "survives") == ("Crash", "Pause")
     assert check_kinds(F.Preempt, "survives") == ("Preempt",)
     assert check_kinds("Crash, Delay", "survives") == ("Crash", "Delay")
+
+
+def test_the_status_line_has_words_for_every_stage():
+    from harness.explore.results import STAGES
+    from harness.report.console import STAGE_WORDS
+    assert set(STAGE_WORDS) == set(STAGES)
