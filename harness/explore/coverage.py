@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from harness.explore.space import Cell, Plan, Space
 
@@ -29,6 +29,7 @@ class PlanRun:
     acted: Plan
     restarted: bool
     seconds: float
+    resumed: Optional[int] = None   # the step the restart attempt began at
 
     @property
     def all_acted(self) -> bool:

@@ -116,6 +116,17 @@ def restarted(result: RunResult) -> bool:
     return len(result.attempts) > 1 or any(len(w.attempts) > 1 for w in result.workers)
 
 
+def resumed_at(result: RunResult) -> Optional[int]:
+    """The first step a restart attempt of ``result`` reported (after the
+    job restored what it kept), or None: no restart of the whole run, or
+    no step reported."""
+    if len(result.attempts) < 2:
+        return None
+    steps = [e.step for w in result.attempts[1].observation.workers for e in w.events
+             if e.kind == "step" and e.step is not None]
+    return min(steps, default=None)
+
+
 def state_steps(result: RunResult) -> Tuple[int, ...]:
     """The step boundaries at which a worker of ``result`` (a run with
     ``watch_state=True``) saw files written under its run directory."""
@@ -188,7 +199,7 @@ class Search:
             self.outcomes[self.last[1]] += 1
             if plan:
                 self.ran.append(PlanRun(plan, self.last[1], acted(result, plan),
-                                        restarted(result), judged.seconds))
+                                        restarted(result), judged.seconds, resumed_at(result)))
         if judged.check.signature is None and plan:
             judged.result = None   # only failures are kept whole: a search runs hundreds
         self.report()
@@ -321,7 +332,9 @@ def _draw(search: Search, draws: Draws) -> Tuple[Optional[Plan], bool]:
     (None, True)."""
     search.enter("search")
     while search.left(search.started, search.budget):
-        plan = draws.next(set(search.judged), [r.plan for r in search.ran if r.restarted])
+        back = [r for r in search.ran if r.restarted]
+        plan = draws.next(set(search.judged), [r.plan for r in back],
+                          {r.plan: r.resumed for r in back if r.resumed is not None})
         if plan is None:
             return None, draws.space.max_faults == 1
         if search.try_plan(plan).check.signature is not None:

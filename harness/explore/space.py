@@ -11,13 +11,15 @@ first crashes each role just before and just after each write, as
 crash-recovery bug finders place their crashes around the state a system
 keeps (CrashTuner, Legolas).  Then it picks the next plan from the cell run
 least so far, so a short search spreads over every kind, role and part of
-the job before it goes deeper, and a plan is never drawn twice; kinds a property rarely
-fails on count for less (:func:`kind_weights`).  With ``max_faults`` > 1
+the job before it goes deeper, and a plan is never drawn twice; kinds a
+property rarely fails on count for less (:func:`kind_weights`).  With ``max_faults`` > 1
 it also draws plans of several faults: a second fault in the restart
 attempt of a plan that made a restart happen (a fault during recovery),
-or elsewhere in the first attempt.  Plans that made a restart happen are
-the search's guide: their neighbours (the step before or after, the
-other role) are drawn before the rest of the space.
+or elsewhere in the first attempt; the first such second faults are
+crashes at the step the restart attempt began at, right after the job
+restored its state.  Plans that made a restart happen are the search's
+guide: a share of the draws goes to their neighbours (the step before or
+after, the other role).
 """
 from __future__ import annotations
 
@@ -190,10 +192,19 @@ class Draws:
         self.rng.shuffle(moves)
         return ((g,) + plan[1:] for g in moves)
 
-    def _more(self, plan: Plan) -> Iterator[Plan]:
+    def _more(self, plan: Plan, resumed: Optional[int] = None) -> Iterator[Plan]:
         """``plan`` with one fault more: in the restart attempt when there
-        is one, else elsewhere in the first."""
+        is one (first a crash of each role at ``resumed``, the step the
+        restart attempt began at, right after the job restored its state),
+        else elsewhere in the first."""
         later = self.space.attempts > 1 and all(f.attempt == 0 for f in plan)
+        first = next((k for k in ("Crash", "Preempt", "RaiseError") if k in self.space.kinds), None)
+        if later and resumed is not None and first is not None and 0 <= resumed < self.space.steps:
+            roles = list(self.space.roles())
+            self.rng.shuffle(roles)
+            for role in roles:
+                worker = self.rng.choice(self.space.workers_of(role))
+                yield canonical(plan + (getattr(F, first)(worker, resumed, attempt=1),))
         for _ in range(8):
             kind = self.rng.choice(self.space.kinds)
             setting = self.rng.choice(_settings(kind, self.space.for_ever))
@@ -202,7 +213,10 @@ class Draws:
             attempt = self.rng.randrange(1, self.space.attempts) if later else 0
             yield canonical(plan + (getattr(F, kind)(worker, step, *setting, attempt=attempt),))
 
-    def next(self, ran: Set[Plan], restarted: Sequence[Plan]) -> Optional[Plan]:
+    def next(self, ran: Set[Plan], restarted: Sequence[Plan],
+             resumed: Optional[Dict[Plan, int]] = None) -> Optional[Plan]:
+        """``resumed``: for a plan that made a restart happen, the step its
+        restart attempt began at, where known."""
         while self.first:
             plan = self.first.pop(0)
             if plan not in ran:
@@ -210,7 +224,8 @@ class Draws:
         fresh = [p for p in restarted if len(p) < self.space.max_faults] \
             if self.space.max_faults > 1 else []
         if fresh and self.rng.random() < MORE_SHARE:
-            for plan in self._more(self.rng.choice(fresh)):
+            base = self.rng.choice(fresh)
+            for plan in self._more(base, (resumed or {}).get(base)):
                 if plan not in ran and valid(plan):
                     return plan
         if restarted and self.rng.random() < NEAR_SHARE:

@@ -134,3 +134,37 @@ def test_coverage_says_where_the_job_wrote_and_how_many_faults_fell_around_it():
     everywhere = Space(2, 20, ("Crash",), state_steps=tuple(range(1, 20)))
     assert "none stand out (the fault-free run wrote under run_dir at 19 of 20 step boundaries)" \
         in coverage(everywhere, []).state_text()
+
+
+def test_a_second_fault_lands_first_where_the_restart_attempt_resumed():
+    """With the restart attempt known to have begun at step 4 (the job
+    restored what it kept), the first second faults are crashes of each
+    role there, in the restart attempt."""
+    space = Space(3, 12, ("Crash", "Preempt"), max_faults=2, attempts=2)
+    guide = (F.Crash(1, 6),)
+    seconds = []
+    for seed in range(30):
+        draws, ran = Draws(space, seed), [guide]
+        while True:
+            plan = draws.next(set(ran), [guide], {guide: 4})
+            ran.append(plan)
+            if len(plan) == 2:
+                seconds.append(plan)
+                break
+    assert all(p[0] == guide[0] and p[1].attempt == 1 and p[1].step == 4
+               and isinstance(p[1], F.Crash) for p in seconds)
+    assert {space.role_of(p[1].worker) for p in seconds} == {CHIEF_ROLE, OTHER_ROLE}
+
+
+def test_the_step_a_restart_attempt_resumed_at_is_read_from_its_steps():
+    import types
+
+    from harness.diagnosis.observations import Event
+    from harness.explore.search import resumed_at
+
+    def attempt(*steps):
+        w = types.SimpleNamespace(events=tuple(Event(0.1, "step", s) for s in steps))
+        return types.SimpleNamespace(observation=types.SimpleNamespace(workers=(w, w)))
+    assert resumed_at(types.SimpleNamespace(attempts=())) is None
+    assert resumed_at(types.SimpleNamespace(attempts=(attempt(0, 1, 2), attempt(3, 4)))) == 3
+    assert resumed_at(types.SimpleNamespace(attempts=(attempt(0), attempt()))) is None
