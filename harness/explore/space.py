@@ -75,6 +75,11 @@ class Space:
     for_ever: bool = False
     state_steps: Tuple[int, ...] = ()   # boundaries where the fault-free run had written
 
+    def stopping_kind(self) -> Optional[str]:
+        """The kind that tries a fault point: a crash, else a preemption,
+        else an error; None when ``kinds`` has none of them."""
+        return next((k for k in ("Crash", "Preempt", "RaiseError") if k in self.kinds), None)
+
     def state_points(self) -> Tuple[int, ...]:
         """The steps just before and just after each write: a write seen at
         boundary ``b`` was made in step ``b - 1``, so a fault at ``b - 1``
@@ -155,7 +160,7 @@ class Draws:
         state point, in a drawn order: whether a job breaks before or
         after its write is its own business."""
         s = self.space
-        kind = next((k for k in ("Crash", "Preempt", "RaiseError") if k in s.kinds), None)
+        kind = s.stopping_kind()
         if kind is None:
             return []
         plans: List[Plan] = [(getattr(F, kind)(self.rng.choice(s.workers_of(role)), step),)
@@ -198,7 +203,7 @@ class Draws:
         restart attempt began at, right after the job restored its state),
         else elsewhere in the first."""
         later = self.space.attempts > 1 and all(f.attempt == 0 for f in plan)
-        first = next((k for k in ("Crash", "Preempt", "RaiseError") if k in self.space.kinds), None)
+        first = self.space.stopping_kind()
         if later and resumed is not None and first is not None and 0 <= resumed < self.space.steps:
             roles = list(self.space.roles())
             self.rng.shuffle(roles)
