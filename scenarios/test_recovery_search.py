@@ -431,9 +431,13 @@ def pointer_loop(fixed=False, steps=POINTER_STEPS, every=SAVE_EVERY):
     chief = is_chief(strategy)
 
     def point_at(k):
+        # Written whole or not at all: a restarted chief writes it again
+        # while its peers read it (a plain rewrite was seen empty by a peer,
+        # 1 run in 4, when a search crashed a worker at step 13).
         if chief:
-            with open(pointer, "w") as f:
+            with open(pointer + ".tmp", "w") as f:
                 json.dump({"step": k}, f)
+            os.replace(pointer + ".tmp", pointer)
 
     step = _ledger_step(strategy, extra=lambda: seen.assign_add(1.0))
     for i in ctx.steps(steps - start):
