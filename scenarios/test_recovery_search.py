@@ -463,8 +463,12 @@ def every_step_applied_once(result, steps=POINTER_STEPS):
 
 def _pointer_run(mwms_cluster, fixed):
     last = _last(mwms_cluster)      # not the chief: its crash at step 12 writes no pointer
+    # The chief must reach its pointer write after its peer died: the
+    # certain end comes once it blocks in save; a longer grace only keeps a
+    # loaded machine from ending the run before the chief gets there (CI
+    # once saw the restart start at 0 with grace=1).
     result = mwms_cluster.run(pointer_loop, kwargs={"fixed": fixed}, restarts=1,
-                              faults=[Crash(last, SAVE_EVERY)], **_ENDS)
+                              faults=[Crash(last, SAVE_EVERY)], **{**_ENDS, "grace": 10})
     result.assert_completed()
     result.attempts[0].assert_crashed().assert_culprit(last)
     return result

@@ -157,6 +157,11 @@ class Namespace:
     def _cancel(self) -> None:
         for timer in self.timers:
             timer.cancel()
+        for timer in self.timers:
+            # A cancelled timer's thread ends at once, but not before cancel()
+            # returns: joined, none is left when the namespace is closed.
+            if timer is not threading.current_thread():
+                timer.join(1.0)
         self.timers.clear()
 
     def _command(self, line: str) -> None:
