@@ -61,7 +61,8 @@ SCRIPT_USAGE = "[options] (SCRIPT | -m MODULE) [--] [ARG ...]"
 # Options of `run` that take a value: the scan that finds where the script
 # starts skips their values.
 _VALUE_FLAGS = {"-n", "--fault", "--expect", "--budget", "--shrink-budget", "--property",
-                "--kinds", "--max-faults", "--seed", *(o.where("cli") for o in OPTIONS)}
+                "--kinds", "--max-faults", "--seed", "--reproduce", "--order",
+                *(o.where("cli") for o in OPTIONS)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +144,8 @@ def _explore_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kinds", default=None, metavar="KIND,KIND",
                    help="the fault kinds to draw, e.g. Crash,Pause (default: for survives "
                         "Crash,RaiseError,Delay,Pause,Preempt; for detected every "
-                        "step-keyed kind but DiskFull and TornWrite, which act on the job's "
-                        "files)")
+                        "step-keyed kind but DiskFull, TornWrite, LostRename and SlowWrite, "
+                        "which act on the job's files)")
     p.add_argument("--max-faults", default="1", metavar="N",
                    help="the most faults in one plan (default 1)")
     p.add_argument("--seed", default=None, metavar="N",
@@ -153,6 +154,10 @@ def _explore_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reproduce", default="3", metavar="N",
                    help="run the smallest failing plan N times more, to tell a failure that "
                         "reproduces from a race (default 3)")
+    p.add_argument("--order", default="guided", metavar="ORDER",
+                   help="guided: the search's draws, spread over the job's space and led by "
+                        "its writes and restarts; uniform: each plan's kind, worker and step "
+                        "drawn uniformly, the baseline (default guided)")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -326,7 +331,7 @@ def explore_command(argv: Sequence[str], prog: str = PROG) -> int:
         search.update(check_settings(dict(property=ns.property, budget=ns.budget,
                                           shrink_budget=ns.shrink_budget,
                                           max_faults=ns.max_faults, seed=ns.seed,
-                                          reproduce=ns.reproduce), _flag))
+                                          reproduce=ns.reproduce, order=ns.order), _flag))
         search["kinds"] = check_kinds(ns.kinds, search["property"], "--kinds") \
             if ns.kinds else None
 

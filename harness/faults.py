@@ -420,8 +420,34 @@ class TornWrite(StepFault):
                              f"got {self.fraction!r}")
 
 
+@_fault_class
+class LostRename(StepFault):
+    """From ``step`` on, in its attempt, the first rename the worker makes
+    under the run's directory (``os.replace``, ``os.rename``) does not
+    happen and the worker dies (``os._exit(1)``): the new file is whole
+    beside the old one, as a kill between the write and the rename, or a
+    machine that lost power before the rename reached its disk, leaves
+    them.  As :class:`DiskFull`, it acts on the worker's Python file
+    operations."""
+
+
+@_fault_class
+class SlowWrite(StepFault):
+    """From ``step`` on, in its attempt, the first file the worker opens
+    for writing under the run's directory takes ``seconds`` to open, as a
+    slow or saturated disk holds a checkpoint's write; the job goes on
+    after it.  As :class:`DiskFull`, it acts on the worker's Python file
+    operations."""
+    seconds: float = 1.0
+
+    def check(self, num_workers: int, restarts: int = 0) -> None:
+        super().check(num_workers, restarts)
+        _check_number(self, "seconds", self.seconds)
+
+
 FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preempt, Partition,
-               Bandwidth, Latency, ResetPeers, DiskFull, TornWrite, BadTFConfig,
+               Bandwidth, Latency, ResetPeers, DiskFull, TornWrite, LostRename, SlowWrite,
+               BadTFConfig,
                StartDelay,
                UnresolvedHost)
 
@@ -431,6 +457,6 @@ FAULT_TYPES = (SkipStep, ExtraCollective, Crash, RaiseError, Pause, Delay, Preem
 __all__ = [
     "Fault", "StepFault", "SkipStep", "ExtraCollective", "Crash", "RaiseError", "Pause",
     "Delay", "Preempt", "Partition", "Bandwidth", "Latency", "ResetPeers", "DiskFull",
-    "TornWrite", "BadTFConfig",
+    "TornWrite", "LostRename", "SlowWrite", "BadTFConfig",
     "StartDelay", "UnresolvedHost", "FAULT_TYPES", "CRASH_HOW", "BAD_CONFIG_KINDS",
 ]

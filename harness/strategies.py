@@ -59,9 +59,11 @@ KINDS: Dict[str, Builder] = {
     # that writes there after their step.
     "DiskFull": lambda w, s, _: st.builds(F.DiskFull, w, s),
     "TornWrite": lambda w, s, _: st.builds(F.TornWrite, w, s),
+    "LostRename": lambda w, s, _: st.builds(F.LostRename, w, s),
+    "SlowWrite": lambda w, s, _: st.builds(F.SlowWrite, w, s, st.sampled_from(SHORT_SECONDS)),
 }
 # The kinds that act on the job's files.
-FILE_KINDS: Tuple[str, ...] = ("DiskFull", "TornWrite")
+FILE_KINDS: Tuple[str, ...] = ("DiskFull", "TornWrite", "LostRename", "SlowWrite")
 STEP_KINDS: Tuple[str, ...] = tuple(KINDS)
 
 

@@ -18,6 +18,7 @@ is a module run with ``python -m harness.bench.<name>`` (docs/benchmark.md):
 
 Every module may import the harness and :mod:`harness.bench.common` (the
 shared library, not a program); a family imports no other, but ``warm``
-runs the floor's fork server of ``launchers/``.  Nothing outside
+runs the floor's fork server of ``launchers/`` and ``explore`` searches
+the recovery jobs of ``corpus/``.  Nothing outside
 ``harness/bench`` imports the benchmark.
 """

@@ -140,6 +140,10 @@ NOT_IN_BENCH: Dict[str, str] = {
                 "(tests/test_file_faults.py runs it with its twin)",
     "TornWrite": "acts on a job's own files; the bench's workloads write none "
                  "(tests/test_file_faults.py runs it with its twin)",
+    "LostRename": "acts on a job's own files; the bench's workloads write none "
+                  "(tests/test_file_faults.py runs it with its twin)",
+    "SlowWrite": "acts on a job's own files; the bench's workloads write none "
+                 "(tests/test_file_faults.py runs it with its twin)",
 }
 
 

@@ -292,8 +292,8 @@ class Cluster:
                 restarts: int = 0, restart_policy: Optional[str] = None,
                 budget: float = 60, shrink_budget: Optional[float] = None,
                 seed: Optional[int] = None, timeout: Optional[float] = None,
-                reproduce: int = 3, check: bool = True, key: Optional[str] = None,
-                **run_options):
+                reproduce: int = 3, order: str = "guided", check: bool = True,
+                key: Optional[str] = None, **run_options):
         """Search for a plan of faults that breaks ``property`` on
         ``fn(*args, **kwargs)``; return the :class:`~harness.explore.Exploration`.
 
@@ -306,7 +306,9 @@ class Cluster:
         from ``seed`` (a fresh one when None; the result says which),
         spread over each kind, worker 0 and the other workers, and the
         parts of the job's steps, before going deeper; a plan is never
-        run twice (:mod:`harness.explore.space`).  With ``max_faults`` > 1
+        run twice (:mod:`harness.explore.space`); ``order="uniform"``
+        draws each plan's kind, worker and step uniformly instead, the
+        baseline the guided draws are measured against.  With ``max_faults`` > 1
         and ``restarts``, a second fault can act in the restart attempt.
         A failing plan then shrinks for up to ``shrink_budget`` seconds
         (``budget`` when None) to the smallest plan that fails the same
@@ -324,9 +326,10 @@ class Cluster:
         - ``property="detected"``: every run that does not complete names
           a worker whose fault acted, or says "cannot tell" with one among
           its candidates; never a culprit no fault acted in.  Kinds, by
-          default: every step-keyed kind but the file faults (``DiskFull``,
-          ``TornWrite``), which act only on a job that writes files under
-          its ``run_dir``: name them in ``kinds`` to draw them.
+          default: every step-keyed kind but the file faults
+          (:data:`harness.strategies.FILE_KINDS`), which act only on a job
+          that writes files under its ``run_dir``: name them in ``kinds``
+          to draw them.
 
         Each plan's hang timeout is ``timeout``, or from the fault-free run:
         twice its start-up, five times its median wait between steps and
@@ -346,7 +349,8 @@ class Cluster:
                                kinds=kinds, max_faults=max_faults, restarts=restarts,
                                restart_policy=restart_policy, budget=budget,
                                shrink_budget=shrink_budget, seed=seed, timeout=timeout,
-                               reproduce=reproduce, check=check, key=key, **run_options)
+                               reproduce=reproduce, order=order, check=check, key=key,
+                               **run_options)
 
     def _against_reference(self, job: Job, result: RunResult, plan, files: str, tmpdir: str,
                            port: int, tolerance: float) -> RunResult:

@@ -27,7 +27,7 @@ from harness.explore.coverage import Coverage, PlanRun
 from harness.explore.results import BreakingPlan, Exploration, SearchProgress
 from harness.explore.search import REPRODUCE, SavedPlans
 from harness.explore.search import explore as run_search
-from harness.explore.space import Space, kind_weights
+from harness.explore.space import ORDERS, Space, kind_weights
 from harness.validators import (parse_choice, parse_restarts, parse_seconds, parse_seed,
                                 parse_whole)
 
@@ -63,6 +63,7 @@ SETTINGS: Dict[str, Callable[[Any, str], Any]] = {
     "seed": parse_seed,
     "timeout": _optional_seconds,
     "reproduce": lambda value, where: parse_whole(value, where, 0),
+    "order": lambda value, where: parse_choice(value, where, tuple(ORDERS)),
 }
 
 
@@ -119,7 +120,7 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
                     restarts: int = 0, restart_policy: Optional[str] = None,
                     budget: float = 60, shrink_budget: Optional[float] = None,
                     seed: Optional[int] = None, timeout: Optional[float] = None,
-                    reproduce: int = REPRODUCE,
+                    reproduce: int = REPRODUCE, order: str = "guided",
                     check: bool = True, key: Optional[str] = None,
                     progress: Optional[Callable[[SearchProgress], None]] = None,
                     **run_options) -> Exploration:
@@ -129,9 +130,10 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     run's :class:`~harness.controller.Progress`), for a live status line."""
     v = check_settings(dict(property=property, max_faults=max_faults, restarts=restarts,
                             budget=budget, shrink_budget=shrink_budget, seed=seed,
-                            timeout=timeout, reproduce=reproduce), _api)
-    property, max_faults, restarts, seed, timeout, reproduce = (
-        v["property"], v["max_faults"], v["restarts"], v["seed"], v["timeout"], v["reproduce"])
+                            timeout=timeout, reproduce=reproduce, order=order), _api)
+    property, max_faults, restarts, seed, timeout, reproduce, order = (
+        v["property"], v["max_faults"], v["restarts"], v["seed"], v["timeout"], v["reproduce"],
+        v["order"])
     budget = v["budget"]
     shrink_budget = budget if v["shrink_budget"] is None else v["shrink_budget"]
     if invariant is not None and not callable(invariant):
@@ -180,7 +182,7 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     found = run_search(run, judge, space_for=space_for, kinds=chosen, property=property,
                        budget=budget, shrink_budget=shrink_budget, seed=seed, timeout=timeout,
                        most_timeout=settings.timeout, weights=kind_weights(chosen, property),
-                       reproduce=reproduce, saved=saved, is_valid=is_valid, progress=progress)
+                       order=order, reproduce=reproduce, saved=saved, is_valid=is_valid, progress=progress)
     if found.failure is not None:
         cluster.runs.append(found.failure.result)
         if check:

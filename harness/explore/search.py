@@ -45,7 +45,7 @@ from harness.explore.coverage import PlanRun, coverage
 from harness.explore.properties import NEVER_ACTED, Check, Signature, headline, signature_of
 from harness.explore.results import STAGES, BreakingPlan, Exploration, SearchProgress
 from harness.explore.shrink import Plan, simpler
-from harness.explore.space import Draws, Space
+from harness.explore.space import ORDERS, DrawOrder, Space
 
 if TYPE_CHECKING:
     from harness.result import RunResult
@@ -271,7 +271,8 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
             space_for: Callable[[int, Tuple[int, ...]], Space], kinds: Sequence[str], property: str,
             budget: float, shrink_budget: float, seed: Optional[int],
             timeout: Optional[float], most_timeout: float,
-            weights: Optional[Dict[str, float]] = None, reproduce: int = REPRODUCE,
+            weights: Optional[Dict[str, float]] = None, order: str = "guided",
+            reproduce: int = REPRODUCE,
             saved: Optional[SavedPlans] = None,
             is_valid: Callable[[Plan, int], bool] = lambda plan, steps: True,
             clock: Callable[[], float] = time.monotonic,
@@ -280,7 +281,8 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
     space to draw from once the job's steps and its state points are known
     (:func:`state_steps`; the fault-free run is asked for with
     ``watch_state``: ``run`` is told by the empty plan), ``weights`` each kind's share
-    of the draws (:func:`harness.explore.space.kind_weights`);
+    of the draws (:func:`harness.explore.space.kind_weights`), ``order``
+    the draws' name in :data:`harness.explore.space.ORDERS`;
     ``is_valid(plan, steps)`` says whether a saved plan still fits the
     cluster and the job (one that does not is dropped);
     ``progress(SearchProgress)`` is called as each run starts and ends."""
@@ -312,7 +314,7 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
         found = search.saved_first(saved, lambda plan: is_valid(plan, steps))
     exhausted = False
     if found is None:
-        found, exhausted = _draw(search, Draws(space, seed, weights))
+        found, exhausted = _draw(search, ORDERS[order](space, seed, weights))
     search_seconds = clock() - search.started
 
     failure = None
@@ -326,7 +328,7 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
                        coverage(space, search.ran, exhausted))
 
 
-def _draw(search: Search, draws: Draws) -> Tuple[Optional[Plan], bool]:
+def _draw(search: Search, draws: DrawOrder) -> Tuple[Optional[Plan], bool]:
     """Run drawn plans until one breaks the property (it, False), the
     budget is spent (None, False) or every plan the draws reach has run
     (None, True)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
 
 from harness import faults as F
 from harness.explore.shrink import Plan, valid
@@ -40,13 +40,16 @@ CHIEF_ROLE, OTHER_ROLE = "worker 0", "another worker"
 # The share of draws that follow a plan which made a restart happen, once
 # there is one, and that add a fault to such a plan (max_faults > 1).
 NEAR_SHARE, MORE_SHARE = 0.25, 0.35
+# How many draws of plans already run the uniform order makes in a row
+# before it picks among the plans left.
+UNIFORM_TRIES = 1000
 
 
 def kind_weights(kinds: Sequence[str], property: str) -> Dict[str, float]:
     """How much of the search each kind gets, relative to a crash's: under
     ``survives`` a delay or a pause far under the hang timeout rarely
     breaks a job, so they are drawn a quarter and half as often."""
-    rare = {"Delay": 0.25, "Pause": 0.5} if property == "survives" else {}
+    rare = {"Delay": 0.25, "SlowWrite": 0.25, "Pause": 0.5} if property == "survives" else {}
     return {k: rare.get(k, 1.0) for k in kinds}
 
 
@@ -54,7 +57,7 @@ def _settings(kind: str, for_ever: bool) -> Tuple[tuple, ...]:
     """Each setting a fault of ``kind`` is drawn with, as constructor arguments."""
     if kind == "Crash":
         return tuple((h,) for h in F.CRASH_HOW)
-    if kind == "Delay":
+    if kind in ("Delay", "SlowWrite"):
         return tuple((s,) for s in SHORT_SECONDS)
     if kind == "Pause":
         return tuple((s,) for s in SHORT_SECONDS + ((None,) if for_ever else ()))
@@ -247,3 +250,45 @@ class Draws:
                 if plan not in ran and valid(plan):
                     return plan
         return None
+
+
+class UniformDraws:
+    """The baseline the guided draws are measured against, as the search
+    drew before them: each plan one fault, its kind, worker, step and
+    setting each drawn uniformly, nothing learnt from the runs; a plan
+    drawn again is drawn anew (after :data:`UNIFORM_TRIES` such draws in a
+    row, one of the plans not yet run is picked); None once every one-fault
+    plan has run."""
+
+    def __init__(self, space: Space, seed: int, weights: Optional[Dict[str, float]] = None):
+        self.space = space
+        self.rng = random.Random(seed)
+
+    def next(self, ran: Set[Plan], restarted: Sequence[Plan],
+             resumed: Optional[Dict[Plan, int]] = None) -> Optional[Plan]:
+        s = self.space
+        for _ in range(UNIFORM_TRIES):
+            kind = self.rng.choice(s.kinds)
+            setting = self.rng.choice(_settings(kind, s.for_ever))
+            plan = (getattr(F, kind)(self.rng.randrange(s.workers), self.rng.randrange(s.steps),
+                                     *setting),)
+            if plan not in ran:
+                return plan
+        left = [p for c in s.cells() for p in s.singles(c) if p not in ran]
+        return self.rng.choice(left) if left else None
+
+
+class DrawOrder(Protocol):
+    """What the search asks of its draws (see :meth:`Draws.next`)."""
+    space: Space
+
+    def next(self, ran: Set[Plan], restarted: Sequence[Plan],
+             resumed: Optional[Dict[Plan, int]] = None) -> Optional[Plan]: ...
+
+
+# The draw orders a search can use, by name: ``guided`` (the search's own)
+# and ``uniform`` (the baseline the benchmark compares it with).
+ORDERS: Dict[str, Callable[[Space, int, Optional[Dict[str, float]]], DrawOrder]] = {
+    "guided": Draws,
+    "uniform": UniformDraws,
+}

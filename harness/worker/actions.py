@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, TypeVar
 
 from harness.errors import InjectedFault
 from harness.faults import (Bandwidth, Crash, Delay, DiskFull, ExtraCollective, Latency,
-                            Partition, Pause, Preempt, RaiseError, ResetPeers, SkipStep, StepFault,
-                            TornWrite)
+                            LostRename, Partition, Pause, Preempt, RaiseError, ResetPeers,
+                            SkipStep, SlowWrite, StepFault, TornWrite)
 from harness.plan import changes_the_network_at_once
 from harness.worker.process import flush_output
 
@@ -132,6 +132,8 @@ ACTIONS: Dict[type, Action[Any]] = {
     ResetPeers: Action(on_the_network),
     DiskFull: Action(on_files, reports_itself=True),
     TornWrite: Action(on_files, reports_itself=True),
+    LostRename: Action(on_files, reports_itself=True),
+    SlowWrite: Action(on_files, reports_itself=True),
 }
 
 

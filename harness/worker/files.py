@@ -1,5 +1,6 @@
 """Worker side: the file faults (:class:`~harness.faults.DiskFull`,
-:class:`~harness.faults.TornWrite`), acted through an audit hook (PEP 578)
+:class:`~harness.faults.TornWrite`, :class:`~harness.faults.LostRename`,
+:class:`~harness.faults.SlowWrite`), acted through an audit hook (PEP 578)
 on the worker's own file operations under the run's directory.
 
 A fault is armed at its step's boundary and reports itself (a
@@ -15,10 +16,11 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from harness.core import protocol
-from harness.faults import DiskFull, StepFault, TornWrite
+from harness.faults import DiskFull, LostRename, SlowWrite, StepFault, TornWrite
 from harness.worker.process import flush_output
 
 if TYPE_CHECKING:
@@ -95,6 +97,11 @@ def _hook(event: str, args: tuple) -> None:
     if event == "os.rename":
         if ARMED.torn is not None:
             tear(ctx)
+        lost = next((f for f in ARMED.faults if isinstance(f, LostRename)), None)
+        if lost is not None and any(_under_run_dir(_path(p), ctx) for p in args[:2]):
+            _acted(lost, ctx)
+            flush_output()
+            os._exit(1)
         return
     path, mode, flags = args
     path = _path(path)
@@ -102,6 +109,9 @@ def _hook(event: str, args: tuple) -> None:
         return
     assert path is not None
     for fault in ARMED.faults:
+        if isinstance(fault, SlowWrite) and fault not in ctx.acted:
+            _acted(fault, ctx)
+            time.sleep(fault.seconds)
         if isinstance(fault, DiskFull):
             _acted(fault, ctx)
             if _truncates(mode, flags) and os.path.isfile(path):

@@ -278,7 +278,8 @@ def test_bad_arguments_name_themselves():
     for kwargs, named in [(dict(property="fast"), "property"), (dict(kinds=["Nap"]), "kinds"),
                           (dict(budget=0), "budget"), (dict(max_faults=0), "max_faults"),
                           (dict(seed=-1), "seed"), (dict(invariant=3), "invariant"),
-                          (dict(reproduce=-1), "reproduce"), (dict(kinds=[int]), "kinds")]:
+                          (dict(reproduce=-1), "reproduce"), (dict(kinds=[int]), "kinds"),
+                          (dict(order="random"), "order")]:
         with pytest.raises(SettingError, match=f"explore\\({named}"):
             explore_cluster(cluster, print, **kwargs)
 

@@ -6,7 +6,8 @@ import collections
 
 from harness import faults as F
 from harness.explore.coverage import PlanRun, coverage
-from harness.explore.space import CHIEF_ROLE, OTHER_ROLE, Draws, Space, kind_weights
+from harness.explore.space import (CHIEF_ROLE, ORDERS, OTHER_ROLE, Draws, Space, UniformDraws,
+                                   kind_weights)
 
 
 def _draw_all(space, seed=0, weights=None, limit=10_000):
@@ -168,3 +169,18 @@ def test_the_step_a_restart_attempt_resumed_at_is_read_from_its_steps():
     assert resumed_at(types.SimpleNamespace(attempts=())) is None
     assert resumed_at(types.SimpleNamespace(attempts=(attempt(0, 1, 2), attempt(3, 4)))) == 3
     assert resumed_at(types.SimpleNamespace(attempts=(attempt(0), attempt()))) is None
+
+
+def test_the_uniform_order_draws_every_plan_once_and_learns_nothing():
+    space = Space(3, 5, ("Crash", "Preempt"))
+    draws, ran = UniformDraws(space, 4), []
+    while (plan := draws.next(set(ran), ran)) is not None:
+        ran.append(plan)
+    assert len(ran) == len(set(ran)) == space.size()
+    # Its kinds are drawn alike, whatever a kind's weight under the property.
+    weights = kind_weights(("Crash", "Delay"), "survives")
+    first = [UniformDraws(Space(3, 20, ("Crash", "Delay")), s, weights).next(set(), [])[0]
+             for s in range(400)]
+    delays = sum(isinstance(f, F.Delay) for f in first)
+    assert 150 < delays < 250, delays
+    assert set(ORDERS) == {"guided", "uniform"}
