@@ -71,7 +71,9 @@ class Coverage:
                f"({self.never_acted} never acted); {len(self.reached)} of {cells} cells "
                f"(kind x role x window of steps)"
                + ("; every one-fault plan was run" if self.exhausted else
-                  f"; {s.size()} one-fault plans in the space")]
+                  f"; {s.size()} one-fault plans in the space")
+               + ("; the workers other than 0 taken as one (alike in the fault-free run)"
+                  if s.interchangeable and s.workers > 2 else "")]
         out.append("  by kind: " + ", ".join(f"{k} {self.by_kind.get(k, 0)}" for k in s.kinds))
         out.append("  by role: " + ", ".join(f"{r} {self.by_role.get(r, 0)}" for r in s.roles()))
         out.append("  by window: " + ", ".join(f"{self.window_text(w)}: {self.by_window.get(w, 0)}"

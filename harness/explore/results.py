@@ -88,6 +88,9 @@ class BreakingPlan:
     shrink_seconds: float = 0.0
     replays: int = 0               # how many times more the plan ran
     reproduced: int = 0            # in how many of them it failed the same way
+    # The shrunk plan and its count, where it came back less often than the
+    # plan as found, which is then the answer.
+    passed_over: Optional[Tuple[Plan, int]] = None
 
     @property
     def line(self) -> str:
@@ -103,9 +106,15 @@ class BreakingPlan:
         if not self.replays:
             return "not replayed (reproduce=0)"
         if not self.racy:
-            return f"reproduced {self.reproduced} of {self.replays} replays"
-        return (f"RACY: failed the same way in {self.reproduced} of {self.replays} replays "
-                f"({self.reproduced + 1} of {self.replays + 1} runs in all)")
+            text = f"reproduced {self.reproduced} of {self.replays} replays"
+        else:
+            text = (f"RACY: failed the same way in {self.reproduced} of {self.replays} replays "
+                    f"({self.reproduced + 1} of {self.replays + 1} runs in all)")
+        if self.passed_over is not None:
+            shrunk, count = self.passed_over
+            text += (f"; kept as found: its shrunk form {faults_text.plan_line(shrunk)} failed "
+                     f"the same way in only {count} of {self.replays} replays")
+        return text
 
 
 @dataclasses.dataclass(frozen=True)

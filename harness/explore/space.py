@@ -77,6 +77,11 @@ class Space:
     attempts: int = 1
     for_ever: bool = False
     state_steps: Tuple[int, ...] = ()   # boundaries where the fault-free run had written
+    # The workers other than 0 are alike (the fault-free run could not tell
+    # them apart): a plan is one with every plan that differs from it only
+    # in which of them its faults fall on (FlyMC's symmetry), and the
+    # one-fault plans of their role are those of worker 1.
+    interchangeable: bool = True
 
     def stopping_kind(self) -> Optional[str]:
         """The kind that tries a fault point: a crash, else a preemption,
@@ -116,7 +121,26 @@ class Space:
         return CHIEF_ROLE if worker == 0 else OTHER_ROLE
 
     def workers_of(self, role: str) -> range:
-        return range(1) if role == CHIEF_ROLE else range(1, self.workers)
+        """The workers a plan of ``role`` is drawn at: one of the others
+        stands for them all where they are interchangeable."""
+        if role == CHIEF_ROLE:
+            return range(1)
+        return range(1, min(2, self.workers) if self.interchangeable else self.workers)
+
+    def key(self, plan: Sequence[F.Fault]) -> Plan:
+        """``plan`` in its one form (:func:`canonical`); where the workers
+        other than 0 are interchangeable, they are renamed 1, 2, ... in the
+        order the plan's faults first name them, so plans that differ only
+        in which of them they fall on are one."""
+        if not self.interchangeable:
+            return canonical(plan)
+        names: Dict[int, int] = {}
+        # Named in an order that does not depend on the names themselves.
+        for f in sorted(plan, key=lambda f: (f.attempt, getattr(f, "step", 0), type(f).__name__,
+                                             repr(dataclasses.replace(f, worker=0)))):
+            if f.worker and f.worker not in names:
+                names[f.worker] = len(names) + 1
+        return canonical([dataclasses.replace(f, worker=names.get(f.worker, 0)) for f in plan])
 
     def cells(self) -> Tuple[Cell, ...]:
         return tuple((k, r, w) for k in self.kinds for r in self.roles()
@@ -188,6 +212,11 @@ class Draws:
         self.left[cell] = [p for p in self.left[cell] if p not in ran]
         return bool(self.left[cell])
 
+    def _fresh(self, plan: Plan, ran: Set[Plan]) -> Optional[Plan]:
+        """``plan`` in its one form, unless it (or a plan it is one with) ran."""
+        plan = self.space.key(plan)
+        return plan if plan not in ran and valid(plan) else None
+
     def _near(self, plan: Plan) -> Iterator[Plan]:
         """Plans one step or the other role from ``plan``'s first fault."""
         f = plan[0]
@@ -195,8 +224,8 @@ class Draws:
         if isinstance(f, F.StepFault):
             moves += [dataclasses.replace(f, step=s) for s in (f.step - 1, f.step + 1)
                       if 0 <= s < self.space.steps]
-        moves += [dataclasses.replace(f, worker=w) for w in range(self.space.workers)
-                  if self.space.role_of(w) != self.space.role_of(f.worker)]
+        moves += [dataclasses.replace(f, worker=w) for role in self.space.roles()
+                  if role != self.space.role_of(f.worker) for w in self.space.workers_of(role)]
         self.rng.shuffle(moves)
         return ((g,) + plan[1:] for g in moves)
 
@@ -225,8 +254,9 @@ class Draws:
              resumed: Optional[Dict[Plan, int]] = None) -> Optional[Plan]:
         """``resumed``: for a plan that made a restart happen, the step its
         restart attempt began at, where known."""
+        ran = {self.space.key(p) for p in ran}
         while self.first:
-            plan = self.first.pop(0)
+            plan = self.space.key(self.first.pop(0))
             if plan not in ran:
                 return plan
         fresh = [p for p in restarted if len(p) < self.space.max_faults] \
@@ -234,12 +264,12 @@ class Draws:
         if fresh and self.rng.random() < MORE_SHARE:
             base = self.rng.choice(fresh)
             for plan in self._more(base, (resumed or {}).get(base)):
-                if plan not in ran and valid(plan):
-                    return plan
+                if (new := self._fresh(plan, ran)) is not None:
+                    return new
         if restarted and self.rng.random() < NEAR_SHARE:
             for plan in self._near(self.rng.choice(list(restarted))):
-                if plan not in ran and valid(plan):
-                    return plan
+                if (new := self._fresh(plan, ran)) is not None:
+                    return new
         single = self._single(ran)
         if single is not None or self.space.max_faults == 1:
             return single
@@ -247,8 +277,8 @@ class Draws:
         bases = sorted((p for p in ran if 0 < len(p) < self.space.max_faults), key=repr)
         for _ in range(4 * len(bases)):
             for plan in self._more(self.rng.choice(bases)):
-                if plan not in ran and valid(plan):
-                    return plan
+                if (new := self._fresh(plan, ran)) is not None:
+                    return new
         return None
 
 
@@ -261,7 +291,7 @@ class UniformDraws:
     plan has run."""
 
     def __init__(self, space: Space, seed: int, weights: Optional[Dict[str, float]] = None):
-        self.space = space
+        self.space = dataclasses.replace(space, interchangeable=False)   # it knows no symmetry
         self.rng = random.Random(seed)
 
     def next(self, ran: Set[Plan], restarted: Sequence[Plan],

@@ -60,6 +60,9 @@ def test_anything_but_a_literal_fault_call_is_refused(text):
                                                        ["--x"])),
     (["-n", "2", "--", "train.py", "-v"], (["-n", "2"], "train.py", None, ["-v"])),
     (["--workers", "2"], (["--workers", "2"], None, None, [])),
+    # explore's options that take a value
+    (["--reproduce", "2", "--order", "uniform", "--kinds", "Crash", "train.py"],
+     (["--reproduce", "2", "--order", "uniform", "--kinds", "Crash"], "train.py", None, [])),
 ])
 def test_split_command_finds_where_the_script_starts(argv, expected):
     assert split_command(argv) == expected
@@ -261,6 +264,7 @@ def test_help_names_the_command_line_s_flags_not_pytest_s(command):
     (["--seed", "x"], "--seed: 'x' is not a whole number 0 or more"),
     (["--kinds", "Crash,Nap"], "--kinds: 'Nap' is not a kind of fault explore draws"),
     (["--restarts", "-1"], "--restarts: '-1' is not a number of restarts"),
+    (["--order", "random"], "--order: 'random'"),
 ])
 def test_explore_s_errors_name_its_flags(args, named, capsys):
     with pytest.raises(SystemExit) as e:

@@ -62,8 +62,9 @@ def survives_judge(invariant):
 def search(run, judge, kinds=("Crash",), budget=1e9, seed=0, saved=None, max_faults=1, **kw):
     clock = kw.pop("clock", None)
     extra = {"clock": clock} if clock else {}
-    return explore(run, judge, space_for=lambda steps, state: Space(
-        3, steps, tuple(kinds), max_faults=max_faults, state_steps=state), kinds=kinds,
+    return explore(run, judge, space_for=lambda steps, state, alike: Space(
+        3, steps, tuple(kinds), max_faults=max_faults, state_steps=state,
+        interchangeable=alike), kinds=kinds,
         property="survives", budget=budget, shrink_budget=budget, seed=seed, timeout=None,
         most_timeout=60.0, saved=saved, **extra, **kw)
 
@@ -193,9 +194,24 @@ def test_a_fixed_job_breaks_nothing_and_every_plan_is_run():
     found = search(run, survives_judge(invariant))
     assert found.failure is None
     assert found.exhausted
-    # 3 workers x 12 steps x 3 ways to crash, and the fault-free run.
-    assert found.runs == 3 * STEPS * len(F.CRASH_HOW) + 1
+    # Worker 0 and worker 1 (standing for 1 and 2, alike in the
+    # fault-free run) x 12 steps x 3 ways to crash, and the fault-free run.
+    assert found.runs == 2 * STEPS * len(F.CRASH_HOW) + 1
     assert found.outcomes == {"completed": found.runs}
+    assert {f.worker for r in found.plans for f in r.plan} == {0, 1}
+
+
+def test_workers_the_job_tells_apart_are_each_searched():
+    fixed, invariant = crash_window_job(window=())
+
+    def run(plan, timeout):
+        r = fixed(plan, timeout)
+        if not plan:
+            r.workers[2].last_step -= 1   # worker 2 takes a step less
+        return r
+    found = search(run, survives_judge(invariant))
+    assert found.exhausted and found.runs == 3 * STEPS * len(F.CRASH_HOW) + 1
+    assert not found.coverage.space.interchangeable
 
 
 def test_the_same_seed_draws_the_same_plans():
@@ -355,6 +371,29 @@ def test_the_smallest_plan_is_replayed_and_a_racy_one_is_reported_with_its_rate(
     assert found.failure.plan == (F.Crash(0, 7, "exit"),)
     assert (found.failure.replays, found.failure.reproduced) == (4, 2) and found.failure.racy
     assert "RACY: failed the same way in 2 of 4 replays (3 of 5 runs in all)" in found.summary()
+
+
+def test_a_shrunk_plan_that_races_gives_way_to_the_plan_as_found():
+    # A crash at step 8 always breaks the job; one at step 7 only the first
+    # time it runs, once a step-8 crash has run: the shrink takes it, its
+    # replays do not bear it out.
+    run, invariant = crash_window_job(window=(8,))
+    calls = collections.Counter()
+
+    def racy(plan, timeout):
+        calls[plan] += 1
+        r = run(plan, timeout)
+        seen_8 = any(f.step == 8 for p in calls for f in p)
+        r.repeated = r.repeated or (seen_8 and calls[plan] == 1
+                                    and any(f.step == 7 for f in plan))
+        return r
+    found = search(racy, survives_judge(invariant), reproduce=3)
+    f = found.failure
+    assert f.plan == f.found and f.plan[0].step == 8, found.summary()
+    assert (f.replays, f.reproduced) == (3, 3) and not f.racy
+    shrunk, count = f.passed_over
+    assert shrunk[0].step == 7 and count == 0
+    assert "kept as found: its shrunk form faults=[Crash(worker=0, step=7" in found.summary()
 
 
 def test_a_search_that_finds_nothing_says_what_it_covered():

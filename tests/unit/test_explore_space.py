@@ -3,6 +3,7 @@ it: plain functions, no TensorFlow."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 from harness import faults as F
 from harness.explore.coverage import PlanRun, coverage
@@ -28,7 +29,9 @@ def test_the_steps_are_cut_in_windows_the_first_longer():
     assert s.roles() == (CHIEF_ROLE, OTHER_ROLE) and Space(1, 4, ("Crash",)).roles() == (CHIEF_ROLE,)
     assert len(s.cells()) == 2 * 2 * 4
     assert s.cell_of(F.Preempt(2, 7)) == ("Preempt", OTHER_ROLE, 2)
-    assert s.size() == 3 * 10 * 3 + 3 * 10
+    # Worker 1 stands for workers 1 and 2, alike unless the job tells them apart.
+    assert s.size() == 2 * 10 * 3 + 2 * 10
+    assert dataclasses.replace(s, interchangeable=False).size() == 3 * 10 * 3 + 3 * 10
 
 
 def test_the_first_draws_reach_every_cell_before_any_twice():
@@ -176,7 +179,8 @@ def test_the_uniform_order_draws_every_plan_once_and_learns_nothing():
     draws, ran = UniformDraws(space, 4), []
     while (plan := draws.next(set(ran), ran)) is not None:
         ran.append(plan)
-    assert len(ran) == len(set(ran)) == space.size()
+    # It knows no symmetry: workers 1 and 2 are each drawn.
+    assert len(ran) == len(set(ran)) == dataclasses.replace(space, interchangeable=False).size()
     # Its kinds are drawn alike, whatever a kind's weight under the property.
     weights = kind_weights(("Crash", "Delay"), "survives")
     first = [UniformDraws(Space(3, 20, ("Crash", "Delay")), s, weights).next(set(), [])[0]
@@ -184,3 +188,21 @@ def test_the_uniform_order_draws_every_plan_once_and_learns_nothing():
     delays = sum(isinstance(f, F.Delay) for f in first)
     assert 150 < delays < 250, delays
     assert set(ORDERS) == {"guided", "uniform"}
+
+
+def test_plans_that_differ_only_in_which_other_worker_are_one():
+    space = Space(4, 10, ("Crash", "Pause"), max_faults=2, attempts=2)
+    assert space.key((F.Crash(3, 4),)) == (F.Crash(1, 4),)
+    assert space.key((F.Crash(0, 4),)) == (F.Crash(0, 4),)
+    one = space.key((F.Crash(3, 4, "kill"), F.Crash(2, 4, "exit")))
+    assert one == space.key((F.Crash(2, 4, "kill"), F.Crash(3, 4, "exit")))
+    assert one == space.key((F.Crash(1, 4, "kill"), F.Crash(2, 4, "exit")))
+    assert space.key((F.Crash(2, 1), F.Pause(3, 5, 0.2, attempt=1))) == \
+        (F.Crash(1, 1), F.Pause(2, 5, 0.2, attempt=1))
+    apart = dataclasses.replace(space, interchangeable=False)
+    assert apart.key((F.Crash(3, 4),)) == (F.Crash(3, 4),)
+    # The draws never run a plan one with a plan run before.
+    draws, ran = Draws(space, 0), []
+    while len(ran) < 300 and (plan := draws.next(set(ran), ran)) is not None:
+        ran.append(plan)
+    assert len({space.key(p) for p in ran}) == len(ran)
