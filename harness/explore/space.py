@@ -7,9 +7,9 @@ which are alike unless the job tells them apart) and the window of steps
 it falls in (the job's steps cut in up to :data:`WINDOWS` runs of steps).
 Where the fault-free run wrote files under its ``run_dir`` (its *state
 points*: the step boundaries at which a write was seen), :class:`Draws`
-first crashes each role just before and just after each write, as
-crash-recovery bug finders place their crashes around the state a system
-keeps (CrashTuner, Legolas).  Then it picks the next plan from the cell run
+first crashes each role just before and just after each write, and
+tries each file fault asked for during it, as crash-recovery bug finders
+place their faults around the state a system keeps (CrashTuner, Legolas).  Then it picks the next plan from the cell run
 least so far, so a short search spreads over every kind, role and part of
 the job before it goes deeper, and a plan is never drawn twice; kinds a
 property rarely fails on count for less (:func:`kind_weights`).  With ``max_faults`` > 1
@@ -40,6 +40,9 @@ CHIEF_ROLE, OTHER_ROLE = "worker 0", "another worker"
 # The share of draws that follow a plan which made a restart happen, once
 # there is one, and that add a fault to such a plan (max_faults > 1).
 NEAR_SHARE, MORE_SHARE = 0.25, 0.35
+# The file faults tried during each write of the fault-free run, first:
+# those that act on a write (a full disk, a cut write, a lost rename).
+DURING = ("TornWrite", "LostRename", "DiskFull")
 # How many draws of plans already run the uniform order makes in a row
 # before it picks among the plans left.
 UNIFORM_TRIES = 1000
@@ -97,6 +100,14 @@ class Space:
             return ()
         return tuple(sorted({s for b in self.state_steps for s in (b - 1, b)
                              if 0 <= s < self.steps}))
+
+    def write_steps(self) -> Tuple[int, ...]:
+        """The steps in which the fault-free run wrote (a write seen at
+        boundary ``b`` was made in step ``b - 1``), where its state points
+        stand out (:meth:`state_points`)."""
+        if not self.state_points():
+            return ()
+        return tuple(sorted({b - 1 for b in self.state_steps if 0 <= b - 1 < self.steps}))
 
     def windows(self) -> Tuple[range, ...]:
         """The job's steps cut in up to :data:`WINDOWS` runs, the first
@@ -184,14 +195,18 @@ class Draws:
 
     def _around_state(self) -> List[Plan]:
         """A crash (else a preemption, else an error) of each role at each
-        state point, in a drawn order: whether a job breaks before or
-        after its write is its own business."""
+        state point, and each file fault of ``kinds`` (:data:`DURING`) of
+        each role in each step that wrote, which acts during that write;
+        in a drawn order: whether a job breaks before, during or after its
+        write is its own business."""
         s = self.space
         kind = s.stopping_kind()
-        if kind is None:
-            return []
-        plans: List[Plan] = [(getattr(F, kind)(self.rng.choice(s.workers_of(role)), step),)
-                             for step in s.state_points() for role in s.roles()]
+        plans: List[Plan] = [] if kind is None else [
+            (getattr(F, kind)(self.rng.choice(s.workers_of(role)), step),)
+            for step in s.state_points() for role in s.roles()]
+        plans += [(getattr(F, during)(self.rng.choice(s.workers_of(role)), step),)
+                  for during in DURING if during in s.kinds
+                  for step in s.write_steps() for role in s.roles()]
         self.rng.shuffle(plans)
         return plans
 

@@ -128,6 +128,19 @@ def test_the_draws_crash_each_role_around_each_write_first():
     assert all(isinstance(p[0], F.Preempt) and p[0].step in (12, 13) for p in preempts)
 
 
+def test_the_file_faults_asked_for_act_during_each_write_first():
+    space = Space(3, 20, ("Crash", "TornWrite", "LostRename", "SlowWrite"), state_steps=(13,))
+    first = _draw_all(space, seed=2)[:8]
+    # Crashes of each role at 12 and 13, a torn write and a lost rename of
+    # each role in step 12, the one that wrote; no slow write (it breaks no write).
+    assert sorted((type(p[0]).__name__, p[0].step, space.role_of(p[0].worker)) for p in first) \
+        == sorted([("Crash", s, r) for s in (12, 13) for r in (CHIEF_ROLE, OTHER_ROLE)]
+                  + [(k, 12, r) for k in ("TornWrite", "LostRename")
+                     for r in (CHIEF_ROLE, OTHER_ROLE)])
+    # None where the job writes at most of its steps.
+    assert Space(3, 4, ("TornWrite",), state_steps=(1, 2, 3)).write_steps() == ()
+
+
 def test_coverage_says_where_the_job_wrote_and_how_many_faults_fell_around_it():
     space = Space(2, 20, ("Crash",), state_steps=(13,))
     c = coverage(space, [_ran([F.Crash(0, 12)]), _ran([F.Crash(1, 13)]), _ran([F.Crash(1, 3)])])
