@@ -155,7 +155,10 @@ OPTIONS = (
     Option("network", "|".join(NETWORK_MODES), "auto", "auto",
            "`isolated` runs each cluster in a network namespace of its own, unreachable "
            "from the host; `auto` does where the machine allows it (the session summary "
-           "says which); `host` runs on the host's loopback",
+           "says which); `switched` gives each worker a namespace of its own on a bridge, "
+           "as network faults do, so that a run that ends without completing has its "
+           "links tried ([network](network.md#links-tried-as-a-run-ends)); `host` runs on "
+           "the host's loopback",
            "On the host, every worker is an unauthenticated TensorFlow server on all "
            "interfaces while a run lasts; isolation costs a few milliseconds a run.",
            parse=parse_network, marker=True),

@@ -24,7 +24,7 @@ __tracebackhide__ = hide_in_setup_errors
 # table has exactly these rows.
 DEVICES = ("cpu", "gpu", "gpu-shared")
 START_METHODS = ("forkserver", "spawn")
-NETWORK_MODES = ("auto", "isolated", "host")
+NETWORK_MODES = ("auto", "isolated", "switched", "host")
 BACKEND_NAMES = ("local", "ray")
 DEFAULT_BACKEND = "local"
 REPORT_MODES = ("failed", "all")

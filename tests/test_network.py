@@ -258,7 +258,7 @@ def test_network_faults_say_why_they_cannot_be_done(monkeypatch):
 
 # ---------------------------------------------------------------- the proxy (Latency, ResetPeers)
 
-from harness.faults import Latency, ResetPeers  # noqa: E402
+from harness.faults import Crash, Latency, ResetPeers  # noqa: E402
 
 
 def _echo_server():
@@ -495,3 +495,76 @@ def test_a_cluster_with_a_hosts_file_of_its_own_leaves_the_hosts_alone():
     with open("/etc/hosts") as f:
         assert f.read() == hosts
     assert not {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("tmp")}
+
+
+def cut_own_link(at=None, n=8):
+    """``allreduce_loop`` of ``n`` steps; as the twin of a ``Partition``,
+    the last worker takes its own link down (``ip link set eth0 down`` in
+    its namespace, as an admin's command or a failed NIC would) at step
+    ``at``'s boundary."""
+    import subprocess
+    ctx = harness.context()
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+    for k in ctx.steps(n):
+        if k == at and ctx.index == ctx.num_workers - 1:
+            subprocess.run(["ip", "link", "set", "eth0", "down"], check=True)
+        step()
+    return ctx.index
+
+
+def _cut_off_is_named(cluster):
+    """A worker's link down for good at step 3 (the fault, and its twin in
+    the job's own code): the run hangs (TensorFlow's heartbeats take 8-10 s,
+    past the 4 s timeout), and the links tried as it ends find the worker
+    silent to the switch and to its peers while the others answer: it is
+    named, at 2 workers too, the switch standing outside both ends."""
+    workers = cluster.num_workers
+    last = workers - 1
+    fault = cluster.run(cut_own_link, faults=[Partition(last, 3)])
+    twin = cluster.run(cut_own_link, kwargs={"at": 3})
+    for result in (fault, twin):
+        v = result.verdict
+        assert (result.outcome, v.rule, v.culprits, v.ambiguous) == \
+            ("hang", "cut_off", (last,), False), result.diagnosis
+        silent = {(p.source, p.target) for p in result.observation.links if not p.answered}
+        assert silent == {(s, t) for s in [None, *range(workers)] for t in range(workers)
+                          if s != t and last in (s, t)}, result.diagnosis
+        assert result.phases["links"] < 2.0, result.phases
+    assert not _holders_alive()
+
+
+@needs_switch
+@pytest.mark.mwms(workers=2, timeout=4, grace=1, network="switched")
+def test_a_worker_cut_off_is_named_by_the_links_and_so_is_its_twin_at_2(mwms_cluster):
+    _cut_off_is_named(mwms_cluster)
+
+
+@needs_switch
+@pytest.mark.mwms(workers=3, timeout=4, grace=1, network="switched")
+def test_a_worker_cut_off_is_named_by_the_links_and_so_is_its_twin_at_3(mwms_cluster):
+    _cut_off_is_named(mwms_cluster)
+
+
+@needs_switch
+@pytest.mark.mwms(workers=2, timeout=10, network="switched")
+def test_links_are_tried_only_when_a_switched_run_does_not_complete(mwms_cluster):
+    done = mwms_cluster.run(cut_own_link)
+    done.assert_completed()
+    assert done.observation.links == () and "links" not in done.phases
+    crashed = mwms_cluster.run(cut_own_link, faults=[Crash(1, 3)], grace=1)
+    assert crashed.outcome == "crashed" and crashed.verdict.culprits == (1,), crashed.diagnosis
+    # A crashed worker's port is closed: its link answers with a reset.
+    assert crashed.observation.links and all(p.answered for p in crashed.observation.links)
+
+
+@needs_isolation
+@pytest.mark.mwms(workers=2, timeout=10, network="isolated")
+def test_on_one_shared_network_no_link_is_a_worker_s_own_to_try(mwms_cluster):
+    crashed = mwms_cluster.run(cut_own_link, faults=[Crash(1, 3)], grace=1)
+    assert crashed.observation.links == () and crashed.observation.links_note == ""

@@ -22,7 +22,7 @@ from harness.controller.restarts import POLICIES, TaskRestarter, incarnation_pla
 from harness.controller.teardown import dump_stacks, stop_workers
 from harness.controller.watch import TrackedWorker, WatchLoop
 from harness.core import progress, protocol, serialize
-from harness.diagnosis.observations import EndedBy, RunObservation, WorkerObservation
+from harness.diagnosis.observations import EndedBy, LinkProbe, RunObservation, WorkerObservation
 from harness.errors import hide_in_setup_errors
 from harness.faults import Fault
 from harness.launch import scratch
@@ -153,6 +153,9 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         if ended_by != EndedBy.ALL_FINISHED:
             dump_stacks(tracked, specs)
         clock.mark("stacks")
+        links, links_note = probe_links(job.network, ended_by, tracked)
+        if links or links_note:
+            clock.mark("links")
     finally:
         # The live processes: a restarted worker's ended ones are gone already.
         stop_workers(tracked, [h for h in handles if restarter is None
@@ -163,12 +166,26 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         grace=req.settings.grace, ended_by=ended_by, duration=duration, workers=tuple(
             w.observation(stack=read_capped(specs[w.index].stack_path)) for w in tracked),
         replicas=check_replicas(tracked, specs, req.tolerance, req.settings.shape.training),
-        exit_on_return=req.exit_on_return, tasks=task_names(req.settings.shape))
+        exit_on_return=req.exit_on_return, tasks=task_names(req.settings.shape),
+        links=links, links_note=links_note)
     for reader in readers:
         reader.close()
     result = attempt_result(obs, req.plan, plan, restarter, tracked, specs, total, attempt)
     clock.mark("diagnosis")
     return dataclasses.replace(result, phases={**worker_phases(obs), **clock.phases})
+
+
+def probe_links(network: RunNetwork, ended_by: str,
+                tracked: List[TrackedWorker]) -> Tuple[Tuple[LinkProbe, ...], str]:
+    """The cluster's links tried while the workers of an attempt that did
+    not complete are still as they ended (a hung one still listens), or why
+    they were not; nothing for an attempt whose every worker returned."""
+    if ended_by == EndedBy.ALL_FINISHED and all(
+            t.seen.returned and t.seen.error is None for t in tracked):
+        return (), ""
+    rows, note = network.probe_links()
+    return tuple(LinkProbe(None if source == "switch" else int(source), int(target), how,
+                           float(ms)) for source, target, how, ms in rows), note
 
 
 def task_restarter(req: RunRequest, start_again, result_of) -> Optional[TaskRestarter]:

@@ -47,7 +47,7 @@ from harness.diagnosis.observations import EndedBy, RunObservation, WorkerObserv
 
 ORDER = ("request", "setup", "launch", "start", "strategy", "steps", "wait: finish",
          "wait: TensorFlow's failure detection", "wait: grace", "wait: hang timeout",
-         "wait: deadlock proof", "stacks", "teardown", "diagnosis", "cleanup")
+         "wait: deadlock proof", "stacks", "links", "teardown", "diagnosis", "cleanup")
 
 DETECTION = "wait: TensorFlow's failure detection"
 WAITS: Dict[str, str] = {

@@ -92,21 +92,29 @@ def enter_namespaces(user_ns: str, net_ns: str, mount_ns: Optional[str] = None) 
     first thing.  Joining a mount namespace moves the process to its root
     directory; the working directory is kept (the namespace is a copy of
     the host's mounts).  Raises ``OSError``."""
-    libc = ctypes.CDLL(None, use_errno=True)
     cwd = os.getcwd()
     joins = [(user_ns, CLONE_NEWUSER), (net_ns, CLONE_NEWNET)]
     if mount_ns is not None:
         joins.append((mount_ns, CLONE_NEWNS))
     for path, kind in joins:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if libc.setns(fd, kind) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns({path}): {os.strerror(err)}")
-        finally:
-            os.close(fd)
+        join_namespace(path, kind)
     if mount_ns is not None:
         os.chdir(cwd)
+
+
+def join_namespace(path: str, kind: int) -> None:
+    """``setns(2)`` into the namespace at ``path`` (``/proc/PID/ns/...``) of
+    ``kind`` (``CLONE_NEWUSER``, ``CLONE_NEWNET``, ``CLONE_NEWNS``): a
+    network namespace is the calling thread's own, a user or mount
+    namespace the process's (joined while single-threaded).  Raises ``OSError``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, kind) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def alive(pid: int) -> bool:

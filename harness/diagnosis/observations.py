@@ -326,6 +326,31 @@ class ReferenceCheck:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinkProbe:
+    """One link tried when a run ended without completing, in a cluster
+    whose workers each have a network namespace: a TCP connect from
+    ``source`` (a worker's index, or None: the switch the workers hang on)
+    to worker ``target``'s port, and what came back within the probes'
+    limit (``how``: ``connected``, ``refused``, ``timed out``,
+    ``unreachable``, or ``not tried: ...``), after ``ms`` milliseconds."""
+
+    source: Optional[int]
+    target: int
+    how: str
+    ms: float
+
+    @property
+    def answered(self) -> bool:
+        """The target's end of the link answered: its process listens, or
+        its kernel reset the connect (the process has ended)."""
+        return self.how in ("connected", "refused")
+
+    @property
+    def tried(self) -> bool:
+        return not self.how.startswith("not tried")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunObservation:
     """What the parent saw of one run (one attempt of a run with restarts).
     ``replicas`` is the replica check's finding (``run(check_replicas=...)``),
@@ -347,6 +372,10 @@ class RunObservation:
     # (type, index) of each process, in order, in a cluster with a chief or
     # an evaluator (the chief first, the evaluator last); () for workers only.
     tasks: Tuple[Tuple[str, int], ...] = ()
+    # The links tried as the run ended without completing (LinkProbe), and
+    # why none were, when none were.
+    links: Tuple[LinkProbe, ...] = ()
+    links_note: str = ""
 
     def task(self, index: int) -> Tuple[str, int]:
         if not self.tasks:

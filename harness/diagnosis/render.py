@@ -20,6 +20,7 @@ from harness.diagnosis.data import data_lines
 from harness.diagnosis.known import known_lines
 from harness.diagnosis.facts import DIVERGED, Facts, reference_steps, state, where_stopped
 from harness.diagnosis.order import order_lines
+from harness.diagnosis.rules_links import link_lines
 from harness.diagnosis.pasts import Sides
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.deadlock import certain_deadlock
@@ -234,6 +235,7 @@ def note_lines(f: Facts, culprits: Sequence[int] = ()) -> List[str]:
     if outcome == Outcome.COMPLETED:
         lines += straggler_lines(obs)
     lines += memory_lines(obs)
+    lines += link_lines(obs.links, obs.links_note)
     if outcome in (Outcome.COMPLETED, Outcome.CRASHED):   # else the config is the blame, said above
         lines += [f"note: TF_CONFIG of {names([i])}: {'; '.join(v)}"
                   for i, v in sorted(f.config_issues.items())]

@@ -5,8 +5,8 @@ applies to the run's situation and answers wins, as with pytest's
 the situations it reads (``rules_any``: any run gone wrong; ``rules_failed``:
 a worker raised; ``rules_stuck``: a hang, or errors that name no worker;
 ``rules_counts``: the ledgers' per-step counts; ``rules_start``: a worker
-that joined late; ``rules_names``: an address that did not resolve), plus
-one row.
+that joined late; ``rules_names``: an address that did not resolve;
+``rules_links``: the links tried as the run ended), plus one row.
 
 The order of the table is the order of trust (``tests/unit/test_rules.py``
 holds this list to the table's order):
@@ -32,6 +32,10 @@ holds this list to the table's order):
   or the workers' own lookups say, explains a failure or a hang
   (``unresolved_address``); so does a ``TF_CONFIG`` that disagrees
   (``config``);
+* in a run that ends without completing on a switched network, a worker
+  the links tried as it ended found cut off: neither the switch nor any
+  peer reached it, nor it them, while every other link answered
+  (``cut_off``);
 * in a failure, a collective whose shapes differ names the odd shape
   (``shape_mismatch`` from the errors, ``collective_shapes`` from the
   ledgers, which every worker has, from 3 workers up), the sync check
@@ -92,6 +96,7 @@ from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_
 from harness.diagnosis.rules_names import unresolved_address
 from harness.diagnosis.rules_start import late_start
 from harness.diagnosis.rules_counts import collective_counts
+from harness.diagnosis.rules_links import cut_off
 from harness.diagnosis.rules_stuck import (behind, heartbeat, majority, no_evidence,
                                            outside_tensorflow, split, stopped)
 
@@ -126,6 +131,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("died_at_exit", frozenset({CRASHED_AT_EXIT}), died_at_exit),
     Rule("unresolved_address", _TROUBLE, unresolved_address),
     Rule("config", _TROUBLE, config),
+    Rule("cut_off", _TROUBLE, cut_off),
     Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),
     Rule("collective_shapes", _FAILED_ANY | _STUCK, collective_shapes),
     Rule("sync_check", frozenset({FAILED}), sync_check),

@@ -2,24 +2,24 @@
 and a seeded draw, no TensorFlow, no hypothesis.
 
 A fault's place in the space is its *cell*: its kind, its worker's role
-(worker 0, which does the chief's part of a job, or one of the others,
-which are alike unless the job tells them apart) and the window of steps
-it falls in (the job's steps cut in up to :data:`WINDOWS` runs of steps).
-Where the fault-free run wrote files under its ``run_dir`` (its *state
-points*: the step boundaries at which a write was seen), :class:`Draws`
-first crashes each role just before and just after each write, and
-tries each file fault asked for during it, as crash-recovery bug finders
-place their faults around the state a system keeps (CrashTuner, Legolas).  Then it picks the next plan from the cell run
-least so far, so a short search spreads over every kind, role and part of
-the job before it goes deeper, and a plan is never drawn twice; kinds a
-property rarely fails on count for less (:func:`kind_weights`).  With ``max_faults`` > 1
-it also draws plans of several faults: a second fault in the restart
-attempt of a plan that made a restart happen (a fault during recovery),
-or elsewhere in the first attempt; the first such second faults are
-crashes at the step the restart attempt began at, right after the job
-restored its state.  Plans that made a restart happen are the search's
-guide: a share of the draws goes to their neighbours (the step before or
-after, the other role).
+(worker 0, which does the chief's part of a job, or one of the others, which
+are alike unless the job tells them apart) and the window of steps it falls
+in (the job's steps cut in up to :data:`WINDOWS` runs of steps). Where the
+fault-free run wrote files under its ``run_dir`` (its *state points*: the
+step boundaries at which a write was seen), :class:`Draws` first crashes
+each role just before and just after each write, and tries each file fault
+asked for during it, as crash-recovery bug finders place their faults around
+the state a system keeps (CrashTuner, Legolas). Then it picks the next plan
+from the cell run least so far, so a short search spreads over every kind,
+role and part of the job before it goes deeper, and a plan is never drawn
+twice; kinds a property rarely fails on count for less
+(:func:`kind_weights`). With ``max_faults`` > 1 it also draws plans of
+several faults: a second fault in the restart attempt of a plan that made a
+restart happen (a fault during recovery), or elsewhere in the first attempt;
+the first such second faults are crashes at the step the restart attempt
+began at, right after the job restored its state. Plans that made a restart
+happen are the search's guide: a share of the draws goes to their neighbours
+(the step before or after, the other role).
 """
 from __future__ import annotations
 

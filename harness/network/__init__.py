@@ -39,16 +39,19 @@ def isolation(mode: str) -> Tuple[bool, str]:
 
 def check_mode(mode: str, where: str) -> None:
     """A SettingError when ``mode`` asks for isolation this machine cannot give."""
-    if mode == "isolated":
-        ok, why = available()
+    if mode in ("isolated", "switched"):
+        ok, why = available() if mode == "isolated" else switch_available()
         if not ok:
-            raise SettingError(f"{where}: 'isolated': this machine cannot give a cluster a "
+            raise SettingError(f"{where}: {mode!r}: this machine cannot give "
+                               f"{'a cluster' if mode == 'isolated' else 'each worker'} a "
                                f"network namespace of its own ({why}); use auto or host")
 
 
 def header(mode: str) -> str:
     """Where this session's clusters run, for pytest's header."""
     isolated, why = isolation(mode)
+    if isolated and mode == "switched":
+        return "network switched (a network namespace per worker, on a bridge)"
     if isolated:
         return "network isolated (a network namespace per cluster)"
     return f"network host loopback ({why})"
@@ -59,10 +62,12 @@ class RunNetwork:
     whether the workers are on the host, in one namespace, or each in its
     own on a switch."""
 
-    def __init__(self, namespace=None, plan: Sequence[Fault] = ()) -> None:
+    def __init__(self, namespace=None, plan: Sequence[Fault] = (),
+                 ports: Sequence[int] = ()) -> None:
         self.namespace = namespace   # None, a Namespace or a Switch
         self.switch: Optional[Switch] = namespace if isinstance(namespace, Switch) else None
         self.plan = tuple(plan)      # for the host names its faults list
+        self.ports = tuple(ports)    # each worker's own port
         self.attempt = 0             # the attempt new_attempt last began
 
     def hosts(self, placed: Optional[Tuple[str, ...]]) -> Optional[Sequence[str]]:
@@ -102,6 +107,18 @@ class RunNetwork:
         if self.switch is not None:
             self.switch.command(command, index)
 
+    def probe_links(self) -> Tuple[List[list], str]:
+        """Every link of the cluster tried now (:meth:`Switch.probe`), and
+        why none were where the prober failed; nothing where the workers
+        share a network (only workers with a namespace each have links of
+        their own to try)."""
+        if self.switch is None:
+            return [], ""   # the workers share one network: no link of their own to try
+        try:
+            return self.switch.probe(self.ports), ""
+        except (OSError, ValueError) as e:
+            return [], f"the links could not be tried: {e}"
+
     def worker_namespaces(self, n: int) -> Optional[tuple]:
         """Per worker, the (user, network) namespaces it joins (None: the host's)."""
         if self.switch is not None:
@@ -124,12 +141,12 @@ class NetworkChoice:
     def open(self, num_workers: int, ports: Sequence[int]) -> Iterator[RunNetwork]:
         """The run's network for as long as the run lasts; gone after."""
         if self.kind == "host":
-            yield RunNetwork()
+            yield RunNetwork(ports=ports)
             return
         made = (Switch(num_workers, ports if self.proxied else None)
                 if self.kind == "switched" else Namespace(names=needs_host_names(self.plan)))
         with made as namespace:
-            yield RunNetwork(namespace, self.plan)
+            yield RunNetwork(namespace, self.plan, ports)
 
 
 def choose_network(mode: str, no_namespace: Optional[str],
@@ -138,17 +155,17 @@ def choose_network(mode: str, no_namespace: Optional[str],
     SettingError; ``no_namespace`` is why the backend cannot have a
     namespace (None: it can)."""
     isolate, why = (False, no_namespace) if no_namespace else isolation(mode)
-    if mode == "isolated" and not isolate:
-        raise SettingError(f"network='isolated': this machine cannot give a cluster a "
+    if mode in ("isolated", "switched") and not isolate:
+        raise SettingError(f"network={mode!r}: this machine cannot give a cluster a "
                            f"network namespace of its own ({why})")
     if needs_host_names(plan):
         return _named(isolate, why, plan)
-    if not needs_network(plan):
+    if not needs_network(plan) and mode != "switched":
         return NetworkChoice("shared" if isolate else "host")
     able, why = switch_available() if isolate else (False, why)
     if not able:
-        raise SettingError(f"network faults need a network namespace per worker, and "
-                           f"this run has none ({why})")
+        raise SettingError(f"{'network faults need' if needs_network(plan) else 'network=switched needs'}"
+                           f" a network namespace per worker, and this run has none ({why})")
     commands = [command for fault in plan for _, command in fault.network_commands()]
     return NetworkChoice("switched", needs_proxy(commands))
 

@@ -41,6 +41,9 @@ ANCHOR = "ip link set lo up && echo ready && exec cat >/dev/null"
 START_WAIT = 5.0
 # How long a command to the switch or the proxy may take (milliseconds, as a rule).
 COMMAND_WAIT = 10.0
+# How long a probe of a link waits for an answer: a link that answers does
+# in well under a millisecond on one machine.
+PROBE_SECONDS = 0.5
 
 def start_anchor(script: str, env: Optional[dict] = None,
                  flags: str = "-Urn") -> subprocess.Popen[bytes]:
@@ -353,6 +356,28 @@ class Switch:
                 pass   # it is gone: the run is ending
         for process in targets:
             await_done(process)
+
+    def probe(self, ports: Sequence[int], seconds: float = PROBE_SECONDS) -> List[list]:
+        """Every link tried (:mod:`harness.network.probe`), from the bridge
+        (``"switch"``) and from each worker's namespace to each worker's
+        port of ``ports``: ``[[source, target, how, ms], ...]``.  Raises
+        ``OSError`` or ``ValueError`` when the prober fails."""
+        spec = {"sources": {"switch": f"/proc/{self.anchor.pid}/ns/net",
+                            **{str(i): f"/proc/{pid}/ns/net" for i, pid in self.holders.items()}},
+                "targets": {str(i): [host, port] for i, (host, port)
+                            in enumerate(zip(self.hosts, ports))},
+                "seconds": seconds}
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "harness.network.probe", f"/proc/{self.anchor.pid}/ns/user"],
+                input=json.dumps(spec) + "\n", capture_output=True, text=True, check=False,
+                timeout=seconds + COMMAND_WAIT, close_fds=True)
+        except subprocess.TimeoutExpired as e:
+            raise OSError(f"the prober did not answer within {e.timeout:g} s") from None
+        lines = done.stdout.splitlines()
+        if done.returncode != 0 or not lines:
+            raise OSError(f"the prober failed: {done.stderr.strip()[-300:] or done.returncode}")
+        return json.loads(lines[-1])
 
     def reset(self) -> None:
         """Every link up and unthrottled (a new attempt of a run)."""

@@ -99,7 +99,7 @@ PHASE_GROUPS = (
     ("TF detects", ("wait: TensorFlow's failure detection",)),
     ("harness waits", ("wait: hang timeout", "wait: grace", "wait: deadlock proof")),
     ("finish", ("wait: finish",)),
-    ("end", ("stacks", "teardown", "diagnosis", "cleanup")),
+    ("end", ("stacks", "links", "teardown", "diagnosis", "cleanup")),
 )
 
 

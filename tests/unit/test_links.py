@@ -1,0 +1,99 @@
+"""The links tried as a run ends: the prober on this machine's own network,
+and the rule that reads what it found; no TensorFlow, no namespace."""
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+from harness.diagnosis import diagnose
+from harness.diagnosis.observations import LinkProbe
+from harness.diagnosis.rules_links import link_lines, silent_workers
+from harness.network.probe import probe, try_links
+from observations import UNHEALTHY, blocked, raised, run
+
+
+def links(workers: int, down=(), broken=(), how="timed out"):
+    """Every link of a switched cluster (from the switch, None, and from
+    each worker to each other), those touching a worker of ``down`` and
+    the pairs of ``broken`` silent."""
+    out = []
+    for source in [None, *range(workers)]:
+        for target in range(workers):
+            if source == target:
+                continue
+            silent = (source in down or target in down
+                      or (source, target) in broken or (target, source) in broken)
+            out.append(LinkProbe(source, target, how if silent else "connected",
+                                 500.0 if silent else 0.2))
+    return tuple(out)
+
+
+def test_a_worker_silent_to_the_switch_and_every_peer_is_the_one():
+    for n in (2, 3, 4):
+        assert silent_workers(links(n, down=(n - 1,)), n) == [n - 1]
+    assert silent_workers(links(3, down=(1,), how="unreachable"), 3) == [1]
+
+
+def test_no_single_worker_stands_out_and_the_links_say_nothing():
+    assert silent_workers(links(3), 3) is None                         # every link answers
+    assert silent_workers(links(4, down=(1, 2)), 4) == [1, 2]          # two are silent:
+    two = diagnose(_hung(4, 3, links=links(4, down=(1, 2))))
+    assert two.rule != "cut_off", two.text                             # no one stands out
+    assert silent_workers(links(3, broken=[(0, 1)]), 3) is None        # one link between two
+    assert silent_workers((), 3) is None                               # nothing tried
+    not_tried = links(3, down=(2,))[:-1] + (LinkProbe(2, 1, "not tried: EPERM", 0.0),)
+    assert silent_workers(not_tried, 3) is None
+    # A worker that ended answers with a reset: its link is up.
+    refused = tuple(dataclasses.replace(p, how="refused") if p.target == 2 else p
+                    for p in links(3))
+    assert silent_workers(refused, 3) is None
+
+
+def _hung(n, cut, **obs):
+    ws = [blocked(i, n, steps=range(6 if i == cut else 7)) for i in range(n)]
+    return dataclasses.replace(run(*ws, ended_by="hang", timeout=3.0), **obs)
+
+
+def test_the_cut_off_worker_is_named_in_a_hang_and_in_the_heartbeat_failure():
+    for n in (2, 3, 4):
+        v = diagnose(_hung(n, n - 1, links=links(n, down=(n - 1,))))
+        assert (v.rule, v.culprits, v.ambiguous) == ("cut_off", (n - 1,), False), v.text
+        assert "its link is down" in v.text and "links tried as the run ended" in v.text
+    # The heartbeats' failure at 2 workers: only the leader names its peer,
+    # as it would if its own link were cut; the links tell the side.
+    errs = [raised(0, 2, "UnavailableError", UNHEALTHY.format(1), 10.0),
+            raised(1, 2, "DeadlineExceededError", "heartbeat timed out", 10.1)]
+    without = diagnose(run(*errs))
+    assert without.ambiguous, without.text
+    with_links = diagnose(dataclasses.replace(run(*errs), links=links(2, down=(1,))))
+    assert (with_links.culprits, with_links.ambiguous) == ((1,), False), with_links.text
+
+
+def test_links_that_all_answer_leave_the_verdict_as_it_was():
+    obs = _hung(3, 2)
+    plain = diagnose(obs)
+    probed = diagnose(dataclasses.replace(obs, links=links(3)))
+    assert (probed.rule, probed.culprits) == (plain.rule, plain.culprits)
+    assert "links: all 9 tried as the run ended answered" in probed.text
+    assert link_lines((), "the links could not be tried: no prober") == \
+        ["links: the links could not be tried: no prober"]
+
+
+def test_the_prober_tells_a_listener_from_a_closed_port():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        # Silence needs a link that is down: tests/test_network.py cuts one.
+        targets = {0: ("127.0.0.1", listener.getsockname()[1]), 1: ("127.0.0.1", closed_port)}
+        got = {i: how for i, how, _ in try_links(targets, 0.3)}
+        assert got == {0: "connected", 1: "refused"}
+        rows = probe({"switch": None, "0": None}, targets, 0.3)
+        assert [(r[0], r[1], r[2]) for r in rows] == [("0", 1, "refused"), ("switch", 0, "connected"),
+                                                      ("switch", 1, "refused")]
+    finally:
+        listener.close()
