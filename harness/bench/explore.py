@@ -22,8 +22,8 @@ each plan drawn uniformly, the search as it drew before), one restart,
 ``grace=1``: the seconds and plans to the first failure, the plan it shrank
 to, the seconds to shrink and replay it and how often it reproduced; the
 uniform order is not shrunk nor replayed (the same code would do it). Then
-each fixed twin is searched once at each worker count over the whole budget:
-none may break. Each search starts with no plan saved. ``--out`` keeps a
+each fixed twin is searched once at each worker count over the whole budget
+(where ``--orders`` has ``guided``): none may break. Each search starts with no plan saved. ``--out`` keeps a
 JSON line per search.
 
 ``draws``: the draw order alone, without TensorFlow, in seconds: for jobs
@@ -242,6 +242,8 @@ def corpus(workers: List[int], orders: List[str], seeds: int, budget: float, nam
                                           order=order, **shrink, **options)
                         keep(_search_line(bug, n, order, seed, "broken", found,
                                           time.monotonic() - t0))
+                if "guided" not in orders:
+                    continue   # the fixed twin is searched with the search's own draws
                 t0 = time.monotonic()
                 clean = c.explore(fn, kwargs=bug.fixed, budget=budget, seed=0, **options)
                 wrong += clean.failure is not None
