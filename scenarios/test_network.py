@@ -10,7 +10,7 @@ import pytest
 
 from harness.network import namespace as netns
 from harness.faults import Bandwidth, Latency, Partition, ResetPeers
-from scenarios.meta import NO_FIX, culprit_from_three, scenario
+from scenarios.meta import NO_FIX, scenario
 from scenarios.test_peer_faults import AT, COLLECTIVE_TIMEOUT, train_loop
 
 pytestmark = pytest.mark.skipif(not netns.switch_available()[0], reason=(
@@ -33,10 +33,11 @@ def test_partition_never_heals(mwms_cluster):
     misses the cut-off worker's heartbeats, 8-10 s later: the others raise
     ``UnavailableError`` naming it as unhealthy, and it raises
     ``DeadlineExceededError`` on its own heartbeat.  The harness reads every
-    error as an echo and names the worker its peers name, from 3 workers;
-    with 2, only the leader names its one peer, as it would if its own link
-    were cut, and the cut can meet the workers a step apart: it cannot
-    tell, and names both.
+    error as an echo; the links it tries as the run ends find the worker
+    silent to the switch and to its peers, every other link answering, and
+    name it (rule ``cut_off``), with 2 workers too, where the errors alone
+    cannot tell the side (only the leader names its one peer, as it would
+    if its own link were cut).
 
     Source: the MWMS fault-tolerance guide (a lost node).
 
@@ -45,7 +46,8 @@ def test_partition_never_heals(mwms_cluster):
     """
     last = _last(mwms_cluster)
     result = mwms_cluster.run(train_loop, timeout=30, grace=20, faults=[Partition(last, AT)])
-    culprit_from_three(result.assert_failed(), last)
+    result.assert_failed().assert_culprit(last)
+    assert result.verdict.rule == "cut_off", result.diagnosis
     # Which comes first differs (2.15: the cut-off worker's own deadline),
     # so each worker's error type is what is asserted.
     assert all(w.exception.type_name == "UnavailableError" for w in result.workers[:last])

@@ -285,9 +285,11 @@ def corpus_table(path: str, budget: float) -> str:
                 f"| {name} | {n} | {len(gf)} of {len(g)} | "
                 f"{med([x['search_seconds'] for x in gf])} "
                 f"({max((x['search_seconds'] for x in gf), default=0):.0f}) | "
-                f"{within} of {len(g)} | {shrunk} | {rep} | {len(uf)} of {len(u)} | "
-                f"{med([x['search_seconds'] for x in uf])} "
-                f"({max((x['search_seconds'] for x in uf), default=0):.0f}) | {fx} |")
+                f"{within} of {len(g)} | {shrunk} | {rep} | "
+                + (f"{len(uf)} of {len(u)} | {med([x['search_seconds'] for x in uf])} "
+                   f"({max((x['search_seconds'] for x in uf), default=0):.0f})" if u else
+                   "not run | -")
+                + f" | {fx} |")
     return "\n".join(out)
 
 
