@@ -132,9 +132,15 @@ def test_the_session_header_says_where_clusters_run(pytester, monkeypatch):
     assert f"pytest-mwms: network {header}" in result.stdout.str()
     host = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--mwms-network=host")
     assert "pytest-mwms: network host loopback (--mwms-network=host)" in host.stdout.str()
+    if SWITCH[0]:
+        switched = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+                                                 "--mwms-network=switched")
+        assert "pytest-mwms: network switched (a network namespace per worker, on a bridge)" \
+            in switched.stdout.str()
     bad = pytester.runpytest_subprocess("--mwms-network=private")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
-    assert "--mwms-network: 'private' is not one of auto, isolated, host" in bad.stderr.str()
+    assert "--mwms-network: 'private' is not one of auto, isolated, switched, host" \
+        in bad.stderr.str()
 
 
 # ---------------------------------------------------------------- network faults
