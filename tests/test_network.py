@@ -510,18 +510,13 @@ def cut_own_link(at=None, n=8):
     ``at``'s boundary."""
     import subprocess
     ctx = harness.context()
-    import tensorflow as tf
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
-    @tf.function
-    def step():
-        return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-
-    for k in ctx.steps(n):
-        if k == at and ctx.index == ctx.num_workers - 1:
-            subprocess.run(["ip", "link", "set", "eth0", "down"], check=True)
-        step()
-    return ctx.index
+    def steps(count):
+        for k in ctx.steps(count):
+            if k == at and ctx.index == ctx.num_workers - 1:
+                subprocess.run(["ip", "link", "set", "eth0", "down"], check=True)
+            yield k
+    return allreduce_loop(n, steps=steps)
 
 
 def _cut_off_is_named(cluster):
