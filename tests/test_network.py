@@ -552,6 +552,52 @@ def test_a_worker_cut_off_is_named_by_the_links_and_so_is_its_twin_at_3(mwms_clu
     _cut_off_is_named(mwms_cluster)
 
 
+def throttle_own_link(at=None, n=8, size=8000):
+    """``n`` all-reduces of ``size`` float32s (32 kB at 8000); as the twin
+    of a ``Bandwidth(kbps=32)``, the last worker rate-limits its own link
+    (``tc qdisc replace dev eth0 root tbf rate 32kbit``: a shaper an admin
+    or a noisy neighbour's QoS would set) at step ``at``'s boundary."""
+    import shutil
+    import subprocess
+    ctx = harness.context()
+    tc = shutil.which("tc") or shutil.which("tc", path="/usr/sbin:/sbin")
+
+    def steps(count):
+        for k in ctx.steps(count):
+            if k == at and ctx.index == ctx.num_workers - 1:
+                subprocess.run([tc, "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+                                "32kbit", "burst", "16kb", "latency", "50ms"], check=True)
+            yield k
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x = tf.ones([size])
+
+    @tf.function
+    def step():
+        return strategy.reduce("SUM", strategy.run(lambda: x), axis=None)
+
+    for _ in steps(n):
+        step()
+
+
+@needs_switch
+@pytest.mark.mwms(workers=3, timeout=4, grace=1, network="switched")
+def test_a_worker_whose_link_is_throttled_is_named_and_so_is_its_twin(mwms_cluster):
+    """A link limited to 32 kbit/s at step 3 under 32 kB all-reduces (the
+    fault, both ways; its twin, the worker's own egress): the run hangs,
+    and the handshakes wait behind the full queue, so the links tried as it
+    ends find the worker silent to all while the others answer."""
+    last = mwms_cluster.num_workers - 1
+    fault = mwms_cluster.run(throttle_own_link, faults=[Bandwidth(last, 3, kbps=32)])
+    twin = mwms_cluster.run(throttle_own_link, kwargs={"at": 3})
+    for result in (fault, twin):
+        v = result.verdict
+        assert (result.outcome, v.rule, v.culprits, v.ambiguous) == \
+            ("hang", "cut_off", (last,), False), result.diagnosis
+        assert "down or too slow to carry a connect" in result.diagnosis
+    assert not _holders_alive()
+
+
 @needs_switch
 @pytest.mark.mwms(workers=2, timeout=10, network="switched")
 def test_links_are_tried_only_when_a_switched_run_does_not_complete(mwms_cluster):
