@@ -25,7 +25,13 @@ every run as JSON (``--json``).  ``--write-docs`` writes
 ``docs/accuracy.json`` and the table in ``docs/accuracy.md``, which
 ``tests/unit/test_accuracy_table.py`` makes again from that JSON
 (``--redraw`` rewrites the table from it, running nothing).  Exits 1 when
-a run was wrong or a fault never acted.
+a run was wrong, a fault never acted, or a straggler report named a
+worker that was not slowed.
+
+Runs of the kinds that slow a worker without stopping it (``Delay``,
+``Latency``) that complete are also scored on their straggler report
+(:func:`harness.diagnosis.stragglers.stragglers`): the column "straggler
+named" counts those that name the slowed worker and no other.
 """
 from __future__ import annotations
 
@@ -192,6 +198,31 @@ def left_out(kinds: Sequence[Kind]) -> Dict[str, str]:
 
 # -- one run ---------------------------------------------------------------------------
 
+# The kinds that slow a worker without stopping it: a run of theirs that
+# completes is scored on its straggler report (the column "straggler named").
+SLOWING = ("Delay", "Latency")
+
+
+def slowed(result) -> List[int]:
+    """The workers a completed run's straggler report names as making the
+    others wait: the straggler's pattern, a worker late once, or the one
+    end every slow link shares."""
+    from harness.diagnosis.stragglers import stragglers
+    report = stragglers(result.observation)
+    return sorted(set(report.stragglers) | set(report.late_workers) | set(report.slow_link))
+
+
+def straggler_answer(row: dict) -> Optional[str]:
+    """A row's answer in the straggler column: ``named`` (the report names
+    the slowed worker, and no other), ``wrong`` (it names another), ``none``
+    (it names no one); None for a run the column does not score (not a
+    slowing kind, or not completed)."""
+    if row["kind"] not in SLOWING or row["outcome"] != "completed" or "slowed" not in row:
+        return None
+    named = set(row["slowed"])
+    return "none" if not named else "named" if named == {row["worker"]} else "wrong"
+
+
 def record(p: Planned, result, seconds: float, tensorflow: Optional[str]) -> dict:
     """One run's row of the JSON."""
     from harness.explore.attribution import attribute
@@ -203,6 +234,8 @@ def record(p: Planned, result, seconds: float, tensorflow: Optional[str]) -> dic
            "ambiguous": bool(result.ambiguous), "attribution": attribution.value,
            "rule": getattr(result.verdict, "rule", None), "error": result.error,
            "seconds": round(seconds, 2), "tensorflow": tensorflow}
+    if str(result.outcome) == "completed":
+        row["slowed"] = slowed(result)
     if attribution in (Attribution.WRONG, Attribution.NOT_ACTED):
         row["report"] = result.report()
     return row
@@ -232,10 +265,15 @@ def run_all(planned: Sequence[Planned], timeout: float, grace: float,
         row = record(p, result, seconds, tensorflow)
         rows.append(row)
         loud = row["attribution"] in (Attribution.WRONG.value, Attribution.NOT_ACTED.value)
+        late = straggler_answer(row)
+        loud = loud or late == "wrong"
+        said = f"; straggler {late} {tuple(row['slowed'])}" if late else ""
         print(f"[{i:4d}/{len(planned)}] {p.workers}w {p.workload.name:18s} {row['fault']:52s} "
               f"{row['outcome']:9s} {tuple(row['culprits'])!s:10s}"
-              f"{' ambiguous' if row['ambiguous'] else ''} -> {row['attribution']}"
+              f"{' ambiguous' if row['ambiguous'] else ''} -> {row['attribution']}{said}"
               f"{'  <<<<<<<<' if loud else ''} ({seconds:.1f} s)", file=out, flush=True)
+        if loud and "report" not in row:
+            row["report"] = result.report()
         if loud:
             print(f"!!! {row['attribution'].upper()}: plan faults=[{row['fault']}] on "
                   f"{p.workers} workers, {p.workload.name}{p.workload.args}\n"
@@ -254,16 +292,28 @@ def _counts(rows: Sequence[dict]) -> Dict[str, int]:
     return {a.value: sum(1 for r in rows if r["attribution"] == a.value) for a in ATTRIBUTIONS}
 
 
+def straggler_cell(rows: Sequence[dict]) -> str:
+    """``named of scored`` for the rows the straggler column scores (and
+    how many named another worker), or a dash where it scores none."""
+    answers = [a for a in map(straggler_answer, rows) if a is not None]
+    if not answers:
+        return "–"
+    wrong = answers.count("wrong")
+    return f"{answers.count('named')} of {len(answers)}" + (f", {wrong} wrong" if wrong else "")
+
+
 def _cells(rows: Sequence[dict]) -> List[str]:
     c = _counts(rows)
     failed = c["named"] + c["cannot tell"] + c["wrong"]
     share = f"{100 * c['named'] / failed:.0f} %" if failed else "–"
-    return [str(len(rows))] + [str(c[a.value]) for a in ATTRIBUTIONS] + [share]
+    return [str(len(rows))] + [str(c[a.value]) for a in ATTRIBUTIONS] + [share,
+                                                                          straggler_cell(rows)]
 
 
 HEAD = ("| {} | runs | named exactly | cannot tell (truth among the candidates) | wrong "
-        "| survived | never acted | named, of the runs that failed |")
-RULE = "|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| survived | never acted | named, of the runs that failed "
+        "| straggler named, of the slowed runs that completed |")
+RULE = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
 def table(rows: Sequence[dict]) -> str:
@@ -303,6 +353,13 @@ def markdown(doc: dict) -> str:
         lines += [f"- `{label}`: {why}" for label, why in sorted(doc["left_out"].items())]
     bad = [r for r in rows if r["attribution"] in (Attribution.WRONG.value,
                                                    Attribution.NOT_ACTED.value)]
+    late = [r for r in rows if straggler_answer(r) in ("wrong", "none")]
+    if late:
+        lines += ["", "Slowed runs that completed and whose straggler report did not name "
+                  "the slowed worker:", ""]
+        lines += [f"- `{r['fault']}`, `{r['workload']}`, {r['workers']} workers: "
+                  + (f"named {', '.join(map(str, r['slowed']))}" if r["slowed"] else "named none")
+                  for r in late]
     if bad:
         lines += ["", "Wrong, or never acted (each run's report is in the JSON):", ""]
         for r in bad:
@@ -426,7 +483,8 @@ def main(argv=None) -> int:
             f.write(dump(doc))
         print(f"\nwrote {args.json}")
     bad = [r for r in rows if r["attribution"] in (Attribution.WRONG.value,
-                                                   Attribution.NOT_ACTED.value)]
+                                                   Attribution.NOT_ACTED.value)
+           or straggler_answer(r) == "wrong"]
     for r in bad:
         print(f"\n!!! {r['attribution'].upper()}: faults=[{r['fault']}], {r['workers']} workers, "
               f"{r['workload']}\n{r['report']}")

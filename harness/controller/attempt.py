@@ -23,6 +23,7 @@ from harness.controller.teardown import dump_stacks, stop_workers
 from harness.controller.watch import TrackedWorker, WatchLoop
 from harness.core import progress, protocol, serialize
 from harness.diagnosis.observations import EndedBy, LinkProbe, RunObservation, WorkerObservation
+from harness.diagnosis.stragglers import slow_collectives
 from harness.errors import hide_in_setup_errors
 from harness.faults import Fault
 from harness.launch import scratch
@@ -170,6 +171,13 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         links=links, links_note=links_note)
     for reader in readers:
         reader.close()
+    if not links and not links_note and slow_collectives(obs):
+        # Every worker returned, but a collective was slow on all alike: a
+        # slow link shows in the round trips (the echoes are the prober's own).
+        links, links_note = links_of(*job.network.probe_links())
+        if links or links_note:
+            obs = dataclasses.replace(obs, links=links, links_note=links_note)
+            clock.mark("links")
     result = attempt_result(obs, req.plan, plan, restarter, tracked, specs, total, attempt)
     clock.mark("diagnosis")
     return dataclasses.replace(result, phases={**worker_phases(obs), **clock.phases})
@@ -183,9 +191,14 @@ def probe_links(network: RunNetwork, ended_by: str,
     if ended_by == EndedBy.ALL_FINISHED and all(
             t.seen.returned and t.seen.error is None for t in tracked):
         return (), ""
-    rows, note = network.probe_links()
-    return tuple(LinkProbe(None if source == "switch" else int(source), int(target), how,
-                           float(ms)) for source, target, how, ms in rows), note
+    return links_of(*network.probe_links())
+
+
+def links_of(rows: List[list], note: str) -> Tuple[Tuple[LinkProbe, ...], str]:
+    """The prober's rows as observations (a worker's with its round trip)."""
+    return tuple(LinkProbe(None if row[0] == "switch" else int(row[0]), int(row[1]), row[2],
+                           float(row[3]), None if len(row) < 5 or row[4] is None
+                           else float(row[4])) for row in rows), note
 
 
 def task_restarter(req: RunRequest, start_again, result_of) -> Optional[TaskRestarter]:

@@ -332,12 +332,17 @@ class LinkProbe:
     ``source`` (a worker's index, or None: the switch the workers hang on)
     to worker ``target``'s port, and what came back within the probes'
     limit (``how``: ``connected``, ``refused``, ``timed out``,
-    ``unreachable``, or ``not tried: ...``), after ``ms`` milliseconds."""
+    ``unreachable``, or ``not tried: ...``), after ``ms`` milliseconds;
+    from a worker, ``rtt``: the faster of two one-byte round trips to an
+    echo in the target's namespace, the way the workers' traffic goes
+    (through the proxy where the run has one), in milliseconds (None: none
+    came back, or none was tried)."""
 
     source: Optional[int]
     target: int
     how: str
     ms: float
+    rtt: Optional[float] = None
 
     @property
     def answered(self) -> bool:

@@ -56,6 +56,41 @@ def silent_workers(links: Tuple[LinkProbe, ...], workers: int) -> Optional[List[
     return silent or None
 
 
+# A worker's round trips to and from every peer this slow (ms), and this
+# many times the slowest between the others, single out its link as slow
+# (measured: 101 ms through a link held 50 ms each way, against at most
+# 1 ms between the others).
+SLOW_RTT_MS = 20.0
+
+
+def slow_link_end(links: Tuple[LinkProbe, ...], workers: int) -> Optional[int]:
+    """The one worker whose every round trip, to and from each peer, is
+    slow (``SLOW_RTT_MS``, and ``SLOW_FACTOR`` times the slowest between
+    the others) while every round trip between the others came back; None
+    when no one worker stands out so (at 2 workers the one link has both
+    ends: no one)."""
+    trips = [p for p in links if p.source is not None]
+    ends = []
+    for w in range(workers):
+        mine = [p for p in trips if w in (p.source, p.target)]
+        rest = [p for p in trips if w not in (p.source, p.target)]
+        if not mine or not rest or any(p.rtt is None for p in mine + rest):
+            continue
+        bar = max(SLOW_RTT_MS, SLOW_FACTOR * max(p.rtt or 0.0 for p in rest))
+        if all((p.rtt or 0.0) >= bar for p in mine):
+            ends.append(w)
+    return ends[0] if len(ends) == 1 else None
+
+
+def slow_link_line(links: Tuple[LinkProbe, ...], w: int) -> str:
+    """The words on worker ``w``'s slow link."""
+    mine = sorted(p.rtt or 0.0 for p in links if p.source is not None and w in (p.source, p.target))
+    rest = [p.rtt or 0.0 for p in links if p.source is not None and w not in (p.source, p.target)]
+    return (f"slow link: {names([w])}'s round trips to and from each peer took {_span(mine)}, "
+            f"the others' at most {_ms(max(rest))} (a byte there and back the way the workers' "
+            f"traffic goes, tried as the run ended)")
+
+
 def _said(p: LinkProbe) -> str:
     return "the switch" if p.source is None else names([p.source])
 
@@ -100,8 +135,10 @@ def link_lines(links: Tuple[LinkProbe, ...], note: str) -> List[str]:
     silent = [p for p in links if not p.answered]
     said = "; ".join(f"{_said(p)} to {names([p.target])}: {p.how}" for p in silent[:8])
     more = f"; and {len(silent) - 8} more" if len(silent) > 8 else ""
+    trips = sorted(p.rtt for p in links if p.rtt is not None)
+    rtt = f"; round trips between workers {_span(trips)}" if trips else ""
     if not silent:
         return [f"links: all {len(links)} tried as the run ended answered (the switch and each "
-                f"worker to each worker's port)"]
+                f"worker to each worker's port){rtt}"]
     return [f"links tried as the run ended: {len(links) - len(silent)} of {len(links)} answered; "
-            f"{said}{more}"]
+            f"{said}{more}{rtt}"]

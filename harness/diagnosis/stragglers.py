@@ -64,6 +64,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from harness.diagnosis import ledger
 from harness.diagnosis.observations import RunObservation, WorkerObservation
+from harness.diagnosis.rules_links import slow_link_end, slow_link_line
 from harness.diagnosis.words import names
 
 # A straggler arrives last at this share of the calls at least (a balanced
@@ -86,6 +87,20 @@ MAX_CHANCE = 0.001
 # tell too little: no finding, no line (the catalogue's 6-step runs, where
 # a chief's checkpoint or a tail of evaluation steps decides who is last).
 MIN_CALLS = 8
+
+# A worker that arrived at one call at least this long (seconds) after
+# every other, and at least this many median steps late, by its own work
+# between calls, made the others wait once: *late*, a finding apart from
+# the straggler's pattern (a 0.5 s sleep before one step arrives 0.50 s
+# late, against 30-80 ms between workers' first, traced, calls on 2 quiet
+# cores).
+LATE_ONCE = 0.25
+LATE_STEPS = 3.0
+# A call whose collective took this long (seconds) after its last worker
+# arrived (the traced first call left out) was slow on every worker alike:
+# the harness then tries the links, where it can (a run of 3 ms steps
+# under 50 ms of latency on one link: 205-520 ms).
+SLOW_COLLECTIVE = 0.05
 
 CallKey = Tuple[str, int]   # (function name, call number)
 
@@ -112,6 +127,19 @@ class WorkerArrival:
 
 
 @dataclasses.dataclass(frozen=True)
+class LateArrival:
+    """One call at which ``worker`` arrived ``lag`` seconds after every
+    other worker, ``own`` of them its own extra time since its previous
+    collective call (any function's) over the others' median."""
+
+    worker: int
+    function: str
+    number: int
+    lag: float
+    own: float
+
+
+@dataclasses.dataclass(frozen=True)
 class StragglerReport:
     """What the call times say about stragglers.
 
@@ -122,7 +150,14 @@ class StragglerReport:
     of a worker's previous call of the function to the end of this one);
     ``in_call``: the median time a worker spent inside a call; ``workers``:
     a :class:`WorkerArrival` per worker; ``stragglers``: the workers named
-    (empty when none stands out, or when ``calls`` are too few to tell)."""
+    (empty when none stands out, or when ``calls`` are too few to tell);
+    ``late``: each call, of any function and the first ones too, at which
+    one worker made the others wait once (:class:`LateArrival`: at least
+    ``LATE_ONCE`` and ``LATE_STEPS`` median steps, most of it its own);
+    ``slow_link``: the worker whose every round trip to and from its peers
+    was slow where the links were tried
+    (:func:`harness.diagnosis.rules_links.slow_link_end`), empty where no
+    one stands out or nothing was tried."""
 
     calls: int
     function: str
@@ -130,6 +165,12 @@ class StragglerReport:
     in_call: float
     workers: Tuple[WorkerArrival, ...]
     stragglers: Tuple[int, ...]
+    late: Tuple[LateArrival, ...] = ()
+    slow_link: Tuple[int, ...] = ()
+
+    @property
+    def late_workers(self) -> Tuple[int, ...]:
+        return tuple(sorted({a.worker for a in self.late}))
 
     @property
     def enough(self) -> bool:
@@ -193,6 +234,30 @@ def _samples(ws: Sequence[WorkerObservation]) -> List[_Sample]:
     return out
 
 
+def _late(ws: Sequence[WorkerObservation], step: float) -> Tuple[LateArrival, ...]:
+    """Every call matched on every worker (the first of a function too)
+    at which one worker arrived late once (``LATE_ONCE``): its time since
+    its own previous collective call, of any function, is what is
+    compared, so a call traced alike on every worker compares alike."""
+    timed = {w.index: sorted(_timed_calls(w).items(), key=lambda kv: kv[1][0]) for w in ws}
+    since: Dict[int, Dict[CallKey, Tuple[float, float]]] = {}
+    for i, calls in timed.items():
+        since[i] = {key: (began, began - calls[n - 1][1][1])
+                    for n, (key, (began, _)) in enumerate(calls) if n > 0}
+    keys = set.intersection(*(set(v) for v in since.values())) if since else set()
+    out = []
+    for key in sorted(keys):
+        began = {i: since[i][key][0] for i in since}
+        gap = {i: since[i][key][1] for i in since}
+        last = max(began, key=lambda i: (began[i], i))
+        others = [i for i in began if i != last]
+        lag = began[last] - max(began[i] for i in others)
+        own = gap[last] - statistics.median(gap[i] for i in others)
+        if lag >= LATE_ONCE and lag >= LATE_STEPS * step and own >= MIN_OWN_SHARE * lag:
+            out.append(LateArrival(last, key[0], key[1], lag, own))
+    return tuple(out)
+
+
 def _arrival(worker: int, samples: Sequence[_Sample], workers: int) -> WorkerArrival:
     mine = [s for s in samples if s.last == worker]
     if not mine:
@@ -227,6 +292,21 @@ def _singled_out(a: WorkerArrival, step: float) -> bool:
             and a.lag >= MIN_LAG_SHARE * step and a.own >= MIN_OWN_SHARE * a.lag)
 
 
+def slow_collectives(obs: RunObservation) -> bool:
+    """Whether, in a run whose every worker returned, some call's
+    collective took ``SLOW_COLLECTIVE`` or more after its last worker
+    arrived: every worker slowed alike, as a slow link does."""
+    ws = [w for w in obs.workers if ledger.has_ledger(w)]
+    if len(ws) < 2 or len(ws) != len(obs.workers) or not all(w.returned for w in ws):
+        return False
+    timed = [_timed_calls(w) for w in ws]
+    for key in set.intersection(*(set(t) for t in timed)):
+        if key[1] >= 2 and statistics.median(t[key][1] for t in timed) - max(
+                t[key][0] for t in timed) >= SLOW_COLLECTIVE:
+            return True
+    return False
+
+
 def stragglers(obs: RunObservation) -> StragglerReport:
     """The straggler report of ``obs`` (see the module docstring): empty
     unless every worker returned."""
@@ -235,10 +315,13 @@ def stragglers(obs: RunObservation) -> StragglerReport:
     # and its peers' no longer pair up one for one, and the verdict is another.
     whole = len(ws) >= 2 and len(ws) == len(obs.workers) and all(w.returned for w in ws)
     samples = _samples(ws) if whole else []
+    end = slow_link_end(obs.links, len(obs.workers)) if whole else None
+    slow = () if end is None else (end,)
     if not samples:
         return StragglerReport(0, "", 0.0, 0.0,
                                tuple(WorkerArrival(w.index, 0.0, 0.0, 0.0, 0.0)
-                                     for w in obs.workers), ())
+                                     for w in obs.workers), (), _late(ws, 0.0) if whole else (),
+                               slow)
     functions = [s.function for s in samples]
     function = max(sorted(set(functions)), key=functions.count)
     samples = [s for s in samples if s.function == function]
@@ -247,7 +330,8 @@ def stragglers(obs: RunObservation) -> StragglerReport:
     arrivals = tuple(_arrival(w.index, samples, len(ws)) for w in ws)
     named = (tuple(a.worker for a in arrivals if _singled_out(a, step))
              if len(samples) >= MIN_CALLS else ())
-    return StragglerReport(len(samples), function, step, in_call, arrivals, named)
+    return StragglerReport(len(samples), function, step, in_call, arrivals, named,
+                           _late(ws, step), slow)
 
 
 def waits(obs: RunObservation) -> Dict[int, Tuple[Tuple[float, float], ...]]:
@@ -293,6 +377,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds >= 0.0095 else f"{seconds * 1000:.1f} ms"
 
 
+def _s(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 0.1 else _ms(seconds)
+
+
 def _pct(share: float) -> str:
     return f"{share * 100:.0f}%"
 
@@ -303,16 +391,19 @@ def straggler_lines(obs: RunObservation) -> List[str]:
     not by its own work, that the wait is the link's or the collective's;
     nothing when there are too few calls to tell or nothing to say."""
     report = stragglers(obs)
+    lines = [f"late once: {names([a.worker])} arrived {_s(a.lag)} after the others at call "
+             f"{a.number} of `{a.function}`, {_s(a.own)} of it its own time since its previous "
+             f"call: the others waited" for a in report.late]
+    lines += [slow_link_line(obs.links, w) for w in report.slow_link]
     if not report.enough:
-        return []
-    lines = []
+        return lines
     for i in report.stragglers:
         a = report.arrival(i)
         lines.append(f"straggler: {names([i])} arrived last at {_pct(a.last_share)} of "
                      f"`{report.function}` calls, {_ms(a.lag)} after the others on median; "
                      f"the others spent {_pct(a.others_wait)} of each step waiting")
     top = report.most_last
-    if not lines and top is not None and released_late(top):
+    if not report.stragglers and top is not None and released_late(top):
         lines.append(f"stragglers: none; every worker waited alike, median "
                      f"{_ms(report.in_call)} of each {_ms(report.step)} step in "
                      f"`{report.function}`: a slow link or collective, not a slow worker "

@@ -193,12 +193,18 @@ class Namespace:
 # veth pair, at 10.77.0.(i+1).  The anchor then reads commands on stdin:
 # "down I" / "up I" (worker I's link) and "rate I KBPS" (a token bucket
 # both ways), and ends its holders when stdin closes.  The bridge itself is
-# at SUBNET.254: where the proxy (harness.network.proxy) listens when a run has one.
+# at SUBNET.254: where the proxy (harness.network.proxy) listens when a run has one;
+# at SUBNET.253 the proxy's routes to the probes' echoes (harness.network.probe),
+# the same port for each pair of workers.
 SUBNET = "10.77.0"
 BRIDGE_HOST = SUBNET + ".254"
+ECHO_HOST = SUBNET + ".253"
+# The probes' echo in each worker's namespace: a namespace the run's own,
+# where nothing else binds.
+ECHO_PORT = 7
 SWITCH = r"""
 ip link set lo up && ip link add br0 type bridge && ip link set br0 up || exit 1
-ip addr add SUBNET.254/24 dev br0 || exit 1
+ip addr add SUBNET.254/24 dev br0 && ip addr add SUBNET.253/24 dev br0 || exit 1
 pids=""
 trap 'kill $pids 2>/dev/null' EXIT
 mine=$(readlink /proc/$$/ns/net)
@@ -289,6 +295,8 @@ class Switch:
                  if src != dst]
         routes = [[BRIDGE_HOST, self._proxy_port(src, dst), self.hosts[dst], ports[dst], src, dst]
                   for src, dst in pairs]
+        routes += [[ECHO_HOST, self._proxy_port(src, dst), self.hosts[dst], ECHO_PORT, src, dst]
+                   for src, dst in pairs]
         self.proxied = {f"{BRIDGE_HOST}:{self._proxy_port(src, dst)}": self.addresses[dst]
                         for src, dst in pairs}
         self.proxy = subprocess.Popen(
@@ -360,13 +368,20 @@ class Switch:
     def probe(self, ports: Sequence[int], seconds: float = PROBE_SECONDS) -> List[list]:
         """Every link tried (:mod:`harness.network.probe`), from the bridge
         (``"switch"``) and from each worker's namespace to each worker's
-        port of ``ports``: ``[[source, target, how, ms], ...]``.  Raises
+        port of ``ports``: ``[[source, target, how, ms], ...]``, a worker's
+        rows with a fifth field, its round trip to the target's echo
+        (through the proxy where the run has one).  Raises
         ``OSError`` or ``ValueError`` when the prober fails."""
         spec = {"sources": {"switch": f"/proc/{self.anchor.pid}/ns/net",
                             **{str(i): f"/proc/{pid}/ns/net" for i, pid in self.holders.items()}},
                 "targets": {str(i): [host, port] for i, (host, port)
                             in enumerate(zip(self.hosts, ports))},
-                "seconds": seconds}
+                "seconds": seconds,
+                # The echoes are reached the way the workers reach each other.
+                "echo": {"port": ECHO_PORT, "routes": {
+                    str(src): {str(dst): [ECHO_HOST, self._proxy_port(src, dst)]
+                               for dst in range(self.workers) if dst != src}
+                    for src in range(self.workers)} if self.proxy is not None else {}}}
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "harness.network.probe", f"/proc/{self.anchor.pid}/ns/user"],

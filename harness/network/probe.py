@@ -1,5 +1,7 @@
 """The links of a switched cluster, tried: from the bridge and from every
-worker's network namespace, a TCP connect to every worker's own port.
+worker's network namespace, a TCP connect to every worker's own port;
+and, from each worker to each other, a byte there and back through the
+path their traffic takes.
 
 Run as ``python -m harness.network.probe USER_NS``: it joins the user
 namespace (while single-threaded), reads one JSON line on stdin,
@@ -20,7 +22,18 @@ itself, all at once, and prints one JSON line: ``[[NAME, INDEX, HOW, MS],
 
 A probe sends nothing but the connect, and closes at once: a TensorFlow
 worker sees a connection that ends before its first byte, as a port
-scanner's.  Of the harness it imports :mod:`harness.core.linux` only.
+scanner's.
+
+With ``"echo": {"port": P, "routes": {SRC: {DST: [HOST, PORT]}}}`` in the
+spec, each worker source also serves an echo on port ``P`` of its own
+namespace (a namespace the harness made for the run: no other process
+binds there), and, once every echo listens, sends one byte to each other
+worker's echo through ``routes[SRC][DST]`` (the proxy's port for that
+pair, where the workers' traffic passes a proxy; the echo itself
+otherwise) and waits for it back, twice on one connection: the faster
+round trip, in milliseconds, is each row's fifth field (None where none
+came back within ``S`` seconds; absent for the bridge's rows).  Of the
+harness it imports :mod:`harness.core.linux` only.
 """
 from __future__ import annotations
 
@@ -82,33 +95,153 @@ def try_links(targets: Dict[int, Tuple[str, int]], seconds: float,
     return sorted(out)
 
 
+def serve_echo(port: int) -> socket.socket:
+    """An echo on ``port`` of this thread's network namespace, served by
+    daemon threads (which share the namespace of the thread that starts
+    them); the listening socket, to close."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", port))
+    server.listen(64)
+
+    def echo(conn: socket.socket) -> None:
+        with conn:
+            try:
+                while True:
+                    data = conn.recv(64)
+                    if not data:
+                        return
+                    conn.sendall(data)
+            except OSError:
+                return
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
+def round_trip(host: str, port: int, seconds: float, rounds: int = 2) -> Optional[float]:
+    """The fastest of ``rounds`` one-byte round trips to the echo at
+    ``host:port``, on one connection (ms); None when one did not come back
+    within ``seconds`` in all."""
+    deadline = time.monotonic() + seconds
+    try:
+        with socket.create_connection((host, port), timeout=seconds) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            best = None
+            for _ in range(rounds):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                s.settimeout(left)
+                t0 = time.monotonic()
+                s.sendall(b"x")
+                if s.recv(1) != b"x":
+                    return None
+                ms = 1000 * (time.monotonic() - t0)
+                best = ms if best is None else min(best, ms)
+            return best
+    except OSError:
+        return None
+
+
+def _rounded(ms: Optional[float]) -> Optional[float]:
+    return None if ms is None else round(ms, 1)
+
+
 def probe(sources: Dict[str, Optional[str]], targets: Dict[int, Tuple[str, int]],
-          seconds: float) -> List[list]:
-    """Every source's links, a thread each: ``[[name, index, how, ms], ...]``.
-    A source's path is the network namespace its thread joins (None: this
+          seconds: float, echo: Optional[dict] = None) -> List[list]:
+    """Every source's links, a thread each: ``[[name, index, how, ms], ...]``,
+    with each worker source's round trip to each other worker's echo as a
+    fifth field when ``echo`` is given (see the module docstring).  A
+    source's path is the network namespace its thread joins (None: this
     process's own); a source named by a target's index does not try itself."""
     from harness.core import linux
     found: List[list] = []
     lock = threading.Lock()
+    workers = [name for name in sources if name.isdigit()]
+    listening = threading.Barrier(len(workers)) if echo and workers else None
+
+    def trips(name: str) -> Dict[int, Optional[float]]:
+        """This worker's round trips to each other worker's echo, all at
+        once (threads started here share this thread's namespace)."""
+        assert echo is not None
+        routes = echo["routes"].get(name, {})
+        out: Dict[int, Optional[float]] = {}
+
+        def one_trip(index: int) -> None:
+            host, port = routes.get(str(index), [targets[index][0], echo["port"]])
+            out[index] = round_trip(host, int(port), seconds)
+
+        threads = [threading.Thread(target=one_trip, args=(i,), daemon=True)
+                   for i in sorted(targets) if str(i) != name]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 1.0)
+        return out
 
     def one(name: str, path: Optional[str]) -> None:
+        server: Optional[socket.socket] = None
+        failed: Optional[OSError] = None
+        joined = path is None
         try:
             if path is not None:
                 linux.join_namespace(path, linux.CLONE_NEWNET)
-            tried = try_links(targets, seconds, skip=int(name) if name.isdigit() else None)
-            rows = [[name, index, how, round(ms, 1)] for index, how, ms in tried]
+                joined = True
+            if echo is not None and name in workers:
+                server = serve_echo(int(echo["port"]))
         except OSError as e:
-            rows = [[name, index, f"not tried: {e}", 0.0] for index in sorted(targets)
+            failed = e
+        finally:
+            if listening is not None and name in workers:
+                try:
+                    listening.wait(seconds + 1.0)
+                except threading.BrokenBarrierError:
+                    pass   # a peer's echo is missing: its trips come back None
+        if not joined:
+            rows = [[name, index, f"not tried: {failed}", 0.0] for index in sorted(targets)
                     if str(index) != name]
+        else:
+            result: Dict[int, Optional[float]] = {}
+            got = threading.Thread(target=lambda: result.update(trips(name)), daemon=True) \
+                if echo is not None and name in workers else None
+            if got is not None:
+                got.start()
+            tried = try_links(targets, seconds, skip=int(name) if name.isdigit() else None)
+            if got is not None:
+                got.join(2 * seconds + 2.0)
+            rows = [[name, index, how, round(ms, 1)]
+                    + ([_rounded(result.get(index))] if got is not None else [])
+                    for index, how, ms in tried]
         with lock:
             found.extend(rows)
+        if server is not None:
+            # Only once every source is done: a peer's trip may still be under way.
+            done.wait(2 * seconds + 3.0)
+            server.close()
 
+    done = threading.Event()
     threads = [threading.Thread(target=one, args=item, daemon=True) for item in sources.items()]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(seconds + 2.0)
-    return sorted(found, key=lambda row: (str(row[0]), row[1]))
+    deadline = time.monotonic() + 2 * seconds + 3.0
+    while time.monotonic() < deadline:
+        with lock:
+            if len(found) >= sum(len(targets) - (1 if n.isdigit() and int(n) in targets else 0)
+                                 for n in sources):
+                break
+        time.sleep(0.005)
+    done.set()
+    with lock:
+        return sorted(found, key=lambda row: (str(row[0]), row[1]))
 
 
 def main(argv: List[str]) -> None:
@@ -118,7 +251,8 @@ def main(argv: List[str]) -> None:
     linux.die_with_parent()
     spec = json.loads(sys.stdin.readline())
     targets = {int(k): (host, int(port)) for k, (host, port) in spec["targets"].items()}
-    print(json.dumps(probe(spec["sources"], targets, float(spec["seconds"]))), flush=True)
+    print(json.dumps(probe(spec["sources"], targets, float(spec["seconds"]), spec.get("echo"))),
+          flush=True)
     os._exit(0)   # a thread stuck joining a namespace must not hold the exit
 
 

@@ -43,20 +43,48 @@ def test_the_table_counts_each_answer_per_kind_and_in_all():
     assert lines[0].startswith("| fault | runs | named exactly | cannot tell")
     # Rows in the bench's order of kinds (SkipStep, then Crash, then Delay), the total last.
     assert lines[2:] == [
-        "| `SkipStep` | 3 | 2 | 1 | 0 | 0 | 0 | 67 % |",
-        "| `Crash(how='exit')` | 2 | 0 | 0 | 1 | 0 | 1 | 0 % |",
-        "| `Delay(seconds=0.5)` | 1 | 0 | 0 | 0 | 1 | 0 | – |",
-        "| **all** | 6 | 2 | 1 | 1 | 1 | 1 | 50 % |",
+        "| `SkipStep` | 3 | 2 | 1 | 0 | 0 | 0 | 67 % | – |",
+        "| `Crash(how='exit')` | 2 | 0 | 0 | 1 | 0 | 1 | 0 % | – |",
+        "| `Delay(seconds=0.5)` | 1 | 0 | 0 | 0 | 1 | 0 | – | – |",
+        "| **all** | 6 | 2 | 1 | 1 | 1 | 1 | 50 % | – |",
     ]
+
+
+def _slowed(label, worker, slowed, outcome="completed"):
+    return {**_row(label, "survived", worker=worker, culprits=(), outcome=outcome),
+            "slowed": list(slowed)}
+
+
+def test_the_straggler_column_scores_the_slowed_runs_that_completed():
+    rows = [_slowed("Delay(seconds=0.5)", 1, [1]), _slowed("Delay(seconds=0.5)", 2, [2]),
+            _slowed("Delay(seconds=0.5)", 2, []), _slowed("Latency(ms=50)", 0, [1]),
+            _slowed("Latency(ms=50)", 0, [0, 1]),
+            # Not scored: a run that did not complete, a kind that does not slow.
+            {**_row("Latency(ms=50)", "cannot tell", worker=0, culprits=(0, 1), ambiguous=True)},
+            _slowed("Preempt", 1, [0])]
+    assert [accuracy.straggler_answer(r) for r in rows] == [
+        "named", "named", "none", "wrong", "wrong", None, None]
+    lines = accuracy.table(rows).splitlines()
+    assert lines[0].endswith("| straggler named, of the slowed runs that completed |")
+    assert lines[2].startswith("| `Preempt` |") and lines[2].endswith("| – |")
+    assert lines[3].startswith("| `Delay(seconds=0.5)` |") and lines[3].endswith("| 2 of 3 |")
+    assert lines[4].endswith("| 0 of 2, 2 wrong |")
+    assert lines[5].startswith("| **all** |") and lines[5].endswith("| 2 of 5, 2 wrong |")
+    doc = {"command": "c", "date": "d", "wall_seconds": 1.0, "settings": {"timeout": 3.0,
+           "grace": 1.0}, "machine": {"cores": 2, "python": "3", "tensorflow": "2"},
+           "left_out": {}, "runs": rows}
+    region = accuracy.markdown(doc)
+    assert "- `Delay(seconds=0.5)(2)`, `variable_loop`, 3 workers: named none" in region
+    assert "- `Latency(ms=50)(0)`, `variable_loop`, 3 workers: named 0, 1" in region
 
 
 def test_the_size_table_and_the_page_region_come_from_the_document_alone():
     rows = [_row(workers=2), _row(workers=2, workload="seed_training_loop"),
             _row(workers=4, attribution="cannot tell", culprits=(0, 1, 2, 3), ambiguous=True)]
     assert accuracy.size_table(rows).splitlines()[2:] == [
-        "| `variable_loop`, 2 | 1 | 1 | 0 | 0 | 0 | 0 | 100 % |",
-        "| `variable_loop`, 4 | 1 | 0 | 1 | 0 | 0 | 0 | 0 % |",
-        "| `seed_training_loop`, 2 | 1 | 1 | 0 | 0 | 0 | 0 | 100 % |",
+        "| `variable_loop`, 2 | 1 | 1 | 0 | 0 | 0 | 0 | 100 % | – |",
+        "| `variable_loop`, 4 | 1 | 0 | 1 | 0 | 0 | 0 | 0 % | – |",
+        "| `seed_training_loop`, 2 | 1 | 1 | 0 | 0 | 0 | 0 | 100 % | – |",
     ]
     doc = {"command": "python -m harness.bench.accuracy", "date": "2026-12-03",
            "wall_seconds": 125.4, "settings": {"timeout": 3.0, "grace": 1.0},
@@ -130,6 +158,12 @@ def test_every_fault_of_the_published_run_acted():
 def test_the_published_run_has_no_wrong_answer():
     bad = [(r["fault"], r["workers"], r["workload"], r["culprits"]) for r in _doc()["runs"]
            if r["attribution"] == "wrong"]
+    assert not bad, bad
+
+
+def test_no_published_straggler_report_names_a_worker_that_was_not_slowed():
+    bad = [(r["fault"], r["workers"], r["workload"], r["slowed"]) for r in _doc()["runs"]
+           if accuracy.straggler_answer(r) == "wrong"]
     assert not bad, bad
 
 

@@ -199,3 +199,48 @@ def test_chance_holds_for_thousands_of_calls():
     assert chance(9, 11, 2) == pytest.approx((55 + 11 + 1) / 2 ** 11)
     assert chance(0, 5000, 2) == 1.0 and chance(2400, 5000, 2) > 0.99
     assert 0.0 <= chance(3000, 5000, 2) < 1e-40 and chance(5000, 5000, 4) >= 0.0
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_worker_late_once_by_half_a_second_is_said(n):
+    """``Delay(seconds=0.5)``'s shape, as measured: one worker sleeps
+    before one call of a 6-step job, too few calls for the pattern."""
+    obs = simulated(n, calls=6, work=lambda i, k: 0.003 + (0.5 if (i, k) == (n - 1, 3) else 0.0),
+                    traced=0.1)
+    report = stragglers(obs)
+    assert report.stragglers == () and not report.enough
+    (late,) = report.late
+    assert (late.worker, late.function, late.number) == (n - 1, "step", 3)
+    assert 0.49 < late.lag < 0.51 and late.own > 0.49
+    assert report.late_workers == (n - 1,)
+    (line,) = straggler_lines(obs)
+    assert line == (f"late once: worker {n - 1} arrived 0.50 s after the others at call 3 of "
+                    "`step`, 0.50 s of it its own time since its previous call: the others waited")
+    assert line in diagnose(obs).text.splitlines()
+
+
+def test_late_once_is_read_from_each_workers_second_collective_on():
+    """Each worker's time since its own previous collective call is read,
+    so a worker's very first call (no previous one: a start, an import, a
+    trace) tells nothing, and its second does."""
+    first = simulated(3, calls=6, work=lambda i, k: 0.003 + (0.5 if (i, k) == (1, 1) else 0.0))
+    assert stragglers(first).late == ()
+    second = simulated(3, calls=6, work=lambda i, k: 0.003 + (0.5 if (i, k) == (1, 2) else 0.0))
+    assert [(a.worker, a.number) for a in stragglers(second).late] == [(1, 2)]
+    # Late by a traced call's own spread between workers (tens of ms): nothing.
+    spread = simulated(3, calls=6, work=lambda i, k: 0.003 + (0.08 if (i, k) == (2, 2) else 0.0))
+    assert stragglers(spread).late == ()
+
+
+def test_late_once_needs_a_lag_that_stands_out_from_the_steps():
+    """Steps of ~0.2 s with 0.3 s of noise once (1.5 steps) are nothing; a
+    worker released late by the previous call (its own time alike) is
+    nothing; jitter of tens of ms is nothing."""
+    long_steps = simulated(3, calls=10, collective=lambda k: 0.2,
+                           work=lambda i, k: 0.003 + (0.3 if (i, k) == (2, 5) else 0.0))
+    assert stragglers(long_steps).late == ()
+    released = simulated(3, calls=10, release=lambda i, k: 0.5 if (i, k) == (2, 4) else 0.0)
+    assert stragglers(released).late == ()
+    rng = random.Random(3)
+    noisy = simulated(4, calls=20, work=lambda i, k: 0.005 + rng.uniform(0, 0.04))
+    assert stragglers(noisy).late == () and straggler_lines(noisy) == []
