@@ -196,9 +196,10 @@ def probe_links(network: RunNetwork, ended_by: str,
 
 def links_of(rows: List[list], note: str) -> Tuple[Tuple[LinkProbe, ...], str]:
     """The prober's rows as observations (a worker's with its round trip)."""
+    def at(row: list, i: int) -> Optional[float]:
+        return None if len(row) <= i or row[i] is None else float(row[i])
     return tuple(LinkProbe(None if row[0] == "switch" else int(row[0]), int(row[1]), row[2],
-                           float(row[3]), None if len(row) < 5 or row[4] is None
-                           else float(row[4])) for row in rows), note
+                           float(row[3]), at(row, 4), at(row, 5)) for row in rows), note
 
 
 def task_restarter(req: RunRequest, start_again, result_of) -> Optional[TaskRestarter]:

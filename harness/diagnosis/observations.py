@@ -333,16 +333,19 @@ class LinkProbe:
     to worker ``target``'s port, and what came back within the probes'
     limit (``how``: ``connected``, ``refused``, ``timed out``,
     ``unreachable``, or ``not tried: ...``), after ``ms`` milliseconds;
-    from a worker, ``rtt``: the faster of two one-byte round trips to an
+    ``rtt``: the faster of two one-byte round trips to an
     echo in the target's namespace, the way the workers' traffic goes
     (through the proxy where the run has one), in milliseconds (None: none
-    came back, or none was tried)."""
+    came back, or none was tried); ``bulk``: 64 kB sent there and back
+    the same way after it, in milliseconds (None: not all came back within
+    the probes' limit, or none was tried)."""
 
     source: Optional[int]
     target: int
     how: str
     ms: float
     rtt: Optional[float] = None
+    bulk: Optional[float] = None
 
     @property
     def answered(self) -> bool:

@@ -35,7 +35,8 @@ holds this list to the table's order):
 * in a run that ends without completing on a switched network, a worker
   the links tried as it ended found cut off: neither the switch nor any
   peer reached it, nor it them, while every other link answered
-  (``cut_off``);
+  (``cut_off``), or one whose every link carried 64 kB there and back too
+  slowly or not at all while every other link carried it (``throttled``);
 * in a failure, a collective whose shapes differ names the odd shape
   (``shape_mismatch`` from the errors, ``collective_shapes`` from the
   ledgers, which every worker has, from 3 workers up), the sync check
@@ -96,7 +97,7 @@ from harness.diagnosis.rules_failed import collective_shapes, root_error, shape_
 from harness.diagnosis.rules_names import unresolved_address
 from harness.diagnosis.rules_start import late_start
 from harness.diagnosis.rules_counts import collective_counts
-from harness.diagnosis.rules_links import cut_off
+from harness.diagnosis.rules_links import cut_off, throttled
 from harness.diagnosis.rules_stuck import (behind, heartbeat, majority, no_evidence,
                                            outside_tensorflow, split, stopped)
 
@@ -132,6 +133,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("unresolved_address", _TROUBLE, unresolved_address),
     Rule("config", _TROUBLE, config),
     Rule("cut_off", _TROUBLE, cut_off),
+    Rule("throttled", _TROUBLE, throttled),
     Rule("shape_mismatch", _FAILED_ANY, shape_mismatch),
     Rule("collective_shapes", _FAILED_ANY | _STUCK, collective_shapes),
     Rule("sync_check", frozenset({FAILED}), sync_check),

@@ -123,8 +123,56 @@ def _ms(ms: float) -> str:
 
 
 def _span(ms: List[float]) -> str:
-    return _ms(ms[0]) if len(ms) == 1 or _ms(ms[0]) == _ms(ms[-1]) else \
-        f"{ms[0]:.0f}-{_ms(ms[-1])}"
+    if len(ms) == 1 or _ms(ms[0]) == _ms(ms[-1]):
+        return _ms(ms[0])
+    low = f"{ms[0]:.0f}" if ms[0] >= 9.5 else f"{ms[0]:.1f}"
+    return f"{low}-{_ms(ms[-1])}"
+
+
+# A link whose 64 kB there and back took this long (ms), and this many
+# times the slowest among the links that do not touch the worker, or never
+# came back within the probes' limit, is too slow to carry the run
+# (measured: never within 0.5 s through a link held to 32 kbit/s, against
+# 1-4 ms on the others).
+BULK_SLOW_MS = 100.0
+
+
+def throttled_worker(links: Tuple[LinkProbe, ...], workers: int) -> Optional[int]:
+    """The one worker whose every link, to and from it (the switch's to it
+    too), carried 64 kB there and back too slowly or not at all, while
+    every link that does not touch it carried it; None otherwise."""
+    tried = [p for p in links if p.tried]
+    if not tried or len(tried) < len(links):
+        return None
+    found = []
+    for w in range(workers):
+        mine = [p for p in tried if w in (p.source, p.target)]
+        rest = [p for p in tried if w not in (p.source, p.target)]
+        if not mine or not rest or any(p.bulk is None for p in rest):
+            continue
+        bar = max(BULK_SLOW_MS, SLOW_FACTOR * max(p.bulk or 0.0 for p in rest))
+        if all(p.bulk is None or p.bulk >= bar for p in mine):
+            found.append(w)
+    return found[0] if len(found) == 1 else None
+
+
+def throttled(f: Facts) -> Optional[Blame]:
+    """A worker whose link is too slow to carry the run: as it ended, 64 kB
+    sent there and back over each of its links came back too late or not
+    at all, and over every other link quickly."""
+    w = throttled_worker(f.obs.links, len(f.workers))
+    if w is None:
+        return None
+    mine = [p for p in f.obs.links if w in (p.source, p.target)]
+    rest = [p.bulk or 0.0 for p in f.obs.links if w not in (p.source, p.target)]
+    late = sorted(p.bulk for p in mine if p.bulk is not None)
+    how = (f"{len(mine) - len(late)} of {len(mine)} did not come back while the probes ran"
+           if len(late) < len(mine) else "")
+    if late:
+        how += f"{'; ' if how else ''}the rest took {_span(late)}"
+    return Blame([w], f"its link is too slow to carry the run: as it ended, 64 kB sent there "
+                 f"and back over each of its links ({how}), against at most {_ms(max(rest))} "
+                 f"over every other link", f.worker(w).last_step)
 
 
 def link_lines(links: Tuple[LinkProbe, ...], note: str) -> List[str]:
@@ -135,7 +183,7 @@ def link_lines(links: Tuple[LinkProbe, ...], note: str) -> List[str]:
     silent = [p for p in links if not p.answered]
     said = "; ".join(f"{_said(p)} to {names([p.target])}: {p.how}" for p in silent[:8])
     more = f"; and {len(silent) - 8} more" if len(silent) > 8 else ""
-    trips = sorted(p.rtt for p in links if p.rtt is not None)
+    trips = sorted(p.rtt for p in links if p.rtt is not None and p.source is not None)
     rtt = f"; round trips between workers {_span(trips)}" if trips else ""
     if not silent:
         return [f"links: all {len(links)} tried as the run ended answered (the switch and each "

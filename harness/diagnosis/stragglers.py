@@ -315,9 +315,11 @@ def stragglers(obs: RunObservation) -> StragglerReport:
     # and its peers' no longer pair up one for one, and the verdict is another.
     whole = len(ws) >= 2 and len(ws) == len(obs.workers) and all(w.returned for w in ws)
     samples = _samples(ws) if whole else []
-    end = slow_link_end(obs.links, len(obs.workers)) if whole else None
+    returned = bool(obs.workers) and all(w.returned for w in obs.workers)
+    end = slow_link_end(obs.links, len(obs.workers)) if returned else None
     slow = () if end is None else (end,)
     if not samples:
+        # A run without a ledger (ledger="off") can still name a slow link.
         return StragglerReport(0, "", 0.0, 0.0,
                                tuple(WorkerArrival(w.index, 0.0, 0.0, 0.0, 0.0)
                                      for w in obs.workers), (), _late(ws, 0.0) if whole else (),

@@ -27,12 +27,13 @@ scanner's.
 With ``"echo": {"port": P, "routes": {SRC: {DST: [HOST, PORT]}}}`` in the
 spec, each worker source also serves an echo on port ``P`` of its own
 namespace (a namespace the harness made for the run: no other process
-binds there), and, once every echo listens, sends one byte to each other
-worker's echo through ``routes[SRC][DST]`` (the proxy's port for that
-pair, where the workers' traffic passes a proxy; the echo itself
-otherwise) and waits for it back, twice on one connection: the faster
-round trip, in milliseconds, is each row's fifth field (None where none
-came back within ``S`` seconds; absent for the bridge's rows).  Of the
+binds there), and, once every echo listens, every source sends to each
+other worker's echo, through ``routes[SRC][DST]`` where there is one (the
+proxy's port for that pair, where the workers' traffic passes a proxy; the
+echo itself otherwise), on one connection: one byte there and back,
+twice, then ``BULK`` bytes there and back.  The faster one-byte round
+trip and the bulk's time, in milliseconds, are each row's fifth and sixth
+fields (None for what did not come back within ``S`` seconds).  Of the
 harness it imports :mod:`harness.core.linux` only.
 """
 from __future__ import annotations
@@ -108,7 +109,7 @@ def serve_echo(port: int) -> socket.socket:
         with conn:
             try:
                 while True:
-                    data = conn.recv(64)
+                    data = conn.recv(65536)
                     if not data:
                         return
                     conn.sendall(data)
@@ -127,29 +128,52 @@ def serve_echo(port: int) -> socket.socket:
     return server
 
 
-def round_trip(host: str, port: int, seconds: float, rounds: int = 2) -> Optional[float]:
-    """The fastest of ``rounds`` one-byte round trips to the echo at
-    ``host:port``, on one connection (ms); None when one did not come back
-    within ``seconds`` in all."""
+# A throughput sample: this many bytes sent to an echo and read back.
+BULK = 65536
+
+
+def round_trip(host: str, port: int, seconds: float,
+               rounds: int = 2) -> Tuple[Optional[float], Optional[float]]:
+    """To the echo at ``host:port``, on one connection: the fastest of
+    ``rounds`` one-byte round trips, then ``BULK`` bytes there and back
+    (ms each); None for what did not come back within ``seconds`` in all."""
     deadline = time.monotonic() + seconds
+    best: Optional[float] = None
     try:
         with socket.create_connection((host, port), timeout=seconds) as s:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            best = None
             for _ in range(rounds):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                s.settimeout(left)
+                s.settimeout(max(1e-3, deadline - time.monotonic()))
                 t0 = time.monotonic()
                 s.sendall(b"x")
                 if s.recv(1) != b"x":
-                    return None
+                    return best, None
                 ms = 1000 * (time.monotonic() - t0)
                 best = ms if best is None else min(best, ms)
-            return best
+            return best, _bulk(s, deadline)
     except OSError:
-        return None
+        return best, None
+
+
+def _bulk(s: socket.socket, deadline: float) -> Optional[float]:
+    """``BULK`` bytes to the echo on ``s`` and back by ``deadline`` (ms),
+    sending and reading at once (an echo's buffers are not that deep)."""
+    s.setblocking(False)
+    t0 = time.monotonic()
+    out, back = memoryview(b"y" * BULK), 0
+    while back < BULK:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        readable, writable, _ = select.select([s], [s] if out else [], [], left)
+        if writable:
+            out = out[s.send(out):]
+        if readable:
+            data = s.recv(65536)
+            if not data:
+                return None
+            back += len(data)
+    return 1000 * (time.monotonic() - t0)
 
 
 def _rounded(ms: Optional[float]) -> Optional[float]:
@@ -167,14 +191,14 @@ def probe(sources: Dict[str, Optional[str]], targets: Dict[int, Tuple[str, int]]
     found: List[list] = []
     lock = threading.Lock()
     workers = [name for name in sources if name.isdigit()]
-    listening = threading.Barrier(len(workers)) if echo and workers else None
+    listening = threading.Barrier(len(sources)) if echo and workers else None
 
-    def trips(name: str) -> Dict[int, Optional[float]]:
+    def trips(name: str) -> Dict[int, Tuple[Optional[float], Optional[float]]]:
         """This worker's round trips to each other worker's echo, all at
         once (threads started here share this thread's namespace)."""
         assert echo is not None
         routes = echo["routes"].get(name, {})
-        out: Dict[int, Optional[float]] = {}
+        out: Dict[int, Tuple[Optional[float], Optional[float]]] = {}
 
         def one_trip(index: int) -> None:
             host, port = routes.get(str(index), [targets[index][0], echo["port"]])
@@ -201,7 +225,7 @@ def probe(sources: Dict[str, Optional[str]], targets: Dict[int, Tuple[str, int]]
         except OSError as e:
             failed = e
         finally:
-            if listening is not None and name in workers:
+            if listening is not None:
                 try:
                     listening.wait(seconds + 1.0)
                 except threading.BrokenBarrierError:
@@ -210,16 +234,17 @@ def probe(sources: Dict[str, Optional[str]], targets: Dict[int, Tuple[str, int]]
             rows = [[name, index, f"not tried: {failed}", 0.0] for index in sorted(targets)
                     if str(index) != name]
         else:
-            result: Dict[int, Optional[float]] = {}
+            result: Dict[int, Tuple[Optional[float], Optional[float]]] = {}
             got = threading.Thread(target=lambda: result.update(trips(name)), daemon=True) \
-                if echo is not None and name in workers else None
+                if echo is not None else None
             if got is not None:
                 got.start()
             tried = try_links(targets, seconds, skip=int(name) if name.isdigit() else None)
             if got is not None:
                 got.join(2 * seconds + 2.0)
             rows = [[name, index, how, round(ms, 1)]
-                    + ([_rounded(result.get(index))] if got is not None else [])
+                    + ([_rounded(t) for t in result.get(index, (None, None))]
+                       if got is not None else [])
                     for index, how, ms in tried]
         with lock:
             found.extend(rows)

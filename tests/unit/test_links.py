@@ -7,9 +7,11 @@ import socket
 
 from harness.diagnosis import diagnose
 from harness.diagnosis.observations import LinkProbe
-from harness.diagnosis.rules_links import link_lines, silent_workers
+from harness.diagnosis.rules_links import (link_lines, silent_workers, slow_link_end,
+                                           slow_link_line, throttled_worker)
+from harness.diagnosis.stragglers import stragglers
 from harness.network.probe import probe, try_links
-from observations import UNHEALTHY, blocked, raised, run
+from observations import UNHEALTHY, blocked, raised, returned, run
 
 
 def links(workers: int, down=(), broken=(), how="timed out"):
@@ -122,3 +124,76 @@ def test_the_prober_tells_a_listener_from_a_closed_port():
                                                       ("switch", 1, "refused")]
     finally:
         listener.close()
+
+
+def trips(workers: int, slow=None, ms=101.0, fast=0.5, missing=()):
+    """Every link answered, each worker's round trip to each other ``fast``
+    ms, those touching ``slow`` ``ms``; the pairs of ``missing`` none."""
+    out = []
+    for p in links(workers):
+        if p.source is None:
+            out.append(p)
+            continue
+        rtt = None if (p.source, p.target) in missing else ms if slow in (p.source, p.target) \
+            else fast
+        out.append(dataclasses.replace(p, rtt=rtt))
+    return tuple(out)
+
+
+def test_the_one_end_every_slow_round_trip_shares_is_the_slow_link():
+    for n in (3, 4):
+        assert slow_link_end(trips(n, slow=n - 1), n) == n - 1
+        assert slow_link_end(trips(n, slow=0), n) == 0
+    line = slow_link_line(trips(3, slow=2), 2)
+    assert line == ("slow link: worker 2's round trips to and from each peer took 101 ms, the "
+                    "others' at most 0.5 ms (a byte there and back the way the workers' traffic "
+                    "goes, tried as the run ended)")
+    assert "round trips between workers 0.5-101 ms" in link_lines(trips(3, slow=2), "")[0]
+
+
+def test_round_trips_that_single_out_no_one_name_no_one():
+    assert slow_link_end(trips(2, slow=1), 2) is None               # one link, two ends
+    assert slow_link_end(trips(3), 3) is None                       # all fast
+    assert slow_link_end(trips(3, slow=1, ms=15.0), 3) is None      # under 20 ms
+    assert slow_link_end(trips(3, slow=1, ms=30.0, fast=5.0), 3) is None   # not 10x the others
+    assert slow_link_end(trips(3, slow=1, missing=[(0, 2)]), 3) is None    # one never came back
+    slow_pair = tuple(dataclasses.replace(p, rtt=101.0) if {p.source, p.target} == {0, 1}
+                      else p for p in trips(4))
+    assert slow_link_end(slow_pair, 4) is None                      # one slow pair: two ends
+    assert slow_link_end(links(3), 3) is None                       # no round trips tried
+
+
+def test_a_completed_run_names_the_slow_link_in_its_straggler_report():
+    obs = dataclasses.replace(run(*[returned(i, 3) for i in range(3)]), links=trips(3, slow=1))
+    assert stragglers(obs).slow_link == (1,)
+    v = diagnose(obs)
+    assert v.outcome == "completed" and v.culprits == ()
+    assert slow_link_line(obs.links, 1) in v.text.splitlines()
+
+
+def bulks(workers: int, slow=None, ms=None, fast=2.0):
+    """Every link answered quickly, 64 kB there and back ``fast`` ms, over
+    those touching ``slow`` ``ms`` (None: never within the limit)."""
+    return tuple(dataclasses.replace(p, how="connected", ms=0.3, rtt=0.5,
+                                     bulk=ms if slow in (p.source, p.target) else fast)
+                 for p in links(workers))
+
+
+def test_a_worker_whose_links_carry_no_bulk_is_throttled_even_where_connects_answered():
+    """A handshake can slip through a throttled link while TCP backs off
+    and its queue is empty; 64 kB cannot."""
+    for n in (2, 3, 4):
+        assert throttled_worker(bulks(n, slow=n - 1), n) == n - 1
+        v = diagnose(_hung(n, n - 1, links=bulks(n, slow=n - 1)))
+        assert (v.rule, v.culprits, v.ambiguous) == ("throttled", (n - 1,), False), v.text
+        assert ("its link is too slow to carry the run: as it ended, 64 kB sent there and back "
+                f"over each of its links ({2 * n - 1} of {2 * n - 1} did not come back while the "
+                "probes ran), against at most 2.0 ms over every other link") in v.text
+    assert throttled_worker(bulks(3, slow=1, ms=400.0), 3) == 1
+    assert throttled_worker(bulks(3), 3) is None                       # every link carried it
+    assert throttled_worker(bulks(3, slow=1, ms=15.0), 3) is None      # slower, not slow
+    assert throttled_worker(bulks(3, slow=1, ms=150.0, fast=40.0), 3) is None   # not 10x
+    two = tuple(dataclasses.replace(p, bulk=None) if {p.source, p.target} & {1, 2} else p
+                for p in bulks(4))
+    assert throttled_worker(two, 4) is None                            # two workers: no one
+    assert throttled_worker(links(3), 3) is None                       # no bulk tried

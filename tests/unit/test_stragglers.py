@@ -12,7 +12,7 @@ import pytest
 
 from harness.diagnosis import diagnose
 from harness.diagnosis.observations import Call, TracedFunction
-from harness.diagnosis.stragglers import MIN_CALLS, straggler_lines, stragglers
+from harness.diagnosis.stragglers import MIN_CALLS, slow_collectives, straggler_lines, stragglers
 from harness.errors import SettingError
 from harness.result import RunResult
 from harness.report import timeline
@@ -244,3 +244,17 @@ def test_late_once_needs_a_lag_that_stands_out_from_the_steps():
     rng = random.Random(3)
     noisy = simulated(4, calls=20, work=lambda i, k: 0.005 + rng.uniform(0, 0.04))
     assert stragglers(noisy).late == () and straggler_lines(noisy) == []
+
+
+def test_links_are_tried_after_a_completed_run_only_when_a_collective_was_slow_on_all():
+    """The harness tries the links of a completed run (where it can) only
+    when some call's collective took 50 ms or more after its last worker
+    arrived: a slow link's mark, not a late worker's."""
+    assert slow_collectives(simulated(3, calls=6, collective=lambda k: 0.2))
+    assert slow_collectives(simulated(3, calls=6, collective=lambda k: 0.2 if k == 6 else 0.005))
+    assert not slow_collectives(simulated(3, calls=6))
+    assert not slow_collectives(simulated(
+        3, calls=6, work=lambda i, k: 0.003 + (0.5 if (i, k) == (2, 3) else 0.0)))
+    # The traced first call, seconds long, is left out.
+    assert not slow_collectives(simulated(3, calls=6, traced=4.0))
+    assert not slow_collectives(run(returned(0, 2), returned(1, 2)))   # no ledger
