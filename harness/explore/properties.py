@@ -3,7 +3,11 @@ function from a run's result (and the plan that was injected) to the
 failure's :class:`Signature`, or None when the property holds.
 
 - ``survives``: the run completed (after the restarts allowed) and the
-  user's ``invariant(result)`` did not raise: what the job promises.
+  user's ``invariant(result)`` did not raise: what the job promises.  A
+  run whose every worker returned, and whose only deaths at exit are
+  workers a fault of the plan acted on (a preemption's kill landing once
+  its job was done), held it too: the job's work was done, and the kill
+  was the plan's, not the job's.
 - ``detected``: a run that did not complete named a worker whose fault
   acted (or said "cannot tell" with one among its candidates), never
   only a worker no fault acted in (:mod:`harness.explore.attribution`).
@@ -69,10 +73,21 @@ def headline(result) -> str:
 NEVER_ACTED = Check(None, "a fault never acted")
 
 
+def killed_once_done(result, plan: Sequence) -> bool:
+    """Every worker returned its value, and each that then died at exit
+    is one a fault of ``plan`` acted on: the plan's kill came after the
+    job's work."""
+    if result.outcome != Outcome.CRASHED_AT_EXIT:
+        return False
+    ws = result.observation.workers
+    dead = {w.index for w in ws if w.died_at_exit}
+    return bool(dead) and all(w.returned for w in ws) and dead <= truth(result, plan)
+
+
 def survives(result, plan: Sequence, invariant: Optional[Callable]) -> Check:
     if result.faults_never_acted:
         return NEVER_ACTED
-    if result.outcome != Outcome.COMPLETED:
+    if result.outcome != Outcome.COMPLETED and not killed_once_done(result, plan):
         return Check(signature_of(result, plan), headline(result))
     if invariant is not None:
         try:

@@ -155,6 +155,34 @@ def test_survives_holds_on_completion_and_breaks_on_the_invariant():
     assert hung.signature.outcome == "hang"
 
 
+def _died_at_exit(dead, acted, returned=(0, 1, 2)):
+    r = fake_result("crashed_at_exit", tuple(dead), acted=acted)
+    for i, w in enumerate(r.observation.workers):
+        w.index, w.returned, w.died_at_exit = i, i in returned, i in dead
+    return r
+
+
+def test_a_kill_of_the_plan_after_every_worker_returned_breaks_no_survival():
+    """A preemption whose grace outlasts the job: the parent's kill lands
+    after worker 0 returned.  The job's work was done; the kill was the
+    plan's.  A death at exit of a worker no fault acted on is the job's
+    own (an atexit handler, a teardown abort), and breaks it."""
+    plan = (F.Preempt(0, 7),)
+    held = properties.survives(_died_at_exit([0], plan), plan, None)
+    assert held.signature is None
+    assert properties.killed_once_done(_died_at_exit([0], plan), plan)
+
+    def promise(result):
+        raise AssertionError("the model was not saved")
+    assert properties.survives(_died_at_exit([0], plan), plan, promise).signature.broken == \
+        "invariant: AssertionError"
+    own = properties.survives(_died_at_exit([1], plan), plan, None)
+    assert own.signature is not None and own.signature.outcome == "crashed_at_exit"
+    # Killed before it returned: a crash, whatever the plan.
+    early = properties.survives(_died_at_exit([0], plan, returned=(1, 2)), plan, None)
+    assert early.signature is not None
+
+
 @pytest.mark.parametrize("outcome,culprits,ambiguous,expected", [
     ("crashed", (1,), False, Attribution.NAMED),
     ("hang", (0, 1), True, Attribution.CANNOT_TELL),
