@@ -49,7 +49,7 @@ from harness.record.commands import ANALYZE_USAGE, RECORD_USAGE
 from harness.report.console import StatusLine, format_search, output_lines, timing
 from harness.report.pytest_report import timeline_stem, wants_timeline
 from harness.settings import OPTIONS, Option, RunSettings, read_settings
-from harness.validators import parse_choice
+from harness.validators import DEFAULT_MAX_FAULTS, parse_choice
 
 if TYPE_CHECKING:
     from harness.controller.cluster import Cluster
@@ -146,8 +146,9 @@ def _explore_options(p: argparse.ArgumentParser) -> None:
                         "Crash,RaiseError,Delay,Pause,Preempt; for detected every "
                         "step-keyed kind but DiskFull, TornWrite, LostRename and SlowWrite, "
                         "which act on the job's files)")
-    p.add_argument("--max-faults", default="1", metavar="N",
-                   help="the most faults in one plan (default 1)")
+    p.add_argument("--max-faults", default=str(DEFAULT_MAX_FAULTS), metavar="N",
+                   help=f"the most faults in one plan (default {DEFAULT_MAX_FAULTS}: the second "
+                        f"in the restart attempt of a plan that made a restart happen)")
     p.add_argument("--seed", default=None, metavar="N",
                    help="draw the same plans as a search with this seed (default: a fresh "
                         "seed, printed)")

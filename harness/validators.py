@@ -168,6 +168,9 @@ def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
 # run(restart_on=...)'s words and the outcomes they name (Outcome's values).
 RESTART_ON = {"crash": "crashed", "fail": "failed", "hang": "hang"}
 DEFAULT_RESTART_ON = "crash,fail"
+# explore's plans hold up to this many faults: the second, where a plan
+# made a restart happen, in the restart attempt (a fault during recovery).
+DEFAULT_MAX_FAULTS = 2
 
 
 def parse_restart_on(value: Any, option: str = "run(restart_on=...)") -> frozenset:

@@ -12,7 +12,7 @@ import pytest
 
 import harness
 from harness import plan as plan_module
-from harness.diagnosis.rules_links import throttled_worker
+from harness.diagnosis.rules_links import SHARED_NETWORK, throttled_worker
 from harness.network import isolation, namespace as netns
 from harness.settings import SettingError, parse_marker
 from harness.workloads import allreduce_loop
@@ -645,5 +645,9 @@ def test_links_are_tried_when_a_switched_run_does_not_complete_not_after_a_quick
 @needs_isolation
 @pytest.mark.mwms(workers=2, timeout=10, network="isolated")
 def test_on_one_shared_network_no_link_is_a_worker_s_own_to_try(mwms_cluster):
+    """Nothing is tried, and the observation says why; the verdict says it
+    only where it cannot tell (a crash named needs no links)."""
     crashed = mwms_cluster.run(cut_own_link, faults=[Crash(1, 3)], grace=1)
-    assert crashed.observation.links == () and crashed.observation.links_note == ""
+    assert crashed.observation.links == ()
+    assert crashed.observation.links_note == SHARED_NETWORK
+    assert crashed.verdict.culprits == (1,) and "links:" not in crashed.diagnosis

@@ -49,6 +49,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from harness.bench.common import machine_info, machine_line
+from harness.validators import DEFAULT_MAX_FAULTS
 
 
 def load(spec: str) -> Callable:
@@ -194,9 +195,11 @@ BUGS: Tuple[Bug, ...] = (
 )
 
 
-def _search_line(bug, workers: int, order: str, seed: int, twin: str, found, took: float) -> dict:
+def _search_line(bug, workers: int, order: str, seed: int, twin: str, found, took: float,
+                 max_faults: int) -> dict:
     f = found.failure
     line = dict(bug=bug.name, workers=workers, order=order, seed=seed, job=twin,
+                max_faults=max_faults,
                 found=f is not None, plans=found.runs, search_seconds=round(found.search_seconds, 1),
                 seconds=round(took, 1), hang_timeout=found.timeout, steps=found.steps)
     if f is not None:
@@ -209,7 +212,7 @@ def _search_line(bug, workers: int, order: str, seed: int, twin: str, found, too
 
 
 def corpus(workers: List[int], orders: List[str], seeds: int, budget: float, names: List[str],
-           out: str) -> int:
+           out: str, max_faults: int = DEFAULT_MAX_FAULTS) -> int:
     from harness.core import versions
     keras2 = versions.keras2_env(versions.installed_minor())
     bugs = [b for b in BUGS if not names or b.name in names]
@@ -230,6 +233,7 @@ def corpus(workers: List[int], orders: List[str], seeds: int, budget: float, nam
                 fn = load(bug.job)
                 check = load(bug.invariant) if bug.invariant else None
                 options = dict(invariant=check, kinds=bug.kinds, restarts=1, grace=1,
+                               max_faults=max_faults,
                                check=False, env=keras2 if bug.keras2 else None, **bug.run)
                 c.run(fn, kwargs=bug.fixed, timeout=60, env=options["env"],
                       step_fn=bug.run.get("step_fn"))   # the forkserver's start, not counted
@@ -241,13 +245,14 @@ def corpus(workers: List[int], orders: List[str], seeds: int, budget: float, nam
                         found = c.explore(fn, kwargs=bug.broken, budget=budget, seed=seed,
                                           order=order, **shrink, **options)
                         keep(_search_line(bug, n, order, seed, "broken", found,
-                                          time.monotonic() - t0))
+                                          time.monotonic() - t0, max_faults))
                 if "guided" not in orders:
                     continue   # the fixed twin is searched with the search's own draws
                 t0 = time.monotonic()
                 clean = c.explore(fn, kwargs=bug.fixed, budget=budget, seed=0, **options)
                 wrong += clean.failure is not None
-                keep(_search_line(bug, n, "guided", 0, "fixed", clean, time.monotonic() - t0))
+                keep(_search_line(bug, n, "guided", 0, "fixed", clean, time.monotonic() - t0,
+                                  max_faults))
     return 1 if wrong else 0
 
 
@@ -401,6 +406,8 @@ def main(argv=None) -> int:
     k.add_argument("--bugs", default="", help="the bugs to search, by name (default all)")
     k.add_argument("--out", default="explore-corpus.jsonl")
     k.add_argument("--table", action="store_true", help="print the table of --out and stop")
+    k.add_argument("--max-faults", type=int, default=DEFAULT_MAX_FAULTS,
+                   help=f"explore's max_faults (default {DEFAULT_MAX_FAULTS}, explore's own)")
     d = sub.add_parser("draws")
     d.add_argument("--seeds", type=int, default=100)
     args = ap.parse_args(argv)
@@ -418,7 +425,8 @@ def main(argv=None) -> int:
                     args.seed)
     if args.what == "corpus":
         return corpus([int(w) for w in args.workers.split(",")], args.orders.split(","),
-                      args.seeds, args.budget, [b for b in args.bugs.split(",") if b], args.out)
+                      args.seeds, args.budget, [b for b in args.bugs.split(",") if b], args.out,
+                      args.max_faults)
     return recovery(args.workers, args.job, args.invariant, json.loads(args.broken),
                     json.loads(args.fixed), args.budget, args.seed)
 

@@ -31,6 +31,7 @@ from harness.errors import SettingError, hide_in_setup_errors
 from harness.launch.backends import DEFAULT_BACKEND, launcher_for
 from harness.launch.base import Launcher
 from harness.launch import scratch
+from harness.validators import DEFAULT_MAX_FAULTS
 from harness.launch.devices import worker_environments
 from harness.result import RunResult
 from harness.settings import OPTION, OPTIONS, RunSettings, finish
@@ -288,7 +289,7 @@ class Cluster:
 
     def explore(self, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
                 property: str = "survives", invariant: Optional[Callable] = None,
-                kinds: Optional[Sequence[str]] = None, max_faults: int = 1,
+                kinds: Optional[Sequence[str]] = None, max_faults: int = DEFAULT_MAX_FAULTS,
                 restarts: int = 0, restart_policy: Optional[str] = None,
                 budget: float = 60, shrink_budget: Optional[float] = None,
                 seed: Optional[int] = None, timeout: Optional[float] = None,

@@ -223,7 +223,7 @@ def headline(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     return f"{outcome.upper()}: {who} ({reason})"
 
 
-def note_lines(f: Facts, culprits: Sequence[int] = ()) -> List[str]:
+def note_lines(f: Facts, culprits: Sequence[int] = (), ambiguous: bool = False) -> List[str]:
     """What follows the workers' lines: the ledgers, notes, the checks,
     the injected faults, and the run's first error."""
     obs, outcome, ws = f.obs, f.outcome, f.obs.workers
@@ -235,7 +235,7 @@ def note_lines(f: Facts, culprits: Sequence[int] = ()) -> List[str]:
     if outcome == Outcome.COMPLETED:
         lines += straggler_lines(obs)
     lines += memory_lines(obs)
-    lines += link_lines(obs.links, obs.links_note)
+    lines += link_lines(obs.links, obs.links_note, ambiguous)
     if outcome in (Outcome.COMPLETED, Outcome.CRASHED):   # else the config is the blame, said above
         lines += [f"note: TF_CONFIG of {names([i])}: {'; '.join(v)}"
                   for i, v in sorted(f.config_issues.items())]
@@ -283,7 +283,7 @@ def render(f: Facts, blame: Blame, culprits: Tuple[int, ...]) -> str:
     if blame.ambiguous:
         lines.append(cut(f"ambiguous: {blame.reason}"))
     lines += worker_lines(f.obs.workers, culprits)
-    lines += [cut(ln) for ln in note_lines(f, culprits)]
+    lines += [cut(ln) for ln in note_lines(f, culprits, blame.ambiguous)]
     if len(lines) > MAX_LINES:
         lines = lines[:MAX_LINES - 1] + [f"... {len(lines) - MAX_LINES + 1} more lines"]
     return "\n".join(lines)

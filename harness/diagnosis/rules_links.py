@@ -175,11 +175,18 @@ def throttled(f: Facts) -> Optional[Blame]:
                  f"over every other link", f.worker(w).last_step)
 
 
-def link_lines(links: Tuple[LinkProbe, ...], note: str) -> List[str]:
+# Why no link was tried where the workers share one network: said where
+# the verdict cannot tell, as what could have told it.
+SHARED_NETWORK = ("not tried: the workers share one network, with no link of their own "
+                  "(--mwms-network=switched gives each worker one, for the links to be tried)")
+
+
+def link_lines(links: Tuple[LinkProbe, ...], note: str, ambiguous: bool = True) -> List[str]:
     """The links tried, in a line or two: those that did not answer, one
-    by one, and how many did; or why none could be tried."""
+    by one, and how many did; or why none could be tried (that the workers
+    share one network only where the verdict is ``ambiguous``)."""
     if not links:
-        return [f"links: {note}"] if note else []
+        return [f"links: {note}"] if note and (ambiguous or note != SHARED_NETWORK) else []
     silent = [p for p in links if not p.answered]
     said = "; ".join(f"{_said(p)} to {names([p.target])}: {p.how}" for p in silent[:8])
     more = f"; and {len(silent) - 8} more" if len(silent) > 8 else ""

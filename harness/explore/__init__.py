@@ -28,8 +28,8 @@ from harness.explore.results import BreakingPlan, Exploration, SearchProgress
 from harness.explore.search import REPRODUCE, SavedPlans
 from harness.explore.search import explore as run_search
 from harness.explore.space import ORDERS, Space, kind_weights
-from harness.validators import (parse_choice, parse_restarts, parse_seconds, parse_seed,
-                                parse_whole)
+from harness.validators import (DEFAULT_MAX_FAULTS, parse_choice, parse_restarts,
+                                parse_seconds, parse_seed, parse_whole)
 
 __all__ = ["Exploration", "BreakingPlan", "Coverage", "PlanRun", "SearchProgress",
            "explore_cluster", "DEFAULT_KINDS", "SETTINGS", "check_settings", "check_kinds"]
@@ -116,7 +116,7 @@ def job_key(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) ->
 
 def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
                     property: str = "survives", invariant: Optional[Callable] = None,
-                    kinds: Optional[Sequence[str]] = None, max_faults: int = 1,
+                    kinds: Optional[Sequence[str]] = None, max_faults: int = DEFAULT_MAX_FAULTS,
                     restarts: int = 0, restart_policy: Optional[str] = None,
                     budget: float = 60, shrink_budget: Optional[float] = None,
                     seed: Optional[int] = None, timeout: Optional[float] = None,

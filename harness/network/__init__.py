@@ -24,6 +24,7 @@ from harness.core import tfconfig
 from harness.errors import SettingError
 from harness.faults import Fault
 from harness.plan import in_attempt, needs_host_names, needs_network
+from harness.diagnosis.rules_links import SHARED_NETWORK
 from harness.network.namespace import (Namespace, Switch, available, names_available, needs_proxy,
                                        switch_available)
 
@@ -109,11 +110,11 @@ class RunNetwork:
 
     def probe_links(self) -> Tuple[List[list], str]:
         """Every link of the cluster tried now (:meth:`Switch.probe`), and
-        why none were where the prober failed; nothing where the workers
-        share a network (only workers with a namespace each have links of
-        their own to try)."""
+        why none were where the prober failed, or where the workers share a
+        network (only workers with a namespace each have links of their own
+        to try: :data:`~harness.diagnosis.rules_links.SHARED_NETWORK`)."""
         if self.switch is None:
-            return [], ""   # the workers share one network: no link of their own to try
+            return [], SHARED_NETWORK
         try:
             return self.switch.probe(self.ports), ""
         except (OSError, ValueError) as e:

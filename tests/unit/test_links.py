@@ -7,7 +7,7 @@ import socket
 
 from harness.diagnosis import diagnose
 from harness.diagnosis.observations import LinkProbe
-from harness.diagnosis.rules_links import (link_lines, silent_workers, slow_link_end,
+from harness.diagnosis.rules_links import (SHARED_NETWORK, link_lines, silent_workers, slow_link_end,
                                            slow_link_line, throttled_worker)
 from harness.diagnosis.stragglers import stragglers
 from harness.network.probe import probe, try_links
@@ -197,3 +197,15 @@ def test_a_worker_whose_links_carry_no_bulk_is_throttled_even_where_connects_ans
                 for p in bulks(4))
     assert throttled_worker(two, 4) is None                            # two workers: no one
     assert throttled_worker(links(3), 3) is None                       # no bulk tried
+
+
+def test_a_verdict_that_cannot_tell_says_the_links_could_not_be_tried_on_a_shared_network():
+    alike = run(*[blocked(i, 3, steps=range(6)) for i in range(3)], ended_by="hang", timeout=3.0)
+    v = diagnose(dataclasses.replace(alike, links_note=SHARED_NETWORK))
+    assert v.ambiguous and f"links: {SHARED_NETWORK}" in v.text.splitlines(), v.text
+    named = diagnose(dataclasses.replace(_hung(3, 2), links_note=SHARED_NETWORK))
+    assert not named.ambiguous and "links:" not in named.text, named.text
+    # A note of a prober that failed is said whatever the verdict.
+    assert link_lines((), "the links could not be tried: EPERM", ambiguous=False) == \
+        ["links: the links could not be tried: EPERM"]
+    assert link_lines((), SHARED_NETWORK, ambiguous=False) == []
