@@ -147,8 +147,8 @@ def _explore_options(p: argparse.ArgumentParser) -> None:
                         "step-keyed kind but DiskFull, TornWrite, LostRename and SlowWrite, "
                         "which act on the job's files)")
     p.add_argument("--max-faults", default=str(DEFAULT_MAX_FAULTS), metavar="N",
-                   help=f"the most faults in one plan (default {DEFAULT_MAX_FAULTS}: the second "
-                        f"in the restart attempt of a plan that made a restart happen)")
+                   help=f"the most faults in one plan (default {DEFAULT_MAX_FAULTS}; with 2 and "
+                        f"--restarts 2 or more, a second fault acts during recovery)")
     p.add_argument("--seed", default=None, metavar="N",
                    help="draw the same plans as a search with this seed (default: a fresh "
                         "seed, printed)")

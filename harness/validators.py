@@ -168,9 +168,10 @@ def parse_ray_nodes(value: Any, option: str = "--mwms-ray-nodes") -> int:
 # run(restart_on=...)'s words and the outcomes they name (Outcome's values).
 RESTART_ON = {"crash": "crashed", "fail": "failed", "hang": "hang"}
 DEFAULT_RESTART_ON = "crash,fail"
-# explore's plans hold up to this many faults: the second, where a plan
-# made a restart happen, in the restart attempt (a fault during recovery).
-DEFAULT_MAX_FAULTS = 2
+# explore's plans hold up to this many faults.  One: a second fault is
+# worth drawing in a restart attempt that leaves a restart after it
+# (restarts >= 2 under "survives"), and a search asked for more says so.
+DEFAULT_MAX_FAULTS = 1
 
 
 def parse_restart_on(value: Any, option: str = "run(restart_on=...)") -> frozenset:

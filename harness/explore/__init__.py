@@ -114,6 +114,17 @@ def job_key(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) ->
     return f"{where}({call})"
 
 
+def fault_attempts(property: str, restarts: int, max_faults: int) -> int:
+    """How many of a run's attempts a plan's faults may act in.  A fault in
+    a later attempt acts only once an earlier one has failed: drawn only
+    where a plan holds more than one fault, and under "survives" only into
+    an attempt that leaves a restart after it (a fault that ends the last
+    attempt breaks the property whatever the job does)."""
+    if max_faults <= 1:
+        return 1
+    return max(1, restarts if property == "survives" else restarts + 1)
+
+
 def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None, *,
                     property: str = "survives", invariant: Optional[Callable] = None,
                     kinds: Optional[Sequence[str]] = None, max_faults: int = DEFAULT_MAX_FAULTS,
@@ -144,9 +155,7 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
         raise SettingError(f"explore(check={check!r}): True or False")
     settings = cluster.settings
     workers = settings.shape.training
-    # A fault in a later attempt acts only once an earlier one has failed:
-    # drawn only where a plan holds more than one fault.
-    attempts = restarts + 1 if max_faults > 1 else 1
+    attempts = fault_attempts(property, restarts, max_faults)
 
     # Which collective a worker waits on proves more deadlocks certain (an
     # extra collective's), for a fraction of a millisecond per collective.

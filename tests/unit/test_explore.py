@@ -453,3 +453,16 @@ def test_the_status_line_has_words_for_every_stage():
     from harness.explore.results import STAGES
     from harness.report.console import STAGE_WORDS
     assert set(STAGE_WORDS) == set(STAGES)
+
+
+def test_a_fault_never_goes_into_the_last_attempt_under_survives():
+    """With restarts=1 the restart attempt is the last: a crash there fails
+    the run whatever the job does, so "survives" draws none there; it does
+    from restarts=2, and "detected" (any verdict must name a faulted
+    worker) into every attempt."""
+    from harness.explore import fault_attempts
+    assert fault_attempts("survives", 1, 2) == 1
+    assert fault_attempts("survives", 2, 2) == 2
+    assert fault_attempts("survives", 0, 2) == 1
+    assert fault_attempts("detected", 1, 2) == 2
+    assert fault_attempts("survives", 3, 1) == 1 and fault_attempts("detected", 3, 1) == 1
