@@ -266,29 +266,7 @@ def test_network_faults_say_why_they_cannot_be_done(monkeypatch):
 # ---------------------------------------------------------------- the proxy (Latency, ResetPeers)
 
 from harness.faults import Crash, Latency, ResetPeers  # noqa: E402
-
-
-def _echo_server():
-    """A thread echoing every connection on 127.0.0.1; its port."""
-    import contextlib
-    import threading
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def serve(conn):
-        with conn, contextlib.suppress(ConnectionResetError):   # the test resets it
-            while data := conn.recv(65536):
-                conn.sendall(data)
-
-    def accept():
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return server
+from harness.network.probe import serve_echo  # noqa: E402
 
 
 def _round_trip(conn):
@@ -305,7 +283,7 @@ def test_the_proxy_delays_resets_and_clears_what_it_carries():
     reset sends RST to the client; a new connection is accepted after."""
     import sys
     from harness.launch.ports import reserve_ports
-    server = _echo_server()
+    server = serve_echo(0, "127.0.0.1")   # the prober's own echo
     with reserve_ports(1) as reservation:
         port = reservation.ports[0]
     proxy = subprocess.Popen([sys.executable, "-m", "harness.network.proxy"], stdin=subprocess.PIPE,

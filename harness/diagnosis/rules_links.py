@@ -15,7 +15,7 @@ is down, no single worker stands out and the rule says nothing.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from harness.diagnosis.blame import Blame
 from harness.diagnosis.facts import Facts
@@ -32,8 +32,30 @@ SLOW_MS = 100.0
 SLOW_FACTOR = 10.0
 
 
-def _late(p: LinkProbe, bar: float) -> bool:
-    return not p.answered or p.ms >= bar
+Measure = Callable[[LinkProbe], Optional[float]]
+
+
+def _apart(links: Sequence[LinkProbe], workers: int, measure: Measure, floor: float,
+           missing_is_late: bool) -> List[int]:
+    """The workers whose every link, to and from them, measured late
+    (``floor`` or more, and ``SLOW_FACTOR`` times the most among the links
+    that do not touch them; or nothing came back, where
+    ``missing_is_late``), each while every link that does not touch them
+    measured something."""
+    found = []
+    for w in range(workers):
+        mine = [measure(p) for p in links if w in (p.source, p.target)]
+        rest = [measure(p) for p in links if w not in (p.source, p.target)]
+        if not mine or not rest or None in rest or (None in mine and not missing_is_late):
+            continue
+        bar = max(floor, SLOW_FACTOR * max(m for m in rest if m is not None))
+        if all(m is None or m >= bar for m in mine):
+            found.append(w)
+    return found
+
+
+def _all_tried(links: Tuple[LinkProbe, ...]) -> bool:
+    return bool(links) and all(p.tried for p in links)
 
 
 def silent_workers(links: Tuple[LinkProbe, ...], workers: int) -> Optional[List[int]]:
@@ -41,19 +63,10 @@ def silent_workers(links: Tuple[LinkProbe, ...], workers: int) -> Optional[List[
     late: see ``SLOW_MS``), each while every link that does not touch it
     answered; None when no worker stands apart so (or the links were not
     all tried)."""
-    tried = [p for p in links if p.tried]
-    if not tried or len(tried) < len(links):
+    if not _all_tried(links):
         return None
-    silent = []
-    for w in range(workers):
-        mine = [p for p in tried if w in (p.source, p.target)]
-        rest = [p for p in tried if w not in (p.source, p.target)]
-        if not mine or not rest or not all(p.answered for p in rest):
-            continue
-        bar = max(SLOW_MS, SLOW_FACTOR * max(p.ms for p in rest))
-        if all(_late(p, bar) for p in mine):
-            silent.append(w)
-    return silent or None
+    return _apart(links, workers, lambda p: p.ms if p.answered else None, SLOW_MS,
+                  missing_is_late=True) or None
 
 
 # A worker's round trips to and from every peer this slow (ms), and this
@@ -69,16 +82,8 @@ def slow_link_end(links: Tuple[LinkProbe, ...], workers: int) -> Optional[int]:
     the others) while every round trip between the others came back; None
     when no one worker stands out so (at 2 workers the one link has both
     ends: no one)."""
-    trips = [p for p in links if p.source is not None]
-    ends = []
-    for w in range(workers):
-        mine = [p for p in trips if w in (p.source, p.target)]
-        rest = [p for p in trips if w not in (p.source, p.target)]
-        if not mine or not rest or any(p.rtt is None for p in mine + rest):
-            continue
-        bar = max(SLOW_RTT_MS, SLOW_FACTOR * max(p.rtt or 0.0 for p in rest))
-        if all((p.rtt or 0.0) >= bar for p in mine):
-            ends.append(w)
+    ends = _apart([p for p in links if p.source is not None], workers, lambda p: p.rtt,
+                  SLOW_RTT_MS, missing_is_late=False)
     return ends[0] if len(ends) == 1 else None
 
 
@@ -141,18 +146,9 @@ def throttled_worker(links: Tuple[LinkProbe, ...], workers: int) -> Optional[int
     """The one worker whose every link, to and from it (the switch's to it
     too), carried 64 kB there and back too slowly or not at all, while
     every link that does not touch it carried it; None otherwise."""
-    tried = [p for p in links if p.tried]
-    if not tried or len(tried) < len(links):
+    if not _all_tried(links):
         return None
-    found = []
-    for w in range(workers):
-        mine = [p for p in tried if w in (p.source, p.target)]
-        rest = [p for p in tried if w not in (p.source, p.target)]
-        if not mine or not rest or any(p.bulk is None for p in rest):
-            continue
-        bar = max(BULK_SLOW_MS, SLOW_FACTOR * max(p.bulk or 0.0 for p in rest))
-        if all(p.bulk is None or p.bulk >= bar for p in mine):
-            found.append(w)
+    found = _apart(links, workers, lambda p: p.bulk, BULK_SLOW_MS, missing_is_late=True)
     return found[0] if len(found) == 1 else None
 
 

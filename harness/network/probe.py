@@ -96,13 +96,13 @@ def try_links(targets: Dict[int, Tuple[str, int]], seconds: float,
     return sorted(out)
 
 
-def serve_echo(port: int) -> socket.socket:
-    """An echo on ``port`` of this thread's network namespace, served by
-    daemon threads (which share the namespace of the thread that starts
-    them); the listening socket, to close."""
+def serve_echo(port: int, host: str = "0.0.0.0") -> socket.socket:
+    """An echo on ``host:port`` of this thread's network namespace, served
+    by daemon threads (which share the namespace of the thread that starts
+    them); the listening socket, to close (port 0: its ``getsockname``)."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("0.0.0.0", port))
+    server.bind((host, port))
     server.listen(64)
 
     def echo(conn: socket.socket) -> None:

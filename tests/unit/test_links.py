@@ -209,3 +209,18 @@ def test_a_verdict_that_cannot_tell_says_the_links_could_not_be_tried_on_a_share
     assert link_lines((), "the links could not be tried: EPERM", ambiguous=False) == \
         ["links: the links could not be tried: EPERM"]
     assert link_lines((), SHARED_NETWORK, ambiguous=False) == []
+
+
+def test_a_round_trip_and_a_bulk_through_the_prober_s_own_echo():
+    from harness.network.probe import BULK, round_trip, serve_echo
+    server = serve_echo(0, "127.0.0.1")
+    try:
+        rtt, bulk = round_trip("127.0.0.1", server.getsockname()[1], 5.0)
+        assert rtt is not None and bulk is not None and 0 < rtt < 1000 and 0 < bulk < 5000
+        assert BULK == 65536
+    finally:
+        server.close()
+    with socket.socket() as s:                   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    assert round_trip("127.0.0.1", closed, 0.5) == (None, None)
