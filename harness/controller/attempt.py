@@ -171,13 +171,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
         links=links, links_note=links_note)
     for reader in readers:
         reader.close()
-    if not links and not links_note and slow_collectives(obs):
-        # Every worker returned, but a collective was slow on all alike: a
-        # slow link shows in the round trips (the echoes are the prober's own).
-        links, links_note = links_of(*job.network.probe_links())
-        if links or links_note:
-            obs = dataclasses.replace(obs, links=links, links_note=links_note)
-            clock.mark("links")
+    obs = probe_slow_run(job.network, obs, clock)
     result = attempt_result(obs, req.plan, plan, restarter, tracked, specs, total, attempt)
     clock.mark("diagnosis")
     return dataclasses.replace(result, phases={**worker_phases(obs), **clock.phases})
@@ -192,6 +186,19 @@ def probe_links(network: RunNetwork, ended_by: str,
             t.seen.returned and t.seen.error is None for t in tracked):
         return (), ""
     return links_of(*network.probe_links())
+
+
+def probe_slow_run(network: RunNetwork, obs: RunObservation, clock: Clock) -> RunObservation:
+    """``obs`` with the links tried, where every worker returned but a
+    collective was slow on all alike: a slow link shows in the round trips
+    (the echoes are the prober's own, so the ended workers need not listen)."""
+    if obs.links or obs.links_note or not slow_collectives(obs):
+        return obs
+    links, links_note = links_of(*network.probe_links())
+    if not links and not links_note:
+        return obs
+    clock.mark("links")
+    return dataclasses.replace(obs, links=links, links_note=links_note)
 
 
 def links_of(rows: List[list], note: str) -> Tuple[Tuple[LinkProbe, ...], str]:

@@ -165,8 +165,8 @@ OnProgress = Callable[[Progress], Union[float, Steer, None]]
 
 class WatchLoop:
     """The watch loop of one run; see the module docstring.  With
-    ``on_progress``, it also wakes every :data:`PROGRESS_EVERY` seconds to
-    hand it a :class:`Progress`."""
+    ``on_progress``, it hands it a :class:`Progress` as it starts and then
+    wakes every :data:`PROGRESS_EVERY` seconds to hand it another."""
 
     def __init__(self, workers: List[TrackedWorker], settings: RunSettings, start: float,
                  on_progress: Optional[OnProgress] = None, attempt: int = 0,
@@ -182,7 +182,9 @@ class WatchLoop:
         self.restarting_together = False   # every task is being stopped and started again
         self.network = network or RunNetwork()   # for network faults' commands
         self.attempt = attempt
-        self.next_report = start + PROGRESS_EVERY if on_progress else math.inf
+        # The first report at once: a run over within PROGRESS_EVERY still
+        # shows it started (a script whose worker leaves early fails in 0.4 s).
+        self.next_report = start if on_progress else math.inf
         self.workers = workers
         self.timeout = settings.timeout
         self.run_grace = settings.grace

@@ -130,10 +130,12 @@ def serve_echo(port: int, host: str = "0.0.0.0") -> socket.socket:
 
 # A throughput sample: this many bytes sent to an echo and read back.
 BULK = 65536
+# A round trip and a bulk (ms; None: not back in time).
+Trip = Tuple[Optional[float], Optional[float]]
 
 
 def round_trip(host: str, port: int, seconds: float,
-               rounds: int = 2) -> Tuple[Optional[float], Optional[float]]:
+               rounds: int = 2) -> Trip:
     """To the echo at ``host:port``, on one connection: the fastest of
     ``rounds`` one-byte round trips, then ``BULK`` bytes there and back
     (ms each); None for what did not come back within ``seconds`` in all."""
@@ -176,6 +178,26 @@ def _bulk(s: socket.socket, deadline: float) -> Optional[float]:
     return 1000 * (time.monotonic() - t0)
 
 
+def trips(name: str, targets: Dict[int, Tuple[str, int]], echo: dict,
+          seconds: float) -> Dict[int, Trip]:
+    """Source ``name``'s round trip and bulk to each other worker's echo,
+    all at once (threads started from this one share its namespace)."""
+    routes = echo["routes"].get(name, {})
+    out: Dict[int, Trip] = {}
+
+    def one_trip(index: int) -> None:
+        host, port = routes.get(str(index), [targets[index][0], echo["port"]])
+        out[index] = round_trip(host, int(port), seconds)
+
+    threads = [threading.Thread(target=one_trip, args=(i,), daemon=True)
+               for i in sorted(targets) if str(i) != name]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 1.0)
+    return out
+
+
 def _rounded(ms: Optional[float]) -> Optional[float]:
     return None if ms is None else round(ms, 1)
 
@@ -192,25 +214,6 @@ def probe(sources: Dict[str, Optional[str]], targets: Dict[int, Tuple[str, int]]
     lock = threading.Lock()
     workers = [name for name in sources if name.isdigit()]
     listening = threading.Barrier(len(sources)) if echo and workers else None
-
-    def trips(name: str) -> Dict[int, Tuple[Optional[float], Optional[float]]]:
-        """This worker's round trips to each other worker's echo, all at
-        once (threads started here share this thread's namespace)."""
-        assert echo is not None
-        routes = echo["routes"].get(name, {})
-        out: Dict[int, Tuple[Optional[float], Optional[float]]] = {}
-
-        def one_trip(index: int) -> None:
-            host, port = routes.get(str(index), [targets[index][0], echo["port"]])
-            out[index] = round_trip(host, int(port), seconds)
-
-        threads = [threading.Thread(target=one_trip, args=(i,), daemon=True)
-                   for i in sorted(targets) if str(i) != name]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(seconds + 1.0)
-        return out
 
     def one(name: str, path: Optional[str]) -> None:
         server: Optional[socket.socket] = None
@@ -234,9 +237,9 @@ def probe(sources: Dict[str, Optional[str]], targets: Dict[int, Tuple[str, int]]
             rows = [[name, index, f"not tried: {failed}", 0.0] for index in sorted(targets)
                     if str(index) != name]
         else:
-            result: Dict[int, Tuple[Optional[float], Optional[float]]] = {}
-            got = threading.Thread(target=lambda: result.update(trips(name)), daemon=True) \
-                if echo is not None else None
+            result: Dict[int, Trip] = {}
+            got = threading.Thread(target=lambda: result.update(
+                trips(name, targets, echo, seconds)), daemon=True) if echo is not None else None
             if got is not None:
                 got.start()
             tried = try_links(targets, seconds, skip=int(name) if name.isdigit() else None)
