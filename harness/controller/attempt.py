@@ -155,7 +155,7 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
             dump_stacks(tracked, specs)
         clock.mark("stacks")
         links, links_note = probe_links(job.network, ended_by, tracked)
-        if links or links_note:
+        if job.network.has_links and (links or links_note):
             clock.mark("links")
     finally:
         # The live processes: a restarted worker's ended ones are gone already.
@@ -192,11 +192,9 @@ def probe_slow_run(network: RunNetwork, obs: RunObservation, clock: Clock) -> Ru
     """``obs`` with the links tried, where every worker returned but a
     collective was slow on all alike: a slow link shows in the round trips
     (the echoes are the prober's own, so the ended workers need not listen)."""
-    if obs.links or obs.links_note or not slow_collectives(obs):
+    if not network.has_links or obs.links or obs.links_note or not slow_collectives(obs):
         return obs
     links, links_note = links_of(*network.probe_links())
-    if not links and not links_note:
-        return obs
     clock.mark("links")
     return dataclasses.replace(obs, links=links, links_note=links_note)
 

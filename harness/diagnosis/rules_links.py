@@ -35,6 +35,12 @@ SLOW_FACTOR = 10.0
 Measure = Callable[[LinkProbe], Optional[float]]
 
 
+def _split(links: Sequence[LinkProbe], w: int) -> Tuple[List[LinkProbe], List[LinkProbe]]:
+    """The links that touch worker ``w`` (to or from it), and the rest."""
+    mine = [p for p in links if w in (p.source, p.target)]
+    return mine, [p for p in links if w not in (p.source, p.target)]
+
+
 def _apart(links: Sequence[LinkProbe], workers: int, measure: Measure, floor: float,
            missing_is_late: bool) -> List[int]:
     """The workers whose every link, to and from them, measured late
@@ -44,8 +50,8 @@ def _apart(links: Sequence[LinkProbe], workers: int, measure: Measure, floor: fl
     measured something."""
     found = []
     for w in range(workers):
-        mine = [measure(p) for p in links if w in (p.source, p.target)]
-        rest = [measure(p) for p in links if w not in (p.source, p.target)]
+        touching, others = _split(links, w)
+        mine, rest = [measure(p) for p in touching], [measure(p) for p in others]
         if not mine or not rest or None in rest or (None in mine and not missing_is_late):
             continue
         bar = max(floor, SLOW_FACTOR * max(m for m in rest if m is not None))
@@ -89,8 +95,8 @@ def slow_link_end(links: Tuple[LinkProbe, ...], workers: int) -> Optional[int]:
 
 def slow_link_line(links: Tuple[LinkProbe, ...], w: int) -> str:
     """The words on worker ``w``'s slow link."""
-    mine = sorted(p.rtt or 0.0 for p in links if p.source is not None and w in (p.source, p.target))
-    rest = [p.rtt or 0.0 for p in links if p.source is not None and w not in (p.source, p.target)]
+    touching, others = _split([p for p in links if p.source is not None], w)
+    mine, rest = sorted(p.rtt or 0.0 for p in touching), [p.rtt or 0.0 for p in others]
     return (f"slow link: {names([w])}'s round trips to and from each peer took {_span(mine)}, "
             f"the others' at most {_ms(max(rest))} (a byte there and back the way the workers' "
             f"traffic goes, tried as the run ended)")
@@ -108,8 +114,7 @@ def cut_off(f: Facts) -> Optional[Blame]:
     if silent is None or len(silent) != 1:
         return None
     (w,) = silent
-    mine = [p for p in f.obs.links if w in (p.source, p.target)]
-    rest = [p for p in f.obs.links if w not in (p.source, p.target)]
+    mine, rest = _split(f.obs.links, w)
     to_it = sorted({_said(p) for p in mine if p.target == w})
     how = [f"{' or '.join(sorted({p.how for p in mine if not p.answered}))} within "
            f"{max(p.ms for p in mine) / 1000:.1f} s"] if not all(p.answered for p in mine) else []
@@ -130,8 +135,7 @@ def _ms(ms: float) -> str:
 def _span(ms: List[float]) -> str:
     if len(ms) == 1 or _ms(ms[0]) == _ms(ms[-1]):
         return _ms(ms[0])
-    low = f"{ms[0]:.0f}" if ms[0] >= 9.5 else f"{ms[0]:.1f}"
-    return f"{low}-{_ms(ms[-1])}"
+    return f"{_ms(ms[0]).removesuffix(' ms')}-{_ms(ms[-1])}"
 
 
 # A link whose 64 kB there and back took this long (ms), and this many
@@ -159,8 +163,8 @@ def throttled(f: Facts) -> Optional[Blame]:
     w = throttled_worker(f.obs.links, len(f.workers))
     if w is None:
         return None
-    mine = [p for p in f.obs.links if w in (p.source, p.target)]
-    rest = [p.bulk or 0.0 for p in f.obs.links if w not in (p.source, p.target)]
+    mine, others = _split(f.obs.links, w)
+    rest = [p.bulk or 0.0 for p in others]
     late = sorted(p.bulk for p in mine if p.bulk is not None)
     how = (f"{len(mine) - len(late)} of {len(mine)} did not come back while the probes ran"
            if len(late) < len(mine) else "")

@@ -108,6 +108,11 @@ class RunNetwork:
         if self.switch is not None:
             self.switch.command(command, index)
 
+    @property
+    def has_links(self) -> bool:
+        """Whether each worker has a link of its own to try (a switch)."""
+        return self.switch is not None
+
     def probe_links(self) -> Tuple[List[list], str]:
         """Every link of the cluster tried now (:meth:`Switch.probe`), and
         why none were where the prober failed, or where the workers share a

@@ -205,70 +205,68 @@ def _rounded(ms: Optional[float]) -> Optional[float]:
 def probe(sources: Dict[str, Optional[str]], targets: Dict[int, Tuple[str, int]],
           seconds: float, echo: Optional[dict] = None) -> List[list]:
     """Every source's links, a thread each: ``[[name, index, how, ms], ...]``,
-    with each worker source's round trip to each other worker's echo as a
-    fifth field when ``echo`` is given (see the module docstring).  A
-    source's path is the network namespace its thread joins (None: this
+    with each source's round trip and bulk to each other worker's echo as a
+    fifth and sixth field when ``echo`` is given (see the module docstring).
+    A source's path is the network namespace its thread joins (None: this
     process's own); a source named by a target's index does not try itself."""
     from harness.core import linux
     found: List[list] = []
+    servers: List[socket.socket] = []   # closed once every source is done
     lock = threading.Lock()
-    workers = [name for name in sources if name.isdigit()]
-    listening = threading.Barrier(len(sources)) if echo and workers else None
+    listening = threading.Barrier(len(sources)) if echo is not None else None
 
     def one(name: str, path: Optional[str]) -> None:
-        server: Optional[socket.socket] = None
-        failed: Optional[OSError] = None
-        joined = path is None
         try:
             if path is not None:
                 linux.join_namespace(path, linux.CLONE_NEWNET)
-                joined = True
-            if echo is not None and name in workers:
-                server = serve_echo(int(echo["port"]))
         except OSError as e:
-            failed = e
-        finally:
-            if listening is not None:
-                try:
-                    listening.wait(seconds + 1.0)
-                except threading.BrokenBarrierError:
-                    pass   # a peer's echo is missing: its trips come back None
-        if not joined:
-            rows = [[name, index, f"not tried: {failed}", 0.0] for index in sorted(targets)
+            _arrive()   # with no echo: its peers' trips to it come back None
+            rows = [[name, index, f"not tried: {e}", 0.0] for index in sorted(targets)
                     if str(index) != name]
         else:
-            result: Dict[int, Trip] = {}
-            got = threading.Thread(target=lambda: result.update(
-                trips(name, targets, echo, seconds)), daemon=True) if echo is not None else None
-            if got is not None:
-                got.start()
-            tried = try_links(targets, seconds, skip=int(name) if name.isdigit() else None)
-            if got is not None:
-                got.join(2 * seconds + 2.0)
-            rows = [[name, index, how, round(ms, 1)]
-                    + ([_rounded(t) for t in result.get(index, (None, None))]
-                       if got is not None else [])
-                    for index, how, ms in tried]
+            rows = _tried(name)
         with lock:
             found.extend(rows)
-        if server is not None:
-            # Only once every source is done: a peer's trip may still be under way.
-            done.wait(2 * seconds + 3.0)
-            server.close()
 
-    done = threading.Event()
+    def _arrive() -> None:
+        """Wait until every source serves its echo, or gave up trying."""
+        if listening is not None:
+            try:
+                listening.wait(seconds + 1.0)
+            except threading.BrokenBarrierError:
+                pass   # one is stuck: the trips to it come back None
+
+    def _tried(name: str) -> List[list]:
+        result: Dict[int, Trip] = {}
+        got = None
+        if echo is not None:
+            if name.isdigit():
+                try:
+                    server = serve_echo(int(echo["port"]))
+                    with lock:
+                        servers.append(server)
+                except OSError:
+                    pass   # its peers' trips to it come back None
+            _arrive()
+            got = threading.Thread(target=lambda: result.update(
+                trips(name, targets, echo, seconds)), daemon=True)
+            got.start()
+        tried = try_links(targets, seconds, skip=int(name) if name.isdigit() else None)
+        if got is not None:
+            got.join(2 * seconds + 2.0)
+        return [[name, index, how, round(ms, 1)]
+                + ([_rounded(t) for t in result.get(index, (None, None))] if got else [])
+                for index, how, ms in tried]
+
     threads = [threading.Thread(target=one, args=item, daemon=True) for item in sources.items()]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 2 * seconds + 3.0
-    while time.monotonic() < deadline:
-        with lock:
-            if len(found) >= sum(len(targets) - (1 if n.isdigit() and int(n) in targets else 0)
-                                 for n in sources):
-                break
-        time.sleep(0.005)
-    done.set()
+    deadline = time.monotonic() + 3 * seconds + 4.0
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
     with lock:
+        for server in servers:
+            server.close()
         return sorted(found, key=lambda row: (str(row[0]), row[1]))
 
 
