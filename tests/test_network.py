@@ -388,6 +388,7 @@ def _cannot_tell_who_was_reset(result):
 
 
 @needs_switch
+@pytest.mark.mwms(workers=2)
 def test_a_reset_fails_the_step_in_flight_and_the_harness_cannot_tell(mwms_cluster):
     """Worker 0's connections reset while worker 1 waits for it in an
     all-reduce: RST, so "Connection reset by peer".  (The twin's text
@@ -401,7 +402,7 @@ def test_a_reset_fails_the_step_in_flight_and_the_harness_cannot_tell(mwms_clust
 
 
 @needs_isolation
-@pytest.mark.mwms(network="isolated")
+@pytest.mark.mwms(network="isolated", workers=2)
 def test_the_reset_twin_reads_the_same(mwms_cluster):
     """The fault's twin, with no fault plan: worker 0 destroys its own
     sockets (``ss -K``, as an admin tool or a NAT would, from outside
