@@ -416,6 +416,14 @@ def cannot_tell_text(v: Verdict, why: str, candidates: Sequence[int], said_as: s
                      + ([unmarked(rest)] if rest else []))
 
 
+def slow_link_text(v: Verdict, said: str, candidates: Sequence[int]) -> str:
+    """``v``'s text, a verdict by progress alone, told as "cannot tell"
+    because the links found another worker's end slow (``said``)."""
+    return cannot_tell_text(v, "a slow link slows its peers' calls too, so the worker that did "
+                            "not go on may be waiting on it", candidates, "without the links",
+                            [said])
+
+
 def pasts_text(v: Verdict, found: Sides, candidates: Sequence[int]) -> str:
     """``v``'s text, told as "cannot tell" because the workers resumed
     from the different pasts ``found``; a verdict that cannot tell already,

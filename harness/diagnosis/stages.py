@@ -19,10 +19,12 @@ from typing import Callable, Optional, Sequence, Tuple
 from harness.diagnosis import known, pasts
 from harness.diagnosis.render import (attempts_text, ended_first_lines, missing_text,
                                       never_acted_lines, not_restarted_text, pasts_text,
-                                      race_text, shared_setting_text, task_restarts_text,
+                                      race_text, shared_setting_text, slow_link_text,
+                                      task_restarts_text,
                                       unseen_past_text, why_not_acted)
 from harness.diagnosis.echoes import is_restart_echo
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
+from harness.diagnosis.rules_links import slow_link_end, slow_link_line
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, NOT_REACHED, RESTART_NEVER_CAME,
                                      NotActed, Story)
 from harness.diagnosis.verdict import Verdict
@@ -181,6 +183,23 @@ def shared_cause(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     return dict(culprits=every, ambiguous=False, text=shared_setting_text(v, row.what, every))
 
 
+def slow_link(v: Verdict, obs: RunObservation, story: Story) -> Changes:
+    """A run that did not complete, whose verdict names a worker by
+    progress alone (it did not go on), while the links tried as it ended
+    found another worker's every round trip slow: the slow link slows its
+    peers' calls too, so the verdict cannot tell, the slow end a candidate.
+    A worker named by its own error or death keeps the blame."""
+    if v.outcome == Outcome.COMPLETED or v.rule not in PROGRESS_RULES or not obs.links \
+            or direct_evidence(v, obs):
+        return None
+    end = slow_link_end(obs.links, len(obs.workers))
+    if end is None or end in v.culprits:
+        return None
+    candidates = tuple(sorted(set(v.culprits) | {end}))
+    return dict(culprits=candidates, ambiguous=True,
+                text=slow_link_text(v, slow_link_line(obs.links, end), candidates))
+
+
 def not_restarted(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     """Why the last attempt was not started again though restarts were left."""
     if story.not_restarted is None:
@@ -220,6 +239,7 @@ STAGES: Tuple[Stage, ...] = (
     Stage("task_restart", task_restart),
     Stage("different_pasts", different_pasts),
     Stage("shared_cause", shared_cause),
+    Stage("slow_link", slow_link),
     Stage("attempt_never_ran", attempt_never_ran),
     Stage("not_restarted", not_restarted),
     Stage("attempts", attempts),

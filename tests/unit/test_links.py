@@ -237,3 +237,31 @@ def test_one_slow_answer_among_the_others_does_not_hide_the_slow_end():
     overlapping = tuple(dataclasses.replace(p, rtt=120.0) if (p.source, p.target) == (0, 1)
                         else p for p in trips(3, slow=2, ms=105.0, fast=0.7))
     assert slow_link_end(overlapping, 3) is None
+
+
+def test_a_verdict_by_progress_alone_cannot_tell_beside_another_worker_s_slow_link():
+    """A tf_keras fit under 50 ms of latency on worker 1's link (3 workers,
+    measured): the chief was still in its own code after the loop when the
+    20 s timeout ran out, its calls slowed by the link; named alone by
+    progress, it would be a confident wrong culprit.  With the links'
+    round trips the verdict cannot tell, worker 1 a candidate."""
+    from harness.diagnosis.stages import conclude
+    from harness.diagnosis.story import Story
+    ws = [blocked(0, 3, steps=range(6))] + [returned(i, 3, steps=range(6)) for i in (1, 2)]
+    obs = run(*ws, ended_by="hang", timeout=20.0)
+
+    def verdict(links):
+        seen = dataclasses.replace(obs, links=links)
+        return conclude(diagnose(seen), seen, Story())
+    plain = verdict(())
+    assert not plain.ambiguous and plain.culprits == (0,), plain.text
+    v = verdict(trips(3, slow=1))
+    assert (v.culprits, v.ambiguous) == ((0, 1), True), v.text
+    assert "slow_link" in v.stages
+    assert v.text.startswith("HANG: cannot tell who is to blame: a slow link slows its peers' "
+                             "calls too"), v.text
+    assert slow_link_line(trips(3, slow=1), 1) in v.text.splitlines()
+    # The slow end already named, or no slow end: as it was.
+    assert (verdict(trips(3, slow=0)).culprits, verdict(trips(3, slow=0)).ambiguous) == \
+        ((0,), False)
+    assert verdict(trips(3)).culprits == (0,) and not verdict(trips(3)).ambiguous
