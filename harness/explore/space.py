@@ -12,7 +12,11 @@ asked for during it, as crash-recovery bug finders place their faults around
 the state a system keeps (CrashTuner, Legolas). Then it picks the next plan
 from the cell run least so far, so a short search spreads over every kind,
 role and part of the job before it goes deeper, and a plan is never drawn
-twice; kinds a property rarely fails on count for less
+twice; within a cell it takes a step no fault of its family has acted at yet
+(a crash, an error and a preemption all stop a worker there, and a job's
+state on its disk is where the worker stopped, whatever stopped it), so the
+stops sweep every step of a job that writes at each of them before any step
+gets a second; kinds a property rarely fails on count for less
 (:func:`kind_weights`). With ``max_faults`` > 1 it also draws plans of
 several faults: a second fault in the restart attempt of a plan that made a
 restart happen (a fault during recovery), or elsewhere in the first attempt;
@@ -23,6 +27,7 @@ happen are the search's guide: a share of the draws goes to their neighbours
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 from typing import Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
@@ -46,6 +51,15 @@ DURING = ("TornWrite", "LostRename", "DiskFull")
 # How many draws of plans already run the uniform order makes in a row
 # before it picks among the plans left.
 UNIFORM_TRIES = 1000
+# The kinds that stop a worker at a step (its process ends or it leaves the
+# job): one family, in the order a fault point is tried with them.
+STOPPING = ("Crash", "Preempt", "RaiseError")
+
+
+def family(kind: str) -> str:
+    """The kinds whose faults leave a job in one state at a step: the
+    stopping kinds are one family, each other kind its own."""
+    return "stop" if kind in STOPPING else kind
 
 
 def kind_weights(kinds: Sequence[str], property: str) -> Dict[str, float]:
@@ -89,7 +103,7 @@ class Space:
     def stopping_kind(self) -> Optional[str]:
         """The kind that tries a fault point: a crash, else a preemption,
         else an error; None when ``kinds`` has none of them."""
-        return next((k for k in ("Crash", "Preempt", "RaiseError") if k in self.kinds), None)
+        return next((k for k in STOPPING if k in self.kinds), None)
 
     def state_points(self) -> Tuple[int, ...]:
         """The steps just before and just after each write: a write seen at
@@ -173,6 +187,11 @@ class Space:
         return sum(len(self.singles(c)) for c in self.cells())
 
 
+def _point(fault: F.Fault) -> Tuple[str, int]:
+    """Where a fault leaves the job: its family and its step."""
+    return family(type(fault).__name__), getattr(fault, "step", 0)
+
+
 def canonical(plan: Sequence[F.Fault]) -> Plan:
     """A plan's faults in one order (by attempt, step, worker): two plans
     that differ only in their order are one."""
@@ -218,8 +237,12 @@ class Draws:
         cell = self.rng.choice([c for c in open_cells
                                 if self.tries[c] / self.weights[c[0]] == least])
         self.tries[cell] += 1
+        # Of the cell's plans, one at a step its family has been at least.
+        points = collections.Counter(_point(p[0]) for p in ran if len(p) == 1)
         plans = self.left[cell]
-        return plans.pop(self.rng.randrange(len(plans)))
+        fewest = min(points[_point(p[0])] for p in plans)
+        at = [i for i, p in enumerate(plans) if points[_point(p[0])] == fewest]
+        return plans.pop(self.rng.choice(at))
 
     def _left_in(self, cell: Cell, ran: Set[Plan]) -> bool:
         if cell not in self.left:

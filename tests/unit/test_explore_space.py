@@ -63,6 +63,25 @@ def test_delays_and_pauses_are_rare_under_survives():
     assert kind_weights(kinds, "detected") == dict.fromkeys(kinds, 1.0)
 
 
+def test_the_stops_sweep_every_step_before_any_step_gets_a_second():
+    """A job that writes at every step has no state point that stands out;
+    a crash, an error and a preemption each leave it where the worker
+    stopped, so the first round of the cells stops a worker at each step."""
+    kinds = ("Crash", "RaiseError", "Delay", "Pause", "Preempt")
+    space = Space(3, 20, kinds)
+    stopping = [c for c in space.cells() if c[0] in ("Crash", "RaiseError", "Preempt")]
+    for seed in range(5):
+        ran = _draw_all(space, seed=seed, weights=kind_weights(kinds, "survives"), limit=40)
+        stops = [p[0].step for p in ran if type(p[0]).__name__ != "Delay"
+                 and type(p[0]).__name__ != "Pause"][:len(stopping)]
+        assert len(stops) == len(stopping)
+        assert set(stops) == set(range(20)), sorted(stops)
+        # Within each window no step had a second stop before every step had one.
+        for window in space.windows():
+            seen = [s for s in stops if s in window]
+            assert set(seen[:len(window)]) == set(window)
+
+
 def test_a_plan_that_made_a_restart_happen_guides_the_draws():
     """Its neighbours come early, and with max_faults=2 and a restart
     attempt, plans with a second fault in that attempt."""
