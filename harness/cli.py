@@ -360,10 +360,11 @@ def explore_command(argv: Sequence[str], prog: str = PROG) -> int:
     status.close()
     print(found.summary())
     if found.failure is not None:
-        print("harness: what the workers printed in the run of that plan:")
+        which = "the run of that plan" if found.failure.plan else "the fault-free run"
+        print(f"harness: what the workers printed in {which}:")
         for line in output_lines(found.failure.result):
             print(line)
-        print("the run of that plan:\n" + found.failure.result.diagnosis)
+        print(f"{which}:\n" + found.failure.result.diagnosis)
         print(f"harness: replay it with: {prog} run -n {settings.workers} --restarts "
               f"{settings.restarts} "
               + " ".join(f'--fault "{f!r}"' for f in found.failure.plan) + f" {what}"

@@ -156,6 +156,17 @@ class Exploration:
             return "\n".join([head, "no plan broke the property; "
                               + "\n".join(self.coverage.lines() if self.coverage else
                                           ("coverage not kept",))])
+        if not f.plan:
+            # Nothing to search: every plan's failure would be the job's own.
+            again = (f"and in each of its {f.replays} replays" if not f.racy else
+                     f"in {f.reproduced + 1} of {f.replays + 1} runs: the job itself is racy"
+                     if f.replays else "(not replayed)")
+            return "\n".join([
+                f"the job breaks '{self.property}' with no fault at all, {again}: {f.how}",
+                f"  signature: {describe(f.signature)}",
+                "  no plan was searched: a search needs a job whose fault-free run holds "
+                "the property",
+                "  " + head])
         return "\n".join([
             f"{f.line}",
             f"  breaks '{self.property}': {f.how}",

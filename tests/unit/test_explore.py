@@ -401,6 +401,31 @@ def test_the_smallest_plan_is_replayed_and_a_racy_one_is_reported_with_its_rate(
     assert "RACY: failed the same way in 2 of 4 replays (3 of 5 runs in all)" in found.summary()
 
 
+def test_a_job_that_breaks_with_no_fault_is_not_searched_and_a_racy_one_says_so():
+    run, invariant = crash_window_job()
+    calls = collections.Counter()
+
+    def broken(plan, timeout):
+        calls[plan] += 1
+        r = run(plan, timeout)
+        r.repeated = r.repeated or not plan
+        return r
+    found = search(broken, survives_judge(invariant), reproduce=3)
+    assert found.failure.plan == () and set(calls) == {()}, found.summary()
+    assert "the job breaks 'survives' with no fault at all, and in each of its 3 replays" \
+        in found.summary() and "no plan was searched" in found.summary()
+
+    def racy(plan, timeout):
+        calls[plan] += 1
+        r = run(plan, timeout)
+        r.repeated = r.repeated or (not plan and calls[plan] == 1)
+        return r
+    calls.clear()
+    found = search(racy, survives_judge(invariant), reproduce=3)
+    assert found.failure.plan == () and found.failure.racy, found.summary()
+    assert "in 1 of 4 runs: the job itself is racy" in found.summary()
+
+
 def test_a_shrunk_plan_that_races_gives_way_to_the_plan_as_found():
     # A crash at step 8 always breaks the job; one at step 7 only the first
     # time it runs, once a step-8 crash has run: the shrink takes it, its
