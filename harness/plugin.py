@@ -25,19 +25,22 @@ import contextlib
 import os
 import sys
 import warnings
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
 
 from harness.errors import ReportWarning, SettingError, StateDirError, TempDirFullError
 from harness.settings import (MARKER_KEYS, OPTIONS, Option, RunSettings, apply_marker,
-                              instance_id, marker_instances, read_settings)
+                              instance_id, marker_instances, read_settings,
+                              use_session_settings)
 from harness.validators import DEFAULT_BACKEND
 
 SETTINGS_KEY = pytest.StashKey[RunSettings]()
 RUNS_KEY = pytest.StashKey[list]()     # every run's summary this session, for the summary
 TEST_SECONDS_KEY = pytest.StashKey[dict]()   # the tests' time by file, for --durations
 ITEM_SETTINGS_KEY = pytest.StashKey[RunSettings]()   # one test's, with its marker
+# The session settings of the session around this one (pytester's), or None.
+OUTER_SETTINGS_KEY = pytest.StashKey[Optional[RunSettings]]()
 REPORT_WARNED_KEY = pytest.StashKey[bool]()   # a report failed and was warned of
 # The fixture a marker's list of values parametrizes (workers=[2, 3]): one
 # test instance per value, its value in the id.
@@ -82,6 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[SETTINGS_KEY] = settings_from_config(config, machine=options_given(config))
     except SettingError as e:
         raise pytest.UsageError(str(e)) from None
+    config.stash[OUTER_SETTINGS_KEY] = use_session_settings(config.stash[SETTINGS_KEY])
     config.stash[RUNS_KEY] = []
     config.stash[TEST_SECONDS_KEY] = {}
     config.pluginmanager.register(SessionRuns(config), "mwms-session-runs")
@@ -182,7 +186,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """End what a backend started for this session (a Ray cluster)."""
+    """End what a backend started for this session (a Ray cluster); put
+    back the settings of the session around this one (pytester's)."""
+    if OUTER_SETTINGS_KEY in config.stash:
+        use_session_settings(config.stash[OUTER_SETTINGS_KEY])
     backends = sys.modules.get("harness.launch.backends")
     if backends is not None:   # never loaded: nothing was started
         backends.close_sessions()

@@ -256,6 +256,25 @@ class RunSettings:
         return dataclasses.replace(self, **overrides)
 
 
+# The settings of the pytest session in this process (the plugin sets them
+# at its configure): what a cluster started without settings of its own
+# (TensorFlow's runner's stand-in, under install()) runs with.
+_session: Optional[RunSettings] = None
+
+
+def use_session_settings(settings: Optional[RunSettings]) -> Optional[RunSettings]:
+    """Make ``settings`` the session's (None: none); returns the ones before,
+    for a session inside a session (pytester) to put back."""
+    global _session
+    before, _session = _session, settings
+    return before
+
+
+def session_settings() -> RunSettings:
+    """The pytest session's settings in this process, else the defaults."""
+    return _session if _session is not None else RunSettings()
+
+
 def tfconfig_shape(value: Any) -> ClusterShape:
     """``value`` (a shape, a mapping or ``chief:1,worker:2``) as a checked shape."""
     return parse_cluster(value, "cluster") or ClusterShape()

@@ -71,6 +71,22 @@ def test_run_returns_each_tasks_value_and_its_prefixed_lines():
         assert any(re.match(rf"\[worker\-{i}\].*task {i} says hello", line) for line in r.stdout)
 
 
+def rpc_layer_and_server_target():
+    from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
+    resolver = TFConfigClusterResolver()
+    return resolver.rpc_layer, resolver.master()
+
+
+@pytest.mark.parametrize("rpc_layer", [None, "grpc+loas"])
+def test_each_task_s_tf_config_names_its_rpc_layer_as_tensorflow_s_runner_writes_it(rpc_layer):
+    r = mpr.run(rpc_layer_and_server_target, mwtb.create_cluster_spec(num_workers=2),
+                rpc_layer=rpc_layer, timeout=90)
+    layer = rpc_layer or "grpc"
+    assert [value[0] for value in r.return_value] == [layer, layer]
+    # The resolver builds the server's target from it, as TensorFlow's tests read it.
+    assert all(value[1].startswith(f"{layer}://") for value in r.return_value)
+
+
 def raise_on_one():
     if _index() == 1:
         raise KeyError("no such key on 1")
@@ -296,6 +312,20 @@ def test_the_pool_runs_its_initializer_then_the_function_on_every_task():
     pool.shutdown()
 
 
+def run_a_cluster_of_its_own():
+    return mpr.run(_index, mwtb.create_cluster_spec(num_workers=1), timeout=90).return_value
+
+
+def test_a_cluster_started_inside_a_task_leaves_the_test_process_s_clusters_working():
+    """TensorFlow's runner's own tests start a cluster inside a task; the
+    test process's later clusters must still start (its forkserver's and
+    its manager's sockets untouched)."""
+    r = mpr.run(run_a_cluster_of_its_own, mwtb.create_cluster_spec(num_workers=1), timeout=120)
+    assert r.return_value == [[0]]
+    assert mpr.run(_index, mwtb.create_cluster_spec(num_workers=2), timeout=90).return_value \
+        == [0, 1]
+
+
 CASES = os.path.join(os.path.dirname(__file__), "compat_cases")
 
 
@@ -343,3 +373,37 @@ def test_a_file_importing_the_runner_from_harness_compat_runs_under_pytests_opti
                         "test_cluster_spec_in_each_mode_test_mode_eager": [],
                         "test_cluster_spec_in_each_mode_test_mode_graph": [],
                         "test_session": ["skipped"]}, reported
+
+
+REACH_CASE = """
+import socket
+
+from tensorflow.python.distribute import multi_process_runner, multi_worker_test_base
+
+
+def reach(port):
+    with socket.socket() as s:
+        s.settimeout(5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_tasks_reach_a_service_of_the_test_process():
+    with socket.socket() as service:
+        service.bind(("127.0.0.1", 0))
+        service.listen()
+        r = multi_process_runner.run(reach, multi_worker_test_base.create_cluster_spec(
+            num_workers=2), args=(service.getsockname()[1],))
+    assert r.return_value == [True, True]
+"""
+
+
+def test_the_session_s_options_reach_every_cluster_install_starts(pytester):
+    """A test that serves something in the test process (tf.data service's
+    dispatcher, in TensorFlow's input_lib_test) reaches it from its tasks
+    under ``--mwms-network=host``: the session's options reach the
+    clusters ``install()`` starts."""
+    pytester.makeconftest("import harness.compat\nharness.compat.install()\n")
+    pytester.makepyfile(reach_case=REACH_CASE)
+    result = pytester.runpytest_subprocess("-q", "-n", "0", "-p", "no:cacheprovider",
+                                           "--mwms-network=host", "reach_case.py", timeout=200)
+    result.assert_outcomes(passed=1)

@@ -37,7 +37,7 @@ from harness.compat.task import Payload, Shared, run_task
 from harness.controller import Cluster
 from harness.core import linux, serialize
 from harness.launch import scratch
-from harness.settings import RunSettings
+from harness.settings import RunSettings, session_settings
 
 DEFAULT_TIMEOUT_SEC = 200
 # auto_restart: how many times each task is restarted, at most (TensorFlow's
@@ -126,14 +126,17 @@ class MultiProcessRunner:
     Besides TensorFlow's: ``hang_timeout`` (seconds without progress before
     the harness declares a hang, until ``join`` gives its own; TensorFlow's
     default 200 s), ``settings`` (a :class:`~harness.settings.RunSettings`
-    for the cluster; its ``workers`` comes from ``cluster_spec``), and
+    for the cluster; its ``workers`` comes from ``cluster_spec``; by
+    default the pytest session's ``--mwms-*`` options), and
     ``results``, the ``RunResult`` of each cluster started.  Where
     ``settings`` gives the workers GPUs, ``share_gpu`` chooses between
     ``gpu-shared`` (every task sees every GPU, TensorFlow's default) and
     ``gpu`` (each its own); with ``devices='cpu'`` (the default) it has no
-    effect.  ``use_dill_for_args``, ``daemon`` and ``rpc_layer`` have none:
-    the harness always pickles with dill, ends every process itself, and
-    its workers speak gRPC.
+    effect.  ``rpc_layer`` is written into each task's ``TF_CONFIG``, as
+    TensorFlow's runner writes it (``grpc`` by default; the workers speak
+    gRPC whatever it says).  ``use_dill_for_args`` and ``daemon`` have no
+    effect: the harness always pickles with dill and ends every process
+    itself.
     """
 
     def __init__(self, fn, cluster_spec, rpc_layer=None, max_run_time=None,
@@ -151,11 +154,12 @@ class MultiProcessRunner:
         self._cluster_spec = cluster_spec
         self._max_run_time = max_run_time
         self._grpc_fail_fast = grpc_fail_fast
+        self._rpc_layer = rpc_layer or "grpc"   # TensorFlow's runner's default
         self._stream_output, self._return_output = stream_output, return_output
         self._auto_restart = auto_restart
         self._dependence_on_chief = dependence_on_chief
         self._hang_timeout = float(hang_timeout or DEFAULT_TIMEOUT_SEC)
-        settings = (settings or RunSettings()).with_overrides(
+        settings = (settings or session_settings()).with_overrides(
             **({"workers": self._n} if counts["worker"] == self._n else {"cluster": counts}))
         if settings.devices != "cpu":
             settings = settings.with_overrides(devices="gpu-shared" if share_gpu else "gpu")
@@ -256,7 +260,8 @@ class MultiProcessRunner:
         # to the barrier its peers are at.
         shared = Shared(statuses=m.dict(), starts=m.dict(), barriers=(m.Barrier(self._n),),
                         payloads=m.dict(), order=self._order, on_start=originals.installed,
-                        eager=self._eager, grpc_fail_fast=self._grpc_fail_fast)
+                        eager=self._eager, grpc_fail_fast=self._grpc_fail_fast,
+                        rpc_layer=self._rpc_layer)
         inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
                           timeout=self._hang_timeout, grace=GRACE_SEC, restarts=restarts,
                           restart_on="crash,fail", restart_policy="task", on_return="exit",

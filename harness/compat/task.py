@@ -51,7 +51,9 @@ class Shared:
     task's ``(type, index)`` by the harness's index (empty: workers only);
     ``on_start``: :func:`harness.compat.install` where the parent ran it,
     which each task then runs too (a test that runs again in the task, as
-    ``combinations``' do, reaches the same bound references)."""
+    ``combinations``' do, reaches the same bound references);
+    ``rpc_layer``: what the task's ``TF_CONFIG`` names as its
+    ``rpc_layer``, as TensorFlow's runner writes it (its default: ``grpc``)."""
 
     statuses: MutableMapping[int, Tuple[int, Optional[bytes]]]
     starts: MutableMapping[int, int]
@@ -61,6 +63,7 @@ class Shared:
     grpc_fail_fast: Optional[bool] = None
     order: Tuple[Tuple[str, int], ...] = ()
     on_start: Optional[Callable[[], None]] = None
+    rpc_layer: str = "grpc"
 
 
 def task_index(order: Tuple[Tuple[str, int], ...] = ()) -> int:
@@ -70,6 +73,15 @@ def task_index(order: Tuple[Tuple[str, int], ...] = ()) -> int:
     if order:
         return order.index((task["type"], int(task["index"])))
     return int(task["index"])
+
+
+def with_rpc_layer(tf_config: str, rpc_layer: str) -> str:
+    """``TF_CONFIG`` naming ``rpc_layer``, as TensorFlow's runner writes it:
+    code that builds a server from ``TFConfigClusterResolver().rpc_layer``
+    reads it there."""
+    config = json.loads(tf_config)
+    config["rpc_layer"] = rpc_layer
+    return json.dumps(config)
 
 
 def _share_barrier_with_tensorflow(barrier) -> None:
@@ -116,6 +128,7 @@ def run_task(tasks: Mapping[int, Payload], shared: Shared):
     shared.starts[index] = attempt + 1
     _barrier = shared.barriers[min(attempt, len(shared.barriers) - 1)]
     _share_barrier_with_tensorflow(_barrier)
+    os.environ["TF_CONFIG"] = with_rpc_layer(os.environ["TF_CONFIG"], shared.rpc_layer)
     if shared.grpc_fail_fast is not None:
         os.environ["GRPC_FAIL_FAST"] = str(shared.grpc_fail_fast)
     _log_like_tensorflow()
