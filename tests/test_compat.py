@@ -312,6 +312,40 @@ def test_the_pool_runs_its_initializer_then_the_function_on_every_task():
     pool.shutdown()
 
 
+def chief_returns_the_others_wait():
+    if json.loads(os.environ["TF_CONFIG"])["task"]["type"] != "chief":
+        time.sleep(1000)   # a server that runs until it is ended
+    return "chief done"
+
+
+@pytest.mark.parametrize("dependence_on_chief", [True, False])
+def test_the_chief_s_exit_ends_its_cluster_under_dependence_on_chief(dependence_on_chief):
+    runner = mpr.MultiProcessRunner(chief_returns_the_others_wait, mwtb.create_cluster_spec(
+        has_chief=True, num_workers=1), dependence_on_chief=dependence_on_chief)
+    runner.start()
+    t0 = time.monotonic()
+    if dependence_on_chief:
+        assert runner.join(timeout=60).return_value == ["chief done"]
+        assert time.monotonic() - t0 < 30   # the worker ended 3 s after the chief left
+    else:
+        with pytest.raises(mpr.SubprocessTimeoutError):
+            runner.join(timeout=8)
+
+
+def sleep_then_return(seconds):
+    time.sleep(seconds)
+    return "slept"
+
+
+def test_join_without_a_timeout_waits_past_the_hang_timeout(monkeypatch):
+    from harness.compat import runner as runner_module
+    monkeypatch.setattr(runner_module, "DEFAULT_TIMEOUT_SEC", 3)
+    runner = mpr.MultiProcessRunner(sleep_then_return, mwtb.create_cluster_spec(num_workers=1),
+                                    args=(8,))
+    runner.start()
+    assert runner.join(timeout=None).return_value == ["slept"]
+
+
 def run_a_cluster_of_its_own():
     return mpr.run(_index, mwtb.create_cluster_spec(num_workers=1), timeout=90).return_value
 

@@ -10,6 +10,7 @@ stacks and the verdict a hang gets.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -22,15 +23,26 @@ from harness.controller import Cluster, Progress, Steer
 from harness.result import RunResult
 
 
+# How long the other tasks get to end by themselves once the chief has
+# exited (dependence_on_chief), as TensorFlow's runner gives them.
+CHIEF_LEFT_SEC = 3.0
+
+
 class Incarnation:
     """``cluster.run(fn, args, **run_kwargs)`` in a thread; ``result`` (a
     :class:`RunResult`) or ``error`` once it ends."""
 
-    def __init__(self, cluster: Cluster, fn, args: tuple, shared: Shared, **run_kwargs):
+    def __init__(self, cluster: Cluster, fn, args: tuple, shared: Shared,
+                 chief: Optional[int] = None, chief_restarts: bool = False, **run_kwargs):
         self.cluster, self.fn, self.args, self.shared = cluster, fn, args, shared
         self.run_kwargs = run_kwargs
         self.progress: Optional[Progress] = None
         self.deadline: Optional[float] = None     # monotonic; set by join()
+        self.forever = False                      # join(timeout=None): no hang timer at all
+        # dependence_on_chief: the chief's index; its end ends the cluster
+        # (a non-zero one only where it is not restarted).
+        self.chief, self.chief_restarts = chief, chief_restarts
+        self.chief_ended: Optional[float] = None
         self.joined = False
         self.terminated: Set[int] = set()         # tasks the test ended on purpose
         self.result: Optional[RunResult] = None
@@ -66,10 +78,26 @@ class Incarnation:
             self.started.set()
         with self._lock:
             start, self.to_start = tuple(sorted(self.to_start)), set()
+        self._follow_the_chief(p)
         if self.deadline is None:
-            return Steer(start=start)
+            return Steer(math.inf if self.forever else None, start)
         # The hang timer then runs out at the deadline, whatever progress is made.
         return Steer(p.idle + max(0.0, self.deadline - time.monotonic()), start)
+
+    def _follow_the_chief(self, p: Progress) -> None:
+        """As TensorFlow's runner's watchdog: once the chief has exited
+        (with 0, or at all where it is not restarted), the other tasks get
+        :data:`CHIEF_LEFT_SEC` to end by themselves, then are ended, their
+        ends no error of ``join``."""
+        if self.chief is None or not p.exit_codes or p.exit_codes[self.chief] is None:
+            return
+        if p.exit_codes[self.chief] != 0 and self.chief_restarts:
+            return
+        now = time.monotonic()
+        if self.chief_ended is None:
+            self.chief_ended = now
+        elif now - self.chief_ended >= CHIEF_LEFT_SEC:
+            self.terminated |= {i for i in range(len(p.pids)) if self.kill(i)}
 
     def start_again(self, index: int, wait: float) -> bool:
         """Start task ``index``, whose process has ended, again into the

@@ -125,8 +125,9 @@ class MultiProcessRunner:
 
     Besides TensorFlow's: ``hang_timeout`` (seconds without progress before
     the harness declares a hang, until ``join`` gives its own; TensorFlow's
-    default 200 s), ``settings`` (a :class:`~harness.settings.RunSettings`
-    for the cluster; its ``workers`` comes from ``cluster_spec``; by
+    default 200 s; ``join(timeout=None)`` turns it off unless it was
+    given), ``settings`` (a :class:`~harness.settings.RunSettings` for the
+    cluster; its ``workers`` comes from ``cluster_spec``; by
     default the pytest session's ``--mwms-*`` options), and
     ``results``, the ``RunResult`` of each cluster started.  Where
     ``settings`` gives the workers GPUs, ``share_gpu`` chooses between
@@ -159,6 +160,7 @@ class MultiProcessRunner:
         self._auto_restart = auto_restart
         self._dependence_on_chief = dependence_on_chief
         self._hang_timeout = float(hang_timeout or DEFAULT_TIMEOUT_SEC)
+        self._hang_timeout_given = hang_timeout is not None
         settings = (settings or session_settings()).with_overrides(
             **({"workers": self._n} if counts["worker"] == self._n else {"cluster": counts}))
         if settings.devices != "cpu":
@@ -262,7 +264,10 @@ class MultiProcessRunner:
                         payloads=m.dict(), order=self._order, on_start=originals.installed,
                         eager=self._eager, grpc_fail_fast=self._grpc_fail_fast,
                         rpc_layer=self._rpc_layer)
+        chief = self._order.index(("chief", 0)) \
+            if self._dependence_on_chief and ("chief", 0) in self._order else None
         inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
+                          chief=chief, chief_restarts=bool(restarts),
                           timeout=self._hang_timeout, grace=GRACE_SEC, restarts=restarts,
                           restart_on="crash,fail", restart_policy="task", on_return="exit",
                           restart_echoes_together=False)
@@ -343,6 +348,9 @@ class MultiProcessRunner:
 
     def _wait(self, inc: Incarnation, timeout) -> None:
         inc.joined = True
+        # join(timeout=None) never times out, as TensorFlow's: no hang timer
+        # unless the test asked the harness for one (hang_timeout=).
+        inc.forever = timeout is None and not self._hang_timeout_given
         inc.deadline = time.monotonic() + timeout if timeout else None
         try:
             done = inc.wait(None if inc.deadline is None else inc.deadline + STOP_MARGIN_SEC)
