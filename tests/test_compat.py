@@ -332,6 +332,29 @@ def test_the_chief_s_exit_ends_its_cluster_under_dependence_on_chief(dependence_
             runner.join(timeout=8)
 
 
+def serve_or_count(steps):
+    if _index() == 0:
+        time.sleep(1000)   # ended by the test
+    for i in range(steps):
+        print(f"index 1, iteration {i}", flush=True)
+        time.sleep(0.5)
+    return "counted"
+
+
+def test_a_terminated_task_s_peers_run_on_past_the_grace(monkeypatch):
+    """TensorFlow's test_termination: the test ends one task and its peer
+    goes on to its end (under a 1 s grace for a failure's peers)."""
+    from harness.compat import runner as runner_module
+    monkeypatch.setattr(runner_module, "GRACE_SEC", 1.0)
+    runner = mpr.MultiProcessRunner(serve_or_count, mwtb.create_cluster_spec(num_workers=2),
+                                    args=(8,), return_output=True)
+    runner.start()
+    runner.terminate("worker", 0)
+    r = runner.join(timeout=60)
+    assert r.return_value == ["counted"]
+    assert any("index 1, iteration 7" in line for line in r.stdout), r.stdout
+
+
 def sleep_then_return(seconds):
     time.sleep(seconds)
     return "slept"

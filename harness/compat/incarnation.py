@@ -49,6 +49,7 @@ class Incarnation:
         self.error: Optional[BaseException] = None
         self.started = threading.Event()          # pids known, or the run is over
         self.to_start: Set[int] = set()           # tasks to start again into the run
+        self.to_stop: Set[int] = set()            # tasks the test ends (terminate)
         self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="mwms-compat-run", daemon=True)
 
@@ -78,11 +79,18 @@ class Incarnation:
             self.started.set()
         with self._lock:
             start, self.to_start = tuple(sorted(self.to_start)), set()
+            stop, self.to_stop = tuple(sorted(self.to_stop)), set()
         self._follow_the_chief(p)
         if self.deadline is None:
-            return Steer(math.inf if self.forever else None, start)
+            return Steer(math.inf if self.forever else None, start, stop)
         # The hang timer then runs out at the deadline, whatever progress is made.
-        return Steer(p.idle + max(0.0, self.deadline - time.monotonic()), start)
+        return Steer(p.idle + max(0.0, self.deadline - time.monotonic()), start, stop)
+
+    def stop(self, index: int) -> None:
+        """End task ``index`` at the watch loop's next look (within half a
+        second), as the harness ends a worker: no failure of the run."""
+        with self._lock:
+            self.to_stop.add(index)
 
     def _follow_the_chief(self, p: Progress) -> None:
         """As TensorFlow's runner's watchdog: once the chief has exited

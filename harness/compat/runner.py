@@ -304,13 +304,17 @@ class MultiProcessRunner:
         return self.get_process_exit_code(task_type, task_id) is None
 
     def terminate(self, task_type, task_id):
-        """Kill the task (its exit is then no error of ``join``), and wait for it to end."""
+        """End the task and wait for it to end: its end is no error of
+        ``join``, and no failure its peers are ended for (they run on, as
+        under TensorFlow's runner); with ``auto_restart`` it is started again."""
         inc, index = self._started(task_type, task_id)
         inc.terminated.add(index)
         inc.started.wait()
-        inc.kill(index)
+        before = inc.pid(index)
+        inc.stop(index)
         until = time.monotonic() + STOP_MARGIN_SEC
-        while inc.exit_code(index) is None and inc.running and time.monotonic() < until:
+        while inc.running and time.monotonic() < until and inc.pid(index) == before \
+                and inc.exit_code(index) is None:
             time.sleep(0.05)
 
     def terminate_all(self, sig=None):

@@ -79,8 +79,10 @@ def decide(result: RunResult, terminated: AbstractSet[int] = frozenset()) -> Tup
         culprits = [i for i in result.culprits if i in raised]
         return "raise", (culprits or raised)[0]
     ended_by = getattr(result.observation, "ended_by", None)
-    if result.outcome == HANG or (ended_by is not None and ended_by != "all_finished" and any(
-            not w.returned and w.index not in terminated for w in result.workers)):
+    held = any(not w.returned and w.index not in terminated for w in result.workers)
+    # A run whose only unfinished tasks are those the test ended is no hang.
+    if (result.outcome == HANG and held) or (
+            ended_by is not None and ended_by != "all_finished" and held):
         return "timeout", None
     exited = [w for w in result.workers if w.index not in terminated and not w.returned]
     for w in sorted(exited, key=lambda w: (not (w.exit_code or 0) > 0, w.index)):

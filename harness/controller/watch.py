@@ -151,12 +151,18 @@ class Progress:
 @dataclasses.dataclass(frozen=True)
 class Steer:
     """What a progress callback may return besides a number: the hang
-    timeout from then on (None: unchanged), and under
+    timeout from then on (None: unchanged); under
     ``restart_policy="task"`` the workers whose ended process is to be
-    started again now (:mod:`harness.compat`'s ``start_single_process``)."""
+    started again now (:mod:`harness.compat`'s ``start_single_process``);
+    and the workers to end now, on purpose (``terminate``): no failure,
+    so their peers run on with no grace, and where ``restart_policy="task"``
+    restarts tasks (``restarts`` ≥ 1) a fresh process in their place, using
+    none of their restarts (TensorFlow's runner's ``auto_restart`` restarts
+    a terminated task)."""
 
     timeout: Optional[float] = None
     start: Tuple[int, ...] = ()
+    stop: Tuple[int, ...] = ()
 
 
 # A progress callback (run(progress=...)): it may return a hang timeout or a Steer.
@@ -406,10 +412,24 @@ class WatchLoop:
             tuple(steps), tuple(states), tuple(getattr(w.handle, "pid", None) for w in self.workers),
             tuple(w.seen.exit_code for w in self.workers)))
         if isinstance(wanted, Steer):
+            self._stop_asked(wanted.stop, now)
             self._start_asked(wanted.start, now)
             wanted = wanted.timeout
         if isinstance(wanted, (int, float)) and not isinstance(wanted, bool):
             self.timeout = max(0.0, float(wanted))
+
+    def _stop_asked(self, indexes: Tuple[int, ...], now: float) -> None:
+        """End the running workers asked for, as the harness ends one: no
+        failure of theirs."""
+        for worker in [w for w in self.workers if w.index in indexes and w.pending]:
+            self._drain(worker, now)
+            worker.handle.kill_tree(worker.handle.descendants())
+            worker.handle.join(RAISED_EXIT_WAIT)
+            worker.note(exit_code=worker.handle.exitcode, exit_time=now - self.start,
+                        killed_by_harness=True)
+            worker.channel_open = False
+            if self.restarter is not None and self.restarter.restarts:
+                self._restart(worker, now, asked=True)
 
     def _start_asked(self, indexes: Tuple[int, ...], now: float) -> None:
         """Start again the workers asked for whose process has ended; once

@@ -149,6 +149,12 @@ def test_tasks_the_test_terminated_are_no_error():
     workers = [_worker(0), _worker(1, returned=False, exit_code=-9)]
     assert verdict.decide(_result("crashed", workers), terminated={1}) == ("ok", None)
     assert verdict.decide(_result("crashed", workers)) == ("exit", 1)
+    # Ended by the harness at the test's asking: the verdict calls it a hang,
+    # the test ended it, and every other task returned.
+    assert verdict.decide(_result("hang", workers, ended_by="all_finished"),
+                          terminated={1}) == ("ok", None)
+    assert verdict.decide(_result("hang", workers, ended_by="all_finished")) == \
+        ("timeout", None)
 
 
 # -- output and errors --------------------------------------------------------
