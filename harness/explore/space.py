@@ -12,12 +12,12 @@ asked for during it, as crash-recovery bug finders place their faults around
 the state a system keeps (CrashTuner, Legolas). Then it picks the next plan
 from the cell run least so far, so a short search spreads over every kind,
 role and part of the job before it goes deeper, and a plan is never drawn
-twice; within a cell it takes a step no fault of its family has acted at yet
-(a crash, an error and a preemption all stop a worker there, and a job's
-state on its disk is where the worker stopped, whatever stopped it), so the
-stops sweep every step of a job that writes at each of them before any step
-gets a second; kinds a property rarely fails on count for less
-(:func:`kind_weights`). With ``max_faults`` > 1 it also draws plans of
+twice; a kind the property rarely fails on comes later as well as less
+often (:func:`kind_weights`). Within a cell it takes a step no fault of its
+family has acted at yet (a crash, an error and a preemption all stop a
+worker there, and a job's state on its disk is where the worker stopped,
+whatever stopped it), so the stops sweep every step of a job that writes at
+each of them before any step gets a second. With ``max_faults`` > 1 it also draws plans of
 several faults: a second fault in the restart attempt of a plan that made a
 restart happen (a fault during recovery), or elsewhere in the first attempt;
 the first such second faults are crashes at the step the restart attempt
@@ -233,9 +233,12 @@ class Draws:
         open_cells = [c for c in self.space.cells() if self._left_in(c, ran)]
         if not open_cells:
             return None
-        least = min(self.tries[c] / self.weights[c[0]] for c in open_cells)
-        cell = self.rng.choice([c for c in open_cells
-                                if self.tries[c] / self.weights[c[0]] == least])
+        # A cell's next try counts for 1 / its kind's weight: a kind drawn a
+        # quarter as often also comes first only after four rounds of the rest.
+        def due(c: Cell) -> float:
+            return (self.tries[c] + 1) / self.weights[c[0]]
+        least = min(due(c) for c in open_cells)
+        cell = self.rng.choice([c for c in open_cells if due(c) == least])
         self.tries[cell] += 1
         # Of the cell's plans, one at a step its family has been at least.
         points = collections.Counter(_point(p[0]) for p in ran if len(p) == 1)
