@@ -312,6 +312,41 @@ def test_the_pool_runs_its_initializer_then_the_function_on_every_task():
     pool.shutdown()
 
 
+_kept: dict = {}
+
+
+def make_a_strategy():
+    _kept["strategy"], _kept["pid"] = _strategy(), os.getpid()
+
+
+def reduce_with_the_kept_strategy():
+    return _sum(_kept["strategy"]), _kept["pid"] == os.getpid()
+
+
+def exit_on_one():
+    if _index() == 1:
+        os._exit(3)
+    return "fine"
+
+
+def test_the_pool_keeps_its_processes_and_their_state_across_runs(capsys):
+    """As TensorFlow's pool: a strategy made in one run is there in the
+    next (cross_device_ops_test enables collectives in setUp, then runs);
+    a run during which a task ends raises with the verdict, and the next
+    starts a fresh cluster, saying so."""
+    pool = mpr.MultiProcessPoolRunner(mwtb.create_cluster_spec(num_workers=2))
+    try:
+        assert pool.run(make_a_strategy) == []
+        assert pool.run(reduce_with_the_kept_strategy) == [(2.0, True), (2.0, True)]
+        with pytest.raises(Exception, match="worker 1") as raised:
+            pool.run(exit_on_one)
+        assert raised.value.run_result.workers[1].exit_code == 3
+        assert pool.run(_index) == [0, 1]
+        assert "the pool's cluster ended" in capsys.readouterr().err
+    finally:
+        pool.shutdown()
+
+
 def chief_returns_the_others_wait():
     if json.loads(os.environ["TF_CONFIG"])["task"]["type"] != "chief":
         time.sleep(1000)   # a server that runs until it is ended

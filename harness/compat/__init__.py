@@ -13,7 +13,10 @@ message opening with the harness's verdict.
   ``MultiProcessPoolRunner``, ``get_barrier``, ``manager``, ``test_main``, errors);
 - ``runner``: :class:`~harness.compat.runner.MultiProcessRunner` itself, each
   cluster it starts one ``Cluster.run`` in a thread (``incarnation``);
-- ``task``: the worker side (the function every worker runs, the barrier);
+- ``pool``: :class:`~harness.compat.pool.MultiProcessPoolRunner`, one cluster
+  whose tasks run call after call;
+- ``task``: the worker side (the function every worker runs, the pool's
+  loop, the barrier);
 - ``verdict``: pure functions from a ``RunResult`` to TensorFlow's result or error;
 - ``spec``: cluster specs, what maps onto the harness and what does not;
 - ``routes``: what :func:`install` changes in TensorFlow's modules;

@@ -16,18 +16,15 @@ from harness.compat.errors import (NotInitializedError, OneTaskRestartError,
                                    UnsupportedClusterError)
 from harness.compat.runner import (DEFAULT_TIMEOUT_SEC, MultiProcessRunner, end_all_runners,
                                    manager, shutdown_manager)
-from harness.compat import spec
+from harness.compat.pool import MultiProcessPoolRunner
 from harness.compat.spec import create_cluster_spec
-from harness.compat.task import get_barrier, pooled_call
+from harness.compat.task import get_barrier
 from harness.compat.verdict import MultiProcessRunnerResult
 
 __all__ = ["run", "MultiProcessRunner", "MultiProcessPoolRunner", "MultiProcessRunnerResult",
            "get_barrier", "manager", "shutdown_manager", "end_all_runners", "test_main",
            "create_cluster_spec", "is_oss", "SubprocessTimeoutError", "UnexpectedSubprocessExitError",
            "NotInitializedError", "UnsupportedClusterError", "OneTaskRestartError"]
-
-# TensorFlow's pool waits this long for a run's results.
-POOL_TIMEOUT_SEC = 300
 
 
 def run(fn, cluster_spec, rpc_layer=None, max_run_time=None, return_output=False,
@@ -44,29 +41,6 @@ def run(fn, cluster_spec, rpc_layer=None, max_run_time=None, return_output=False
                                 hang_timeout=timeout or None)
     runner.start()
     return runner.join(timeout)
-
-
-class MultiProcessPoolRunner:
-    """TensorFlow's pool of tasks that run function after function.
-
-    Each :meth:`run` is a fresh harness cluster (the forkserver makes a
-    start cheap), so what a function leaves in a worker (a strategy, a
-    variable) is not there for the next; ``initializer`` runs before each."""
-
-    def __init__(self, cluster_spec, initializer=None, share_gpu=True):
-        spec.num_workers(cluster_spec)   # the spec's checks, now
-        self._cluster_spec = cluster_spec
-        self._initializer = initializer
-
-    def run(self, fn, args=None, kwargs=None):
-        """``fn(*args, **kwargs)`` on every task; the list of return values."""
-        runner = MultiProcessRunner(pooled_call, self._cluster_spec,
-                                    args=(self._initializer, fn, args or (), kwargs or {}))
-        runner.start()
-        return runner.join(POOL_TIMEOUT_SEC).return_value
-
-    def shutdown(self):
-        """Nothing outlives a run, so there is nothing to shut down."""
 
 
 def is_oss() -> bool:

@@ -244,7 +244,7 @@ class MultiProcessRunner:
             return False
         if last.exit_code(index) is None:
             raise ValueError(f"start_single_process: {self._names[index]} is still running")
-        last.shared.payloads[index] = _payload(*call)
+        last.shared.payloads[index] = payload_of(*call)
         if not last.start_again(index, STOP_MARGIN_SEC):
             raise SubprocessTimeoutError(
                 f"start_single_process: {self._names[index]} did not start again "
@@ -256,7 +256,7 @@ class MultiProcessRunner:
         # auto_restart: as TensorFlow's runner does, only the task that exited
         # non-zero is started again, while the others run on.
         restarts = AUTO_RESTARTS if self._auto_restart else 0
-        payloads = {i: _payload(*call) for i, call in tasks.items()}
+        payloads = {i: payload_of(*call) for i, call in tasks.items()}
         m = manager()
         # One barrier, as TensorFlow's runner has: a restarted task comes back
         # to the barrier its peers are at.
@@ -276,6 +276,26 @@ class MultiProcessRunner:
 
     def _current(self) -> Optional[Incarnation]:
         return self._incarnations[-1] if self._incarnations else None
+
+    # -- for the pool (harness.compat.pool) ---------------------------------
+    def without_hang_timer(self) -> None:
+        """No hang timer for the running cluster until ``join`` (a pool's
+        tasks wait for calls as long as the test takes)."""
+        current = self._current()
+        if current is not None:
+            current.forever = True
+
+    def is_running(self) -> bool:
+        current = self._current()
+        return current is not None and current.running
+
+    def any_task_ended(self) -> bool:
+        """Whether the running cluster has ended, or any of its tasks has."""
+        current = self._current()
+        if current is None or not current.running:
+            return True
+        p = current.progress
+        return p is not None and any(code is not None for code in p.exit_codes)
 
     # -- the tasks --------------------------------------------------------
     def _started(self, task_type, task_id) -> Tuple[Incarnation, int]:
@@ -408,7 +428,7 @@ class MultiProcessRunner:
             result)
 
 
-def _payload(fn, args, kwargs) -> Payload:
+def payload_of(fn, args, kwargs) -> Payload:
     """A task's call as its worker takes it (:data:`~harness.compat.task.Payload`)."""
     module = getattr(fn, "__module__", None)
     with light_testcases():

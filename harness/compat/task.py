@@ -148,9 +148,38 @@ def run_task(tasks: Mapping[int, Payload], shared: Shared):
     return value
 
 
-def pooled_call(initializer, fn, args, kwargs):
-    """A :class:`~harness.compat.multi_process_runner.MultiProcessPoolRunner`'s
-    task: the pool's initializer, then ``fn``."""
+def _call(payload: Payload):
+    """A call as the parent sent it: ``fn(*args, **kwargs)`` after its
+    module is imported (what its top level sets holds here too)."""
+    module, pickled = payload
+    if module:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    fn, args, kwargs = serialize.loads(pickled)
+    return fn(*args, **kwargs)
+
+
+def pool_loop(initializer, inboxes: Mapping[Tuple[str, int], Any], outbox) -> None:
+    """A :class:`~harness.compat.pool.MultiProcessPoolRunner`'s task, as
+    TensorFlow's pool's: the initializer once, then each call from its
+    inbox (``(number, payload)``; None ends the loop), its answer to the
+    outbox as ``(task, number, ok, pickled value or exception)``; an
+    exception is the call's answer, and the loop goes on."""
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    key = (task["type"], int(task["index"]))
     if initializer is not None:
         initializer()
-    return fn(*args, **kwargs)
+    inbox = inboxes[key]
+    while True:
+        call = inbox.get()
+        if call is None:
+            return
+        number, payload = call
+        try:
+            answer = (True, serialize.dumps(_call(payload)))
+        except Exception as e:
+            answer = (False, pickled_exception(e) or serialize.dumps(
+                RuntimeError(f"{type(e).__name__}: {e} (not picklable)")))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        outbox.put((key, number) + answer)
