@@ -71,7 +71,7 @@ def manager():
             scratch.remove_at_end(_manager_dir)
             # The forkserver's socket is in this process's pymp-* directory,
             # which only this process's exit removes.
-            scratch.remove_at_end(multiprocessing.util.get_temp_dir())
+            scratch.remove_mp_temp_dir_at_end(multiprocessing.util)
             _manager = SyncManager(address=os.path.join(_manager_dir, "socket"),
                                    ctx=multiprocessing.get_context("forkserver"))
             # A manager's server outlives a SIGKILLed pytest, and so did the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import time
 from typing import IO, Iterable, List, Optional
 
@@ -178,3 +179,25 @@ def pipe(stream: Optional[IO[bytes]]) -> IO[bytes]:
     if stream is None:
         raise OSError("the process was not started with this pipe")
     return stream
+
+
+# multiprocessing's temp directories (``pymp-*``) this process inherited: a
+# worker's process object carries its parent's, which holds the parent's
+# forkserver socket and is the parent's to remove.
+_inherited_mp_temp_dirs: set = set()
+
+
+def note_inherited_mp_temp_dirs() -> None:
+    """Note each ``multiprocessing`` library's temp directory this process
+    has now (a worker, at its start: its parent's)."""
+    for library in ("multiprocess", "multiprocessing"):
+        process = sys.modules.get(f"{library}.process")
+        path = process.current_process()._config.get("tempdir") if process else None
+        if path:
+            _inherited_mp_temp_dirs.add(path)
+
+
+def inherited_mp_temp_dir(path: str) -> bool:
+    """Whether ``path`` is a temp directory this process inherited
+    (:func:`note_inherited_mp_temp_dirs`)."""
+    return path in _inherited_mp_temp_dirs

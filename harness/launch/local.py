@@ -203,7 +203,7 @@ def _sweep_multiprocess_temp_dir() -> None:
     the scratch directory even when this process is killed; its own
     clean-up runs only at a normal exit."""
     from multiprocess import util
-    scratch.remove_at_end(util.get_temp_dir())   # made once per process
+    scratch.remove_mp_temp_dir_at_end(util)   # made once per process
 
 
 def _warn_about_preload() -> None:

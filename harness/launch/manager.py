@@ -35,7 +35,7 @@ def guarded_manager(library=None, address=None) -> Iterator[object]:
     # The socket's path is chosen here, in this process's own temp
     # directory, which the sweeper is told of; left to the server, it is
     # in a directory of the server's own that only the server's exit removes.
-    scratch.remove_at_end(util.get_temp_dir())
+    scratch.remove_mp_temp_dir_at_end(util)
     manager = managers.SyncManager(address=address or connection.arbitrary_address("AF_UNIX"))
     manager.start(linux.die_with_parent)
     try:

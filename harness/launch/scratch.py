@@ -40,6 +40,8 @@ import threading
 import time
 from typing import List, Optional
 
+from harness.core import linux
+
 PREFIX = "pytest-mwms-session-"
 # What dying workers may still write after the sweeper first removed the
 # directory: they die by PR_SET_PDEATHSIG within a fraction of a second.
@@ -204,6 +206,16 @@ def make_dir(prefix: str) -> str:
     """A new directory in the scratch directory, for its caller to remove."""
     with named_if_full("make a run's directory"):
         return tempfile.mkdtemp(prefix=prefix, dir=scratch_dir())
+
+
+def remove_mp_temp_dir_at_end(util) -> None:
+    """Have the sweeper remove ``util``'s temp directory (``util``:
+    ``multiprocessing.util`` or ``multiprocess.util``), unless this process
+    inherited it: a cluster started inside a worker must leave its
+    parent's forkserver socket alone."""
+    path = util.get_temp_dir()
+    if not linux.inherited_mp_temp_dir(path):
+        remove_at_end(path)
 
 
 def remove_at_end(path: str) -> None:

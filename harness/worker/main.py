@@ -160,18 +160,6 @@ def end_as_script() -> None:
     os._exit(0)
 
 
-def forget_parents_temp_dir() -> None:
-    """A process object carries its parent's ``multiprocessing`` settings,
-    the parent's temp directory (``pymp-*``, where its forkserver's socket
-    is) among them: a cluster started inside this worker would put its own
-    sockets there and have them removed when it ends, the parent's with
-    them.  Each library's next ``get_temp_dir()`` makes this worker's own."""
-    for library in ("multiprocess", "multiprocessing"):
-        process = sys.modules.get(f"{library}.process")
-        if process is not None:
-            process.current_process()._config.pop("tempdir", None)
-
-
 def worker_main(spec: WorkerSpec, conn) -> None:
     # The cluster's own network first: joining a user namespace needs a
     # single-threaded process, and it changes credentials, which would
@@ -199,7 +187,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     os.environ.clear()
     os.environ.update(spec.env)
     tempfile.tempdir = None   # the forkserver cached its own: read TMPDIR again
-    forget_parents_temp_dir()
+    linux.note_inherited_mp_temp_dirs()   # the parent's: a cluster started here leaves them
     if spec.tf_config is None:
         os.environ.pop("TF_CONFIG", None)
     else:
