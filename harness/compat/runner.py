@@ -414,10 +414,11 @@ class MultiProcessRunner:
                 f"{result.diagnosis}\n\n{verdict.TIMEOUT_TEXT.format(timeout)}", mpr_result, result)
         assert index is not None   # "raise" and "exit" name their task
         if kind == "raise":
-            error = result.workers[index].exception
+            process = verdict.last_raised(result.workers[index])
+            assert process is not None   # "raise" names a task whose last status raised
+            error = process.exception
             exc = verdict.rebuild_exception(
-                verdict.status_of(dict(inc.shared.statuses), index, result.workers[index].attempt),
-                error)
+                verdict.status_of(dict(inc.shared.statuses), index, process.attempt), error)
             # Set on whatever the task raised, as TensorFlow's runner sets mpr_result.
             exc.mpr_result, exc.run_result = mpr_result, result  # type: ignore[attr-defined]
             if error is not None and hasattr(exc, "add_note"):

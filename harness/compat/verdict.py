@@ -12,7 +12,7 @@ from typing import AbstractSet, List, Mapping, Optional, Sequence, Tuple
 
 from harness.core import serialize
 from harness.core.protocol import WorkerError
-from harness.result import RunResult
+from harness.result import RunResult, WorkerResult
 
 MultiProcessRunnerResult = collections.namedtuple("MultiProcessRunnerResult",
                                                   ["return_value", "stdout"])
@@ -73,8 +73,10 @@ def decide(result: RunResult, terminated: AbstractSet[int] = frozenset()) -> Tup
     exited non-zero or died.  Tasks the test terminated are not errors."""
     if result.outcome == COMPLETED:
         return "ok", None
-    raised = [w.index for w in result.workers
-              if w.exception is not None and w.index not in terminated]
+    # Each task's last status, as TensorFlow's runner keeps it: a task the
+    # test or the chief's exit ended raises too, where its last process
+    # that ended by itself raised.
+    raised = [w.index for w in result.workers if last_raised(w) is not None]
     if raised:
         culprits = [i for i in result.culprits if i in raised]
         return "raise", (culprits or raised)[0]
@@ -93,6 +95,19 @@ def decide(result: RunResult, terminated: AbstractSet[int] = frozenset()) -> Tup
         if w.index not in terminated and w.died_at_exit and (w.exit_code or 0) > 0:
             return "exit", w.index
     return "ok", None
+
+
+def last_raised(worker: WorkerResult) -> Optional[WorkerResult]:
+    """The task's last process that returned or raised, where it raised
+    (its own result): TensorFlow's runner's last
+    status of the task; None where it returned, or none of its processes
+    ended by itself."""
+    for process in reversed(worker.attempts or (worker,)):
+        if process.exception is not None:
+            return process
+        if process.returned:
+            return None
+    return None
 
 
 def exit_text(result: RunResult, index: int, names: Optional[Sequence[str]] = None) -> str:

@@ -157,6 +157,21 @@ def test_tasks_the_test_terminated_are_no_error():
         ("timeout", None)
 
 
+def test_a_task_s_last_status_is_its_last_process_that_returned_or_raised():
+    """TensorFlow's runner keeps each task's last status: a task ended by
+    the test (or by the chief's exit) after a process of it raised, raises
+    (test_auto_restart_and_chief); one whose later process returned does not."""
+    raised = _worker(1, returned=False, exception=_error(), exit_code=1)
+    killed = _worker(1, returned=False, exit_code=-9)
+    restarted_then_killed = _worker(1, returned=False, exit_code=-9, attempts=(raised, killed))
+    r = _result("crashed", [_worker(0), restarted_then_killed])
+    assert verdict.decide(r, terminated={1}) == ("raise", 1)
+    assert verdict.last_raised(restarted_then_killed) is raised
+    back = _worker(1, attempts=(raised, _worker(1)))
+    assert verdict.last_raised(back) is None
+    assert verdict.decide(_result("crashed", [_worker(0), back])) == ("ok", None)
+
+
 # -- output and errors --------------------------------------------------------
 
 def test_lines_are_prefixed_as_tensorflows_runner_prefixes_them():
