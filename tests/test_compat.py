@@ -329,6 +329,20 @@ def exit_on_one():
     return "fine"
 
 
+_module_pool = mpr.MultiProcessPoolRunner(mwtb.create_cluster_spec(num_workers=1))
+
+
+def test_a_pool_used_inside_a_task_is_the_task_s_own():
+    """TensorFlow's test_nested_pool: a function made in the test (sent by
+    value, with the globals it names) runs the module's pool in a task."""
+    def run_the_module_pool():
+        return _module_pool.run(_index)
+    try:
+        assert _module_pool.run(run_the_module_pool) == [[0]]
+    finally:
+        _module_pool.shutdown()
+
+
 def test_the_pool_keeps_its_processes_and_their_state_across_runs(capsys):
     """As TensorFlow's pool: a strategy made in one run is there in the
     next (cross_device_ops_test enables collectives in setUp, then runs);

@@ -89,6 +89,12 @@ class MultiProcessPoolRunner:
     def __del__(self):
         self.shutdown()
 
+    def __reduce__(self):
+        # Sent to a task (a module-level pool a task's function uses), it is
+        # that process's own pool, not started yet: its cluster is this
+        # process's to run.
+        return (MultiProcessPoolRunner, (self._cluster_spec, self._initializer, self._share_gpu))
+
     def _running(self) -> MultiProcessRunner:
         """The pool's cluster, started where it has none or its last one ended."""
         if self._runner is not None and not self._runner.is_running():
