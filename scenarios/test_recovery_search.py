@@ -32,13 +32,13 @@ and its restart (``grace=1``): 3-5 minutes for a job's 48-60 plans.
 The scenarios run the window's plan on the last worker.  The searches
 (``test_search_*``, culprit checks of the broken scenarios) run
 ``mwms_cluster.explore(..., kinds=["Crash"], restarts=1)`` with a seed whose
-third plan falls in the window at 2, 3 and 4 workers (the accumulation,
+first plan falls in the window at 2, 3 and 4 workers (the accumulation,
 which writes at every step, so no step stands out), or with the crashes
 the search tries first around the job's one write (the pointer).  The
 draws are the harness's own (:mod:`harness.explore.space`), so a seed
 draws the same plans whatever hypothesis is installed.  A fresh seed needs
-a median of 12-15 plans for the accumulation and 3 for the pointer at 2
-and 3 workers (``python -m harness.bench.explore draws``), and the
+a median of 12 plans (31 at most, seeds 0-99) for the accumulation and 3 for
+the pointer at 2 and 3 workers (``python -m harness.bench.explore draws``), and the
 searches' budget of 120 s covers that.  A search over the
 ``BackupAndRestore`` job (seed 26, the same budget) found a crash at step
 12 at 2, 3 and 4 workers, measured 2026-12-03; it is left out of the suite
@@ -251,11 +251,11 @@ def test_accumulated_update_applied_then_saved(mwms_cluster):
 def test_search_finds_the_accumulation_window(mwms_cluster):
     """``explore`` over single crashes finds the window and shrinks it to
     ``Crash(0, 10)``: step 10 at every N, and the lowest worker, since every
-    worker's crash there loses the update.  Seed 15 draws a plan of the
-    window third at 2, 3 and 4 workers (3 of 60 plans break it at 3
+    worker's crash there loses the update.  Seed 18 draws a plan of the
+    window first at 2, 3 and 4 workers (3 of 60 plans break it at 3
     workers, whichever way the crash kills)."""
     found = mwms_cluster.explore(accumulating_loop, invariant=every_update_applied_once,
-                                 kinds=["Crash"], restarts=1, seed=15, check=False, **_SEARCH)
+                                 kinds=["Crash"], restarts=1, seed=18, check=False, **_SEARCH)
     assert found.failure is not None, found.summary()
     assert found.failure.plan == (Crash(0, AFTER_AN_UPDATE),), found.summary()
     assert found.failure.signature.broken == "invariant: AssertionError"
