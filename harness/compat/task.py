@@ -134,10 +134,7 @@ def run_task(tasks: Mapping[int, Payload], shared: Shared):
     _log_like_tensorflow()
     if shared.on_start is not None:
         shared.on_start()
-    if module:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
-    fn, args, kwargs = serialize.loads(payload)
+    fn, args, kwargs = _loaded((module, payload))
     try:
         with _runtime_mode(shared.eager):
             value = fn(*args, **kwargs)
@@ -148,15 +145,14 @@ def run_task(tasks: Mapping[int, Payload], shared: Shared):
     return value
 
 
-def _call(payload: Payload):
-    """A call as the parent sent it: ``fn(*args, **kwargs)`` after its
+def _loaded(payload: Payload) -> Tuple[Callable, tuple, dict]:
+    """A call as the parent sent it, ``(fn, args, kwargs)``, once its
     module is imported (what its top level sets holds here too)."""
     module, pickled = payload
     if module:
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
-    fn, args, kwargs = serialize.loads(pickled)
-    return fn(*args, **kwargs)
+    return serialize.loads(pickled)
 
 
 def pool_loop(initializer, inboxes: Mapping[Tuple[str, int], Any], outbox) -> None:
@@ -176,7 +172,8 @@ def pool_loop(initializer, inboxes: Mapping[Tuple[str, int], Any], outbox) -> No
             return
         number, payload = call
         try:
-            answer = (True, serialize.dumps(_call(payload)))
+            fn, args, kwargs = _loaded(payload)
+            answer = (True, serialize.dumps(fn(*args, **kwargs)))
         except Exception as e:
             answer = (False, pickled_exception(e) or serialize.dumps(
                 RuntimeError(f"{type(e).__name__}: {e} (not picklable)")))

@@ -272,18 +272,24 @@ class WatchLoop:
             # Every old process ends before any new one starts: a new one
             # that met an old peer would be aborted by it again.
             for worker in restarting:
-                self._drain(worker, now)
                 # One that raised exits by itself; the others are stopped.
-                worker.handle.join(RAISED_EXIT_WAIT if worker.seen.error is not None else 0)
-                if worker.handle.exitcode is None:
-                    worker.handle.kill_tree(worker.handle.descendants())
-                    worker.handle.join(RAISED_EXIT_WAIT)
-                    worker.note(killed_by_harness=True)
-                worker.note(exit_code=worker.handle.exitcode, exit_time=now - self.start)
+                self._end_process(worker, now,
+                                  RAISED_EXIT_WAIT if worker.seen.error is not None else 0.0)
             for worker in restarting:
                 self._restart(worker, now, asked=True)
         finally:
             self.restarting_together = False
+
+    def _end_process(self, worker: TrackedWorker, now: float, wait: float = 0.0) -> None:
+        """Take in what ``worker`` sent, give its process ``wait`` seconds to
+        end by itself, else end it with all it started; note its exit."""
+        self._drain(worker, now)
+        worker.handle.join(wait)
+        if worker.handle.exitcode is None:
+            worker.handle.kill_tree(worker.handle.descendants())
+            worker.handle.join(RAISED_EXIT_WAIT)
+            worker.note(killed_by_harness=True)
+        worker.note(exit_code=worker.handle.exitcode, exit_time=now - self.start)
 
     def _restarts(self, worker: TrackedWorker) -> bool:
         """Whether ``worker``, which ended badly, gets a fresh process."""
@@ -422,11 +428,7 @@ class WatchLoop:
         """End the running workers asked for, as the harness ends one: no
         failure of theirs."""
         for worker in [w for w in self.workers if w.index in indexes and w.pending]:
-            self._drain(worker, now)
-            worker.handle.kill_tree(worker.handle.descendants())
-            worker.handle.join(RAISED_EXIT_WAIT)
-            worker.note(exit_code=worker.handle.exitcode, exit_time=now - self.start,
-                        killed_by_harness=True)
+            self._end_process(worker, now)
             worker.channel_open = False
             if self.restarter is not None and self.restarter.restarts:
                 self._restart(worker, now, asked=True)
