@@ -229,7 +229,7 @@ class Draws:
         self.rng.shuffle(plans)
         return plans
 
-    def _single(self, ran: Set[Plan]) -> Optional[Plan]:
+    def _single(self, ran: Set[Plan], restarted: Sequence[Plan]) -> Optional[Plan]:
         open_cells = [c for c in self.space.cells() if self._left_in(c, ran)]
         if not open_cells:
             return None
@@ -240,11 +240,18 @@ class Draws:
         least = min(due(c) for c in open_cells)
         cell = self.rng.choice([c for c in open_cells if due(c) == least])
         self.tries[cell] += 1
-        # Of the cell's plans, one at a step its family has been at least.
-        points = collections.Counter(_point(p[0]) for p in ran if len(p) == 1)
+        # Of the cell's plans, one at a step its family has covered least: a
+        # stop covers its step when the job was restarted after it (one that
+        # ended the job some other way, or never acted, left the restart
+        # there untried), then by how many of the family ran there at all.
+        came_back = collections.Counter(_point(p[0]) for p in restarted if len(p) == 1)
+        ran_at = collections.Counter(_point(p[0]) for p in ran if len(p) == 1)
         plans = self.left[cell]
-        fewest = min(points[_point(p[0])] for p in plans)
-        at = [i for i, p in enumerate(plans) if points[_point(p[0])] == fewest]
+
+        def covered(p: Plan) -> Tuple[int, int]:
+            return came_back[_point(p[0])], ran_at[_point(p[0])]
+        fewest = min(covered(p) for p in plans)
+        at = [i for i, p in enumerate(plans) if covered(p) == fewest]
         return plans.pop(self.rng.choice(at))
 
     def _left_in(self, cell: Cell, ran: Set[Plan]) -> bool:
@@ -311,7 +318,7 @@ class Draws:
             for plan in self._near(self.rng.choice(list(restarted))):
                 if (new := self._fresh(plan, ran)) is not None:
                     return new
-        single = self._single(ran)
+        single = self._single(ran, [self.space.key(p) for p in restarted])
         if single is not None or self.space.max_faults == 1:
             return single
         # Every one-fault plan has run: plans of several faults, built on them.

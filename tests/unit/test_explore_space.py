@@ -85,6 +85,26 @@ def test_the_stops_sweep_every_step_before_any_step_gets_a_second():
             assert set(seen[:len(window)]) == set(window)
 
 
+def test_a_stop_covers_its_step_only_if_the_job_was_restarted_after_it():
+    """A stop that ended the job some other way (or never acted) left the
+    restart at its step untried: its step is drawn again before a step
+    the job came back from gets a second stop."""
+    kinds = ("Crash", "RaiseError", "Preempt")
+    space = Space(1, 20, kinds)   # one role: a neighbour of a step is the step before or after
+    draws, ran, restarted = Draws(space, 0), [], []
+    for _ in range(45):
+        plan = draws.next(set(ran), list(restarted))
+        cell = space.cell_of(plan[0])
+        before = [p[0].step for p in ran]
+        if plan[0].step % 2 and plan[0].step in before:
+            left = [p for p in space.singles(cell) if p not in ran and p[0].step % 2 == 0]
+            assert not left, (plan, left)
+        ran.append(plan)
+        if plan[0].step % 2:   # the job comes back only from a stop at an odd step
+            restarted.append(plan)
+    assert len({p[0].step for p in ran if p[0].step % 2 == 0}) == 10
+
+
 def test_a_plan_that_made_a_restart_happen_guides_the_draws():
     """Its neighbours come early, and with max_faults=2 and a restart
     attempt, plans with a second fault in that attempt."""
