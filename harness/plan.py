@@ -30,16 +30,18 @@ def resolve(fault: Fault, shape: tfconfig.ClusterShape) -> Fault:
     of ``shape``, or a FaultError; ``worker=`` counts the training tasks only."""
     if fault.task is None:
         if isinstance(fault.worker, int) and shape.training <= fault.worker < shape.total:
-            raise FaultError(f"{fault!r}: worker= counts the tasks in the collectives (0.."
-                             f"{shape.training - 1} in {shape}); the evaluator is "
-                             f"task=('evaluator', 0)")
+            other = "a parameter server is task=('ps', 0)" if shape.ps else \
+                "the evaluator is task=('evaluator', 0)"
+            raise FaultError(f"{fault!r}: worker= counts the chief and the workers (0.."
+                             f"{shape.training - 1} in {shape}); {other}")
         return fault
     if tuple(fault.task) not in shape.tasks:
         raise FaultError(f"{fault!r}: no task {fault.task!r} in the cluster {shape}")
     index = shape.index_of(fault.task)
     if fault.worker not in (UNRESOLVED, index):
         raise FaultError(f"{fault!r}: give worker= or task=, not both")
-    if index >= shape.training and isinstance(fault, (BadTFConfig, UnresolvedHost)):
+    if shape.evaluator and index == shape.training \
+            and isinstance(fault, (BadTFConfig, UnresolvedHost)):
         raise FaultError(f"{fault!r}: the evaluator is in no TF_CONFIG's cluster")
     resolved = copy.copy(fault)
     object.__setattr__(resolved, "worker", index)
@@ -66,6 +68,9 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0,
             raise FaultError(f"{f!r} is not a fault; use one of "
                              f"{', '.join(t.__name__ for t in FAULT_TYPES)} from harness.faults")
     plan = tuple(resolve(f, shape) for f in plan)
+    if shape.coordinated:
+        for f in plan:
+            check_coordinated(f, shape)
     seen_config = set()
     seen_start = set()
     for f in plan:
@@ -81,6 +86,31 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0,
                                  + (f" in attempt {f.attempt}" if restarts else ""))
             seen_start.add((f.worker, f.attempt))
     return plan
+
+
+# What a fault can do to a parameter-server cluster.  A server runs none of
+# the job's Python: it can stop (a crash, an error, a preemption, a pause)
+# or start late at the coordinator's steps, and its link can fail.  No
+# task of it runs collectives, and the chief's steps are the functions it
+# schedules (a step skipped would leave the job's RemoteValue unmade).
+SERVER_FAULTS = ("Crash", "RaiseError", "Pause", "Preempt", "StartDelay", "Partition",
+                 "Bandwidth", "Latency", "ResetPeers")
+NOT_COORDINATED = ("SkipStep", "ExtraCollective", "BadTFConfig", "UnresolvedHost")
+
+
+def check_coordinated(fault: Fault, shape: tfconfig.ClusterShape) -> None:
+    """A FaultError unless ``fault`` can act in the parameter-server
+    cluster ``shape`` (:data:`SERVER_FAULTS`, :data:`NOT_COORDINATED`)."""
+    kind = type(fault).__name__
+    label = shape.label(fault.worker)
+    if kind in NOT_COORDINATED:
+        raise FaultError(f"{fault!r}: a parameter-server cluster ({shape}) runs no "
+                         f"collectives and its TF_CONFIG is the harness's; {kind} acts in "
+                         f"MultiWorkerMirroredStrategy clusters only")
+    if shape.serves(fault.worker) and kind not in SERVER_FAULTS:
+        raise FaultError(f"{fault!r}: {label} runs a server, none of the job's code, so a "
+                         f"{kind} has nothing to act on there; a server can take "
+                         f"{', '.join(SERVER_FAULTS)}")
 
 
 def needs_network(plan: Iterable[Fault]) -> bool:

@@ -75,14 +75,14 @@ def parse_workers(value: Any, option: str = "--mwms-workers", limit: Optional[in
 
 # Why a task type MWMS does not run in its collectives is refused.
 OTHER_TASK_TYPES = {
-    "ps": "'ps' tasks belong to ParameterServerStrategy, which the harness does not run",
     "master": "'master' is TensorFlow 1's name for the chief; use 'chief'",
 }
 
 
 def parse_cluster(value: Any, option: str = "--mwms-cluster",
                   limit: Optional[int] = None) -> Optional[ClusterShape]:
-    """A cluster's shape: ``chief:1,worker:2,evaluator:1``, a mapping of task
+    """A cluster's shape: ``chief:1,worker:2,evaluator:1`` (or, for
+    ParameterServerStrategy, ``chief:1,worker:2,ps:1``), a mapping of task
     type to count, or a :class:`ClusterShape`; empty or None: workers only
     (the ``workers`` setting)."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -106,7 +106,7 @@ def parse_cluster(value: Any, option: str = "--mwms-cluster",
                            f"task type to count, such as {{'chief': 1, 'worker': 2}}")
     for kind, count in counts.items():
         if kind not in TASK_TYPES:
-            why = OTHER_TASK_TYPES.get(kind, "MultiWorkerMirroredStrategy knows "
+            why = OTHER_TASK_TYPES.get(kind, "TensorFlow's strategies know "
                                              + ", ".join(TASK_TYPES))
             raise SettingError(f"{option}: task type {kind!r} is not one the harness runs: {why}")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
@@ -118,6 +118,16 @@ def parse_cluster(value: Any, option: str = "--mwms-cluster",
     if shape.evaluator > 1:
         raise SettingError(f"{option}: {shape.evaluator} evaluators; a cluster has at most "
                            f"one evaluator")
+    if shape.ps and not shape.chief:
+        raise SettingError(f"{option}: {shape.spec()} has parameter servers but no chief; "
+                           f"ParameterServerStrategy runs its job (the ClusterCoordinator) on "
+                           f"the chief: add chief:1")
+    if shape.ps and not shape.worker:
+        raise SettingError(f"{option}: {shape.spec()} has no worker; the ClusterCoordinator "
+                           f"runs the job's functions on workers: add worker:1 or more")
+    if shape.ps and shape.evaluator:
+        raise SettingError(f"{option}: {shape.spec()}: the harness runs no evaluator beside "
+                           f"parameter servers; leave evaluator out")
     if shape.training < 1:
         raise SettingError(f"{option}: no training task in {shape.spec() or value!r}; a "
                            f"cluster needs a chief or a worker")

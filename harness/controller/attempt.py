@@ -81,7 +81,8 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
     payload = serialize.with_authkeys(req.payload)
     # What a worker calls the cluster's size: the tasks in the collectives.
     replicas = req.settings.shape.training
-    return [protocol.WorkerSpec(
+    shape = req.settings.shape
+    specs = [protocol.WorkerSpec(
         index=i, num_workers=replicas, payload=payload, tf_config=configs[i], env=job.envs[i],
         log_path=os.path.join(files, f"worker-{i}.log"),
         stack_path=os.path.join(files, f"worker-{i}.stack"),
@@ -93,6 +94,11 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
         netns=job.netns[i] if job.netns else None, run_dir=job.run_dir,
         watch_state=req.watch_state)
         for i in range(n)]
+    # A parameter-server cluster's servers run no fn: no ledger, no checks;
+    # their steps are the coordinator's (the chief, process 0).
+    return [dataclasses.replace(s, serves_for=specs[0].progress_path, ledger=None,
+                                sync_check=False, replicas_path="")
+            if shape.serves(s.index) else s for s in specs]
 
 
 def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Optional[dict]],
@@ -116,7 +122,8 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
     def track(h: WorkerHandle, reader: progress.Reader) -> TrackedWorker:
         return TrackedWorker(h, WorkerObservation(
             index=h.index, tf_config=job.network.logical(configs[h.index]), ledger=req.ledger),
-            LedgerView(start), reader, pid=getattr(h, "pid", None))
+            LedgerView(start), reader, pid=getattr(h, "pid", None),
+            serves=bool(specs[h.index].serves_for))
 
     def start_again(index: int, incarnation: int) -> TrackedWorker:
         """Worker ``index``'s next process: the same TF_CONFIG, its own files."""

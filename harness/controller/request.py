@@ -168,6 +168,24 @@ VALIDATORS = {
 }
 
 
+def check_coordinated(settings: RunSettings, sync_check: bool, values: dict) -> None:
+    """A SettingError for what a parameter-server cluster cannot do: the
+    checks that compare MultiWorkerMirroredStrategy's replicas, and
+    restarts of one task."""
+    shape = settings.shape
+    asked = [name for name, on in (("check_replicas", values.get("check_replicas") is not None),
+                                   ("reference", values.get("reference") is not None),
+                                   ("sync_check", sync_check)) if on]
+    if asked:
+        raise SettingError(f"run({asked[0]}=...): the cluster {shape} has parameter servers, "
+                           f"which keep one copy of each variable: there are no replicas to "
+                           f"compare")
+    if settings.restart_policy == "task":
+        raise SettingError(f"run(restart_policy='task'): the cluster {shape} has parameter "
+                           f"servers; restarts of the whole cluster (restart_policy='cluster') "
+                           f"are run, one task's are not")
+
+
 def make_request(settings: RunSettings, start_method: Optional[str], fn: Callable,
                  args: Sequence = (), kwargs: Optional[dict] = None, *, faults: Sequence = (),
                  sync_check: bool = False, env: Optional[dict] = None,
@@ -183,6 +201,8 @@ def make_request(settings: RunSettings, start_method: Optional[str], fn: Callabl
                                        restarts=values.pop("restarts", None),
                                        restart_policy=values.pop("restart_policy", None))
     check_restart_on(settings.restart_policy, values["restart_on"])
+    if settings.shape.coordinated:
+        check_coordinated(settings, bool(sync_check), values)
     plan = plan_module.validate(faults, settings.workers, settings.restarts, settings.shape)
     payload = serialize_call(fn, args, kwargs)
     backend = backend_of(settings)

@@ -64,6 +64,9 @@ class TrackedWorker:
     replica_prints: Union[Tuple[VariablePrint, ...], str, None] = None
     # The process id, read at its start (None where the backend does not say).
     pid: Optional[int] = None
+    # A server of a parameter-server cluster: it serves until the run ends,
+    # so the run never waits for it to finish.
+    serves: bool = False
 
     def note(self, **changes: Any) -> None:
         self.seen = dataclasses.replace(self.seen, **changes)
@@ -78,7 +81,7 @@ class TrackedWorker:
 
     @property
     def pending(self) -> bool:
-        return not self.finished and self.seen.exit_code is None
+        return not self.serves and not self.finished and self.seen.exit_code is None
 
     def read_records(self) -> None:
         """Take in what the worker wrote to its progress map since last time."""
@@ -210,8 +213,10 @@ class WatchLoop:
     def _failure_at(self, worker: TrackedWorker, now: float) -> None:
         """A worker raised or died: its peers' grace starts now, if it has
         not yet.  An evaluator's failure starts none: the training tasks do
-        not wait for it, and go on to finish."""
-        if worker.index >= self.training:
+        not wait for it, and go on to finish; nor does a server's: its
+        coordinator goes on without a worker, and raises when a parameter
+        server is gone."""
+        if worker.index >= self.training or worker.serves:
             return
         if self.first_failure is None:
             self.first_failure = now
@@ -391,7 +396,7 @@ class WatchLoop:
     def _proven(self, now: float) -> Optional[EndedBy]:
         """How the run ends, when its end is certain now (:mod:`.proof`)."""
         self._read_all_records()
-        training = [w for w in self.workers if w.index < self.training]
+        training = [w for w in self.workers if w.index < self.training and not w.serves]
         return self.proofs.look([w.snapshot() for w in training], training, self.actions,
                                 now - self.start, now, self.first_failure is not None,
                                 self.exit_on_return)

@@ -66,6 +66,11 @@ class Kind(TextEnum):
     # A dataset fn distributed (harness.worker.datasets): data
     # {"cardinality": its length, -1 for ever, -2 unknown}.
     DATASET = "dataset"
+    # The chief's ClusterCoordinator put a function back in its queue after
+    # the worker running it failed (it runs again elsewhere, or there once
+    # the worker is back): data {"task": "worker", "index": the worker's
+    # index among the workers, "error": the error's type name}.
+    RESCHEDULED = "rescheduled"
 
 
 STARTED, STRATEGY_CREATING, STRATEGY_CREATED = Kind.STARTED, Kind.STRATEGY_CREATING, Kind.STRATEGY_CREATED
@@ -74,7 +79,7 @@ REPLICAS, DRAIN, LEDGER_OFF = Kind.REPLICAS, Kind.DRAIN, Kind.LEDGER_OFF
 LEDGER_FUNCTION, LEDGER_COLLECTIVE = Kind.LEDGER_FUNCTION, Kind.LEDGER_COLLECTIVE
 LEDGER_SITE = Kind.LEDGER_SITE
 NAME_UNRESOLVED, NAME_RESOLVED = Kind.NAME_UNRESOLVED, Kind.NAME_RESOLVED
-RESTORED, DATASET, SAVED = Kind.RESTORED, Kind.DATASET, Kind.SAVED
+RESTORED, DATASET, SAVED, RESCHEDULED = Kind.RESTORED, Kind.DATASET, Kind.SAVED, Kind.RESCHEDULED
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_SITE, LEDGER_OFF)
 
@@ -187,6 +192,10 @@ class WorkerSpec:
     netns: Optional[tuple] = None  # (user ns path, net ns path) to join first; None: the host's
     run_dir: str = ""   # the run's directory, kept across its attempts (ctx.run_dir)
     watch_state: bool = False   # report where run_dir changes (protocol.SAVED)
+    # A server of a parameter-server cluster: it runs a tf.distribute.Server,
+    # not fn, and its steps are those of the coordinator whose progress map
+    # is at this path.
+    serves_for: str = ""
 
 
 # A worker's process name carries its log's path after this mark, so that

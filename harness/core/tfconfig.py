@@ -1,15 +1,19 @@
 """``TF_CONFIG`` generation: pure functions, no TensorFlow.
 
 A cluster's shape (:class:`ClusterShape`) is how many tasks of each type it
-has: ``worker`` tasks, at most one ``chief`` and at most one ``evaluator``.
-Every task gets the ``TF_CONFIG`` Kubeflow's TFJob gives it: the same
-``cluster`` section, listing the chief and the workers (the evaluator is
+has: ``worker`` tasks, at most one ``chief`` and at most one ``evaluator``,
+and ``ps`` tasks for a parameter-server cluster.  Every task gets the
+``TF_CONFIG`` Kubeflow's TFJob gives it: the same ``cluster`` section,
+listing the chief, the workers and the parameter servers (the evaluator is
 not part of the training cluster, so no list names it), and its own
 ``task``.  Without a chief, MWMS treats ``worker`` index 0 as the chief.
 
 The harness numbers the processes in MWMS's order: the chief first, then
-the workers, then the evaluator; the first ``training`` of them are the
-tasks in the collectives, numbered as MWMS numbers their replicas.
+the workers, then the evaluator, then the parameter servers; the first
+``training`` of them are the tasks in the collectives, numbered as MWMS
+numbers their replicas.  In a parameter-server cluster (``coordinated``)
+the chief runs the job (its ``ClusterCoordinator``) and the workers and
+parameter servers are servers (``serving``) the job's functions run on.
 """
 from __future__ import annotations
 
@@ -17,14 +21,16 @@ import dataclasses
 import json
 from typing import List, Optional, Sequence, Tuple
 
-TASK_TYPES = ("chief", "worker", "evaluator")
+TASK_TYPES = ("chief", "worker", "evaluator", "ps")
+# The task types that run a tf.distribute.Server in a parameter-server cluster.
+SERVER_TYPES = ("worker", "ps")
 Task = Tuple[str, int]
 
 
 def task_label(kind: str, index: int) -> str:
-    """``chief``, ``worker 1`` or ``evaluator``: a task as its ``TF_CONFIG``
-    names it (the single chief or evaluator without a number)."""
-    return f"worker {index}" if kind == "worker" else kind
+    """``chief``, ``worker 1``, ``ps 0`` or ``evaluator``: a task as its
+    ``TF_CONFIG`` names it (the single chief or evaluator without a number)."""
+    return f"{kind} {index}" if kind in ("worker", "ps") else kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +40,7 @@ class ClusterShape:
     chief: int = 0
     worker: int = 2
     evaluator: int = 0
+    ps: int = 0
 
     @property
     def training(self) -> int:
@@ -42,18 +49,28 @@ class ClusterShape:
 
     @property
     def total(self) -> int:
-        return self.training + self.evaluator
+        return self.training + self.evaluator + self.ps
 
     @property
     def workers_only(self) -> bool:
-        return not self.chief and not self.evaluator
+        return not self.chief and not self.evaluator and not self.ps
+
+    @property
+    def coordinated(self) -> bool:
+        """A parameter-server cluster: the chief coordinates, the rest serve."""
+        return self.ps > 0
+
+    def serves(self, index: int) -> bool:
+        """Whether process ``index`` runs a server rather than the job."""
+        return self.coordinated and self.tasks[index][0] in SERVER_TYPES
 
     @property
     def tasks(self) -> Tuple[Task, ...]:
         """``(type, index)`` of each process, in the harness's order."""
         return (tuple(("chief", i) for i in range(self.chief))
                 + tuple(("worker", i) for i in range(self.worker))
-                + tuple(("evaluator", i) for i in range(self.evaluator)))
+                + tuple(("evaluator", i) for i in range(self.evaluator))
+                + tuple(("ps", i) for i in range(self.ps)))
 
     def index_of(self, task: Task) -> int:
         """The process index of ``task``, or a ValueError naming the shape."""
@@ -70,7 +87,8 @@ class ClusterShape:
         return task_label(*self.tasks[index])
 
     def spec(self) -> str:
-        """``chief:1,worker:2,evaluator:1``, as the option is typed."""
+        """``chief:1,worker:2,evaluator:1`` or ``chief:1,worker:2,ps:1``, as
+        the option is typed."""
         return ",".join(f"{k}:{getattr(self, k)}" for k in TASK_TYPES if getattr(self, k))
 
     def __str__(self) -> str:
@@ -115,6 +133,8 @@ def cluster_configs(ports: Sequence[int], host: str = HOST,
     if shape.chief:
         cluster["chief"] = addresses[:shape.chief]
     cluster["worker"] = addresses[shape.chief:shape.training]
+    if shape.ps:
+        cluster["ps"] = addresses[shape.total - shape.ps:]
     return [{"cluster": {k: list(v) for k, v in cluster.items()},
              "task": {"type": kind, "index": i}} for kind, i in shape.tasks]
 

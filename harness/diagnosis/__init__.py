@@ -40,11 +40,15 @@ A cluster with an evaluator is judged in two parts: the training tasks
 alone, by the rules; then, when they completed, the evaluator, whose
 failure, crash or hang is then the verdict (``Verdict.rule`` is
 ``"evaluator_only"``, the one name outside ``RULES``).
+
+A parameter-server cluster is judged by its own table of rules
+(:mod:`.coordinated`): the chief runs the job, the rest serve.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from harness.diagnosis.coordinated import coordinated_verdict, is_coordinated
 from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation, error_of
 from harness.diagnosis.echoes import is_echo, short_type
 from harness.diagnosis.facts import facts_of
@@ -69,6 +73,8 @@ def diagnose(obs: RunObservation) -> Verdict:
     happens in them; when they completed and only the evaluator failed,
     crashed or hung, the verdict is its own."""
     with task_labels(obs.labels()):
+        if is_coordinated(obs):
+            return coordinated_verdict(obs)
         if obs.evaluator is None:
             return _verdict(obs)
         return _with_evaluator(obs, obs.evaluator)

@@ -42,7 +42,8 @@ from harness.faults import StartDelay
 from harness.core.protocol import Message, VariablePrint, WorkerError, WorkerSpec
 from harness.worker import context as context_module
 from harness.worker.process import flush_output, lead_process_group, redirect_output
-from harness.worker.strategy_hook import install_strategy_hook
+from harness.worker.strategy_hook import install_strategy_hook, watch_coordinator
+from harness.worker.servers import serve
 from harness.worker.checkpoints import watch_restores
 from harness.worker.datasets import watch_datasets
 from harness.worker import ledger as ledger_module
@@ -160,6 +161,17 @@ def end_as_script() -> None:
     os._exit(0)
 
 
+def end_raised(channel: Channel, e: BaseException) -> None:
+    """Report that the worker raised ``e`` and end its process."""
+    traceback.print_exception(type(e), e, e.__traceback__)
+    flush_output()
+    channel.send(protocol.RAISED, data=worker_error(e))
+    # A process whose main raised ends: its peers lose its heartbeats
+    # and TensorFlow tells them (UnavailableError, about 10 s later), as
+    # it would tell a real cluster.  Kept alive, it would hide that.
+    os._exit(EXIT_RAISED)
+
+
 def worker_main(spec: WorkerSpec, conn) -> None:
     # The cluster's own network first: joining a user namespace needs a
     # single-threaded process, and it changes credentials, which would
@@ -208,7 +220,11 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     try:
         if netns_error is not None:
             raise HarnessError(f"could not join the cluster's network namespace: {netns_error}")
-        for install in (install_strategy_hook, watch_restores, watch_datasets):
+        if spec.serves_for:
+            serve(ctx, spec.tf_config or {}, spec.serves_for,
+                  lambda: channel.send(protocol.STARTED), lambda e: end_raised(channel, e))
+        for install in (install_strategy_hook, watch_coordinator, watch_restores,
+                        watch_datasets):
             install(ctx)
         if spec.ledger and progress_map is not None:
             start_ledger(ctx, progress_map, spec.ledger, channel.send)
@@ -231,13 +247,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         flush_output()
         raise  # exiting without returning or raising: the parent calls it a crash
     except BaseException as e:
-        traceback.print_exc()
-        flush_output()
-        channel.send(protocol.RAISED, data=worker_error(e))
-        # A process whose main raised ends: its peers lose its heartbeats
-        # and TensorFlow tells them (UnavailableError, about 10 s later), as
-        # it would tell a real cluster.  Kept alive, it would hide that.
-        os._exit(EXIT_RAISED)
+        end_raised(channel, e)
     channel.wait_release()
     flush_output()
     os._exit(code)

@@ -8,7 +8,7 @@ import time
 from typing import Optional
 
 from harness.core import protocol
-from harness.errors import SecondStrategyError
+from harness.errors import SecondStrategyError, SettingError
 from harness.worker import names
 
 # How long a non-chief worker waits for the chief's port before it joins.
@@ -77,6 +77,18 @@ def refuse_changed_cluster(first: Optional[dict], now: Optional[dict]) -> None:
             "silently. Keep TF_CONFIG as it was for every strategy of the process.")
 
 
+def refuse_parameter_servers(tf_config: Optional[dict]) -> None:
+    """A SettingError for MultiWorkerMirroredStrategy on a cluster with
+    parameter servers: TensorFlow would start its collectives on a cluster
+    whose ``ps`` tasks never join them."""
+    cluster = (tf_config or {}).get("cluster")
+    if isinstance(cluster, dict) and cluster.get("ps"):
+        raise SettingError(
+            "a MultiWorkerMirroredStrategy on a parameter-server cluster (TF_CONFIG lists ps "
+            "tasks): its workers and parameter servers run servers, not this function. Run "
+            "a ParameterServerStrategy job on it, or give the run a cluster without ps.")
+
+
 def adopt(ctx, strategy, tf_config: Optional[dict]) -> None:
     """``strategy`` is the worker's strategy from now on: the fault actions'
     and sync check's functions are traced again for it, and the replica
@@ -112,6 +124,8 @@ def install_strategy_hook(ctx) -> None:
     def __init__(self, *args, **kwargs):
         outermost = not ctx.creating_strategy
         used = tf_config_from_env() if outermost else None
+        if outermost and not ctx.observe_only:
+            refuse_parameter_servers(used)
         if outermost and ctx.strategy is not None and not ctx.observe_only:
             refuse_changed_cluster(ctx.strategy_tf_config, used)
         if outermost:
@@ -131,3 +145,41 @@ def install_strategy_hook(ctx) -> None:
 
     __init__._mwms_hooked = True   # type: ignore[attr-defined]  # read back above
     cls.__init__ = __init__
+
+
+def watch_coordinator(ctx) -> None:
+    """Count the functions a ``ClusterCoordinator`` schedules as steps
+    (where ``fn`` reports none of its own), and tell the parent each
+    function the coordinator puts back in its queue after its worker
+    failed (:data:`~harness.core.protocol.RESCHEDULED`).  The patches live
+    only in this process; a TensorFlow without these internals is left
+    as it is.  Only a parameter-server cluster's chief has a coordinator."""
+    if not ((ctx.tf_config or {}).get("cluster") or {}).get("ps"):
+        return
+    try:
+        from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+    except ImportError:
+        return
+    coordinator, worker = cc.ClusterCoordinator, getattr(cc, "Worker", None)
+    schedule = coordinator.schedule
+    if getattr(schedule, "_mwms_hooked", False):
+        return
+
+    def counted_schedule(self, fn, args=None, kwargs=None):
+        name = getattr(fn, "__name__", None) or getattr(fn, "name", None) or "schedule"
+        ctx.automatic_step(str(name))
+        return schedule(self, fn, args=args, kwargs=kwargs)
+
+    counted_schedule._mwms_hooked = True   # type: ignore[attr-defined]  # read back above
+    coordinator.schedule = counted_schedule
+    failed = getattr(worker, "_on_closure_failure", None)
+    if worker is None or failed is None:
+        return
+
+    def on_closure_failure(self, closure, e):
+        ctx.send(protocol.RESCHEDULED, data={"task": "worker",
+                                             "index": getattr(self, "worker_index", None),
+                                             "error": type(e).__name__})
+        return failed(self, closure, e)
+
+    worker._on_closure_failure = on_closure_failure

@@ -415,6 +415,10 @@ def _check(settings, option: str) -> None:
     if uses_gpus(settings.devices):
         raise SettingError(f"{option}=ray: GPUs are not handed out on Ray yet; use "
                            f"--mwms-devices=cpu")
+    if settings.shape.coordinated:
+        # A server follows its coordinator's steps in a file of the chief's machine.
+        raise SettingError(f"{option}=ray: a cluster with parameter servers "
+                           f"({settings.shape}) runs on the local backend only")
 
 
 def _where(settings) -> str:

@@ -1,0 +1,238 @@
+"""The verdict on a parameter-server cluster: a pure function of what was
+observed.
+
+The chief runs the job (its ``ClusterCoordinator``); the workers and the
+parameter servers serve until the harness ends them, so a server's state
+at the end is evidence only when it ended otherwise: it died, raised or was
+stopped (``down``).  What TensorFlow does then, as the coordinator's own
+process shows it:
+
+* a worker that fails costs the coordinator the functions it held: it puts
+  each back in its queue (a ``rescheduled`` event on the chief, from
+  TensorFlow's own failure handling) and runs it on another worker, so the
+  job completes, and a function may have run twice;
+* a parameter server that fails is fatal: the coordinator raises an error
+  that names it (``/job:ps/replica:0/task:0``).
+
+The rules are a table (:data:`RULES`), tried in order; the first that
+answers decides, and ``Verdict.rule`` names it.  A culprit is named only
+where the evidence singles one out: one server down, or one of several
+named by the coordinator's error; else the verdict cannot tell and lists
+the candidates.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from harness.diagnosis.echoes import error_text, exit_text, short_type
+from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
+from harness.diagnosis.render import CULPRIT_MARK, cut
+from harness.diagnosis.stacks import summarize_stack
+from harness.diagnosis.verdict import Verdict
+from harness.diagnosis.words import name, names
+from harness.core import protocol
+
+# How TensorFlow names a task in an error: /job:ps/replica:0/task:1.
+TASK_NAMED = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
+
+
+def is_coordinated(obs: RunObservation) -> bool:
+    """Whether ``obs`` is of a parameter-server cluster."""
+    return any(kind == "ps" for kind, _ in obs.tasks)
+
+
+def servers(obs: RunObservation) -> Tuple[WorkerObservation, ...]:
+    return tuple(w for w in obs.workers if obs.task(w.index)[0] in ("worker", "ps"))
+
+
+def coordinator(obs: RunObservation) -> WorkerObservation:
+    return next(w for w in obs.workers if obs.task(w.index)[0] == "chief")
+
+
+def down(w: WorkerObservation) -> bool:
+    """A server that stopped serving by itself: it died or raised (a fault's
+    error ends its process), or it was seen stopped (SIGSTOP)."""
+    return w.died or w.error is not None or w.stopped
+
+
+def _when(w: WorkerObservation) -> float:
+    times = [t for t in (w.finish_time, w.exit_time) if t is not None]
+    return min(times) if times else float("inf")
+
+
+def named_in(obs: RunObservation, text: str) -> Tuple[int, ...]:
+    """The processes TensorFlow names in ``text``, by index."""
+    found = set()
+    for kind, number in TASK_NAMED.findall(text):
+        task = (kind, int(number))
+        if task in obs.tasks:
+            found.add(obs.tasks.index(task))
+    return tuple(sorted(found))
+
+
+def rescheduled(chief: WorkerObservation, obs: RunObservation) -> List[int]:
+    """The process index of the worker behind each function the coordinator
+    put back in its queue, in order."""
+    found = []
+    for e in chief.events:
+        if e.kind != protocol.RESCHEDULED or not isinstance(e.data, dict):
+            continue
+        task = (str(e.data.get("task", "worker")), e.data.get("index"))
+        if task in obs.tasks:
+            found.append(obs.tasks.index(task))
+    return found
+
+
+def server_line(w: WorkerObservation, mark: str = "") -> str:
+    steps = f" at coordinator step {w.last_step}" if w.last_step is not None else \
+        " before the coordinator's first step"
+    if w.error is not None:
+        state = f"raised{steps}: {error_text(w.error)}"
+    elif w.died:
+        state = f"died ({exit_text(w.exit_code)}){steps}"
+    elif w.stopped:
+        state = f"stopped (SIGSTOP){steps}"
+    else:
+        state = "served until the end"
+    return cut(f"  {name(w.index)}: {state}{mark}")
+
+
+def chief_line(chief: WorkerObservation, mark: str = "") -> str:
+    steps = f"{len(chief.steps)} functions scheduled"
+    if chief.error is not None:
+        state = f"raised: {error_text(chief.error)}"
+    elif chief.returned:
+        state = "returned"
+    elif chief.died:
+        state = f"died ({exit_text(chief.exit_code)})"
+    elif chief.stopped:
+        state = "stopped (SIGSTOP)"
+    else:
+        where = summarize_stack(chief.stack) if chief.stack.strip() else "no stack"
+        state = f"blocked: {where}"
+    return cut(f"  {name(chief.index)} (the coordinator): {state}; {steps}{mark}")
+
+
+class Found:
+    """What a rule decided: outcome, culprits, headline, whether it cannot tell."""
+
+    def __init__(self, outcome: Outcome, culprits: Sequence[int], headline: str,
+                 ambiguous: bool = False, step: Optional[int] = None):
+        self.outcome, self.culprits, self.headline = outcome, tuple(sorted(culprits)), headline
+        self.ambiguous, self.step = ambiguous, step
+
+
+def _single_out(candidates: Sequence[int], obs: RunObservation, text: str) -> Tuple[int, ...]:
+    """Of ``candidates``, those TensorFlow's ``text`` names, where that
+    narrows them; else all of them."""
+    named = [i for i in candidates if i in named_in(obs, text)]
+    return tuple(named) if named else tuple(candidates)
+
+
+def coordinator_crashed(obs: RunObservation, chief: WorkerObservation,
+                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    if not chief.died:
+        return None
+    return Found(Outcome.CRASHED, (chief.index,),
+                 f"the coordinator ({name(chief.index)}) died ({exit_text(chief.exit_code)})",
+                 step=chief.last_step)
+
+
+def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation,
+                                   gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    if chief.error is None or not gone:
+        return None
+    before = [w for w in gone if _when(w) <= (chief.finish_time or float("inf"))] or list(gone)
+    message = f"{chief.error.message}\n{chief.error.traceback}"
+    culprits = _single_out([w.index for w in before], obs, message)
+    outcome = Outcome.CRASHED if any(obs.workers[i].died for i in culprits) else Outcome.FAILED
+    error = short_type(chief.error.type_name)
+    if len(culprits) == 1:
+        w = obs.workers[culprits[0]]
+        return Found(outcome, culprits, f"{name(w.index)} stopped serving; the coordinator "
+                     f"raised {error}", step=w.last_step)
+    return Found(outcome, culprits, f"cannot tell which server the coordinator's {error} is "
+                 f"about: {names(culprits)} stopped serving", ambiguous=True)
+
+
+def coordinator_raised(obs: RunObservation, chief: WorkerObservation,
+                       gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    if chief.error is None:
+        return None
+    return Found(Outcome.FAILED, (chief.index,),
+                 f"the job raised {short_type(chief.error.type_name)} in the coordinator "
+                 f"({name(chief.index)}) with every server serving", step=chief.last_step)
+
+
+def coordinator_blocked(obs: RunObservation, chief: WorkerObservation,
+                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    if chief.finished:
+        return None
+    if len(gone) == 1:
+        w = gone[0]
+        return Found(Outcome.HANG, (w.index,), f"the coordinator waits; {name(w.index)} "
+                     f"stopped serving", step=w.last_step)
+    candidates = [w.index for w in gone] or [chief.index] + [w.index for w in servers(obs)]
+    why = (f"{names(candidates)} stopped serving" if gone else
+           "every server kept serving and the coordinator did not return")
+    return Found(Outcome.HANG, candidates, f"the coordinator waits; cannot tell which task "
+                 f"holds it: {why}", ambiguous=True)
+
+
+def coordinator_completed(obs: RunObservation, chief: WorkerObservation,
+                          gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    if not chief.returned:
+        return None
+    return Found(Outcome.COMPLETED, (), f"the coordinator returned in {obs.duration:.1f}s")
+
+
+Rule = Callable[[RunObservation, WorkerObservation, Sequence[WorkerObservation]], Optional[Found]]
+RULES: Tuple[Tuple[str, Rule], ...] = (
+    ("coordinator_crashed", coordinator_crashed),
+    ("server_down_coordinator_raised", server_down_coordinator_raised),
+    ("coordinator_raised", coordinator_raised),
+    ("coordinator_blocked", coordinator_blocked),
+    ("coordinator_completed", coordinator_completed),
+)
+
+
+def absorbed_lines(obs: RunObservation, chief: WorkerObservation,
+                   gone: Sequence[WorkerObservation]) -> List[str]:
+    """What the coordinator did about the workers that went down."""
+    back = rescheduled(chief, obs)
+    lines = []
+    for w in gone:
+        count = back.count(w.index)
+        if obs.task(w.index)[0] != "worker":
+            continue
+        if count:
+            lines.append(f"the coordinator put {count} function(s) of {name(w.index)} back in "
+                         f"its queue and ran them again (each may have run twice)")
+        else:
+            lines.append(f"the coordinator put back no function of {name(w.index)}")
+    return lines
+
+
+def coordinated_verdict(obs: RunObservation) -> Verdict:
+    chief = coordinator(obs)
+    gone = sorted((w for w in servers(obs) if down(w)), key=_when)
+    rule, found = next((r, f) for r, fn in RULES if (f := fn(obs, chief, gone)) is not None)
+    if found.outcome == Outcome.COMPLETED:
+        head = f"COMPLETED: {found.headline}"
+        if gone:
+            head += f"; {names([w.index for w in gone])} stopped serving and the job went on"
+    else:
+        who = f"culprit{'s' if len(found.culprits) > 1 else ''}: {names(found.culprits)}"
+        why = "ambiguous, see below" if found.ambiguous else found.headline
+        head = f"{found.outcome.upper()}: {who} ({why})"
+    lines = [cut(head)]
+    if found.ambiguous:
+        lines.append(cut(f"ambiguous: {found.headline}"))
+    mark = CULPRIT_MARK if not found.ambiguous else ""
+    lines.append(chief_line(chief, mark if chief.index in found.culprits else ""))
+    lines += [server_line(w, mark if w.index in found.culprits else "") for w in servers(obs)]
+    lines += [cut(f"  {ln}") for ln in absorbed_lines(obs, chief, gone)]
+    error = short_type(chief.error.type_name) if chief.error is not None else None
+    return Verdict(found.outcome, found.culprits if found.outcome != Outcome.COMPLETED else (),
+                   "\n".join(lines), found.step, error, found.ambiguous, rule)

@@ -1,0 +1,151 @@
+"""Parameter-server clusters without TensorFlow: their shape and
+``TF_CONFIG``, the settings and faults they refuse, and the verdict's
+rules on hand-built observations."""
+import dataclasses
+
+import pytest
+
+from harness import faults as F
+from harness import plan as plan_module
+from harness.controller.outcome import not_acted
+from harness.core.protocol import WorkerError
+from harness.core.tfconfig import ClusterShape, cluster_configs
+from harness.diagnosis import diagnose
+from harness.diagnosis.observations import Event, RunObservation, WorkerObservation
+from harness.diagnosis.story import ENDED_FIRST, NOT_REACHED
+from harness.errors import FaultError, SettingError
+from harness.validators import parse_cluster
+
+SHAPE = ClusterShape(chief=1, worker=2, ps=1)
+TASKS = SHAPE.tasks
+
+
+def test_the_shape_orders_the_chief_the_workers_then_the_parameter_servers():
+    assert TASKS == (("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0))
+    assert SHAPE.total == 4 and SHAPE.coordinated and not SHAPE.workers_only
+    assert [SHAPE.serves(i) for i in range(4)] == [False, True, True, True]
+    assert [SHAPE.label(i) for i in range(4)] == ["chief", "worker 0", "worker 1", "ps 0"]
+    assert SHAPE.spec() == "chief:1,worker:2,ps:1"
+    assert not ClusterShape(chief=1, worker=2).serves(1)
+
+
+def test_every_task_s_tf_config_lists_the_parameter_servers():
+    configs = cluster_configs([1, 2, 3, 4], shape=SHAPE)
+    assert configs[3] == {"cluster": {"chief": ["127.0.0.1:1"],
+                                      "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+                                      "ps": ["127.0.0.1:4"]},
+                          "task": {"type": "ps", "index": 0}}
+    assert all(c["cluster"] == configs[0]["cluster"] for c in configs)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("worker:2,ps:1", "has parameter servers but no chief"),
+    ("chief:1,ps:1", "has no worker"),
+    ("chief:1,worker:2,ps:1,evaluator:1", "no evaluator beside parameter servers"),
+])
+def test_a_shape_a_coordinator_cannot_run_is_one_setting_error(value, message):
+    with pytest.raises(SettingError, match=message) as raised:
+        parse_cluster(value, "--mwms-cluster", limit=16)
+    assert str(raised.value).startswith("--mwms-cluster: ")
+    assert parse_cluster("chief:1,worker:2,ps:2", limit=16) == ClusterShape(1, 2, 0, 2)
+
+
+def test_faults_a_server_cannot_take_are_refused_naming_the_task():
+    assert plan_module.validate([F.Crash(task=("ps", 0), step=3)], 4, shape=SHAPE)[0].worker == 3
+    with pytest.raises(FaultError, match=r"ps 0 runs a server, none of the job's code, so a "
+                                         r"Delay has nothing to act on"):
+        plan_module.validate([F.Delay(task=("ps", 0), step=1, seconds=1)], 4, shape=SHAPE)
+    with pytest.raises(FaultError, match=r"runs no collectives"):
+        plan_module.validate([F.SkipStep(0, 2)], 4, shape=SHAPE)
+    with pytest.raises(FaultError, match=r"a parameter server is task=\('ps', 0\)"):
+        plan_module.validate([F.Crash(3, 2)], 4, shape=SHAPE)
+    # The chief's own faults act at the functions it schedules.
+    assert plan_module.validate([F.Delay(0, 2, seconds=1)], 4, shape=SHAPE)
+
+
+# -- the verdict -------------------------------------------------------------
+
+def _events(steps, extra=()):
+    return (Event(0.0, "started"),) + tuple(Event(0.1 + s / 10, "step", step=s)
+                                           for s in steps) + tuple(extra)
+
+
+def serving(i, steps=range(10)):
+    return WorkerObservation(i, events=_events(steps), exit_code=-9, exit_time=9.0,
+                             killed_by_harness=True)
+
+
+def dead(i, steps=range(5), t=2.0):
+    return WorkerObservation(i, events=_events(steps), exit_code=-9, exit_time=t)
+
+
+def chief_returned(extra=()):
+    return WorkerObservation(0, events=_events(range(10), extra), returned=True, finish_time=5.0,
+                             exit_code=0, exit_time=5.1)
+
+
+def chief_raised(message, t=3.0):
+    return WorkerObservation(0, events=_events(range(10)),
+                             error=WorkerError("UnavailableError", message, ""),
+                             finish_time=t, exit_code=1, exit_time=t + 0.1)
+
+
+def chief_blocked():
+    return WorkerObservation(0, events=_events(range(10)), exit_code=-9, exit_time=9.0,
+                             killed_by_harness=True)
+
+
+def run(*workers, ended_by="all_finished", shape=SHAPE):
+    return RunObservation(num_workers=len(workers), timeout=10.0, grace=5.0, ended_by=ended_by,
+                          duration=9.0, workers=tuple(workers), tasks=shape.tasks)
+
+
+PS_NAMED = "failed to connect: from /job:ps/replica:0/task:{}/device:CPU:0"
+
+
+def test_a_completed_job_blames_no_one_and_says_what_the_coordinator_put_back():
+    back = Event(3.0, "rescheduled", data={"task": "worker", "index": 1,
+                                           "error": "UnavailableError"})
+    v = diagnose(run(chief_returned([back]), serving(1), dead(2), serving(3)))
+    assert (v.outcome, v.culprits, v.rule) == ("completed", (), "coordinator_completed")
+    assert "worker 1 stopped serving and the job went on" in v.text.splitlines()[0]
+    assert "put 1 function(s) of worker 1 back in its queue" in v.text
+    quiet = diagnose(run(chief_returned(), serving(1), dead(2), serving(3)))
+    assert "put back no function of worker 1" in quiet.text
+
+
+def test_a_dead_parameter_server_is_the_culprit_of_the_coordinator_s_error():
+    v = diagnose(run(chief_raised(PS_NAMED.format(0)), serving(1), serving(2), dead(3)))
+    assert (v.outcome, v.culprits, v.ambiguous) == ("crashed", (3,), False)
+    assert v.text.startswith("CRASHED: culprit: ps 0 (ps 0 stopped serving")
+
+
+def test_of_two_servers_down_the_one_the_error_names_is_the_culprit_else_cannot_tell():
+    SHAPE2 = ClusterShape(chief=1, worker=2, ps=2)
+    two = (serving(1), dead(2, t=1.0), dead(3, t=1.5), serving(4))
+    named = diagnose(run(chief_raised(PS_NAMED.format(0)), *two, shape=SHAPE2))
+    assert (named.culprits, named.ambiguous) == ((3,), False)
+    vague = diagnose(run(chief_raised("Socket closed"), *two, shape=SHAPE2))
+    assert (vague.culprits, vague.ambiguous) == ((2, 3), True)
+    assert "cannot tell which server" in vague.text
+
+
+def test_an_error_with_every_server_serving_is_the_job_s_own():
+    v = diagnose(run(chief_raised("Expects 1 arguments"), serving(1), serving(2), serving(3)))
+    assert (v.outcome, v.culprits, v.rule) == ("failed", (0,), "coordinator_raised")
+
+
+def test_a_coordinator_that_waits_names_the_one_server_down_else_every_candidate():
+    stopped = dataclasses.replace(serving(3), stopped=True)
+    one = diagnose(run(chief_blocked(), serving(1), serving(2), stopped, ended_by="hang"))
+    assert (one.outcome, one.culprits, one.ambiguous) == ("hang", (3,), False)
+    none = diagnose(run(chief_blocked(), serving(1), serving(2), serving(3), ended_by="hang"))
+    assert (none.outcome, none.culprits, none.ambiguous) == ("hang", (0, 1, 2, 3), True)
+
+
+def test_a_server_fault_is_unreached_when_the_coordinator_finished_first():
+    fault = F.Crash(3, 50)
+    done = run(chief_returned(), serving(1), serving(2), serving(3))
+    assert [n.why for n in not_acted([fault], done.workers, done.tasks)] == [NOT_REACHED]
+    cut = run(chief_raised("x"), serving(1), serving(2), serving(3))
+    assert [n.why for n in not_acted([fault], cut.workers, cut.tasks)] == [ENDED_FIRST]
