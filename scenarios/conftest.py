@@ -194,8 +194,8 @@ def _check_deadlocks_only_in_hangs(item, meta) -> None:
 def _check_verdict_made_by_the_tables(item) -> None:
     """Every run's verdict was decided by a rule of the table, and changed
     after only by stages of the table, in its order."""
-    from harness.diagnosis import RULES, STAGES
-    rules, stages = {r.name for r in RULES} | {"evaluator_only"}, [s.name for s in STAGES]
+    from harness.diagnosis import RULE_NAMES, STAGES
+    rules, stages = RULE_NAMES, [s.name for s in STAGES]
     for result in _runs(item):
         for attempt in (*result.attempts, result):
             v = attempt.verdict

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from harness.diagnosis.coordinated import RULES as COORDINATED_RULES
 from harness.diagnosis.coordinated import coordinated_verdict, is_coordinated
 from harness.diagnosis.observations import OUTCOMES, EndedBy, Outcome, RunObservation, error_of
 from harness.diagnosis.echoes import is_echo, short_type
@@ -61,7 +62,14 @@ from harness.diagnosis.story import NotActed, NotRestarted, Story
 from harness.diagnosis.verdict import Verdict
 
 __all__ = ["diagnose", "conclude", "Verdict", "OUTCOMES", "RULES", "Rule", "Blame", "STAGES",
-           "Stage", "Story", "NotActed", "NotRestarted", "is_echo", "summarize_stack"]
+           "Stage", "Story", "NotActed", "NotRestarted", "is_echo", "summarize_stack",
+           "RULE_NAMES"]
+
+
+# Every name ``Verdict.rule`` can hold: the table's, the evaluator's part,
+# and a parameter-server cluster's table.
+RULE_NAMES = frozenset({r.name for r in RULES} | {"evaluator_only"}
+                       | {name for name, _ in COORDINATED_RULES})
 
 
 def diagnose(obs: RunObservation) -> Verdict:

@@ -20,7 +20,7 @@ class Verdict:
     step: Optional[int] = None    # where things went wrong (blocked / diverged / died)
     error: Optional[str] = None   # type name of the root error, when there is one
     ambiguous: bool = False       # True when the culprit cannot be decided
-    rule: str = ""                # the rule that decided (see RULES), or "evaluator_only"
+    rule: str = ""                # the rule that decided (one of RULE_NAMES)
     stages: Tuple[str, ...] = ()  # the stages after the rules that changed it (see STAGES)
     # (fault as it prints, why) for each fault asked for that never acted:
     # the run fails (stage "fault_never_acted").

@@ -1,0 +1,131 @@
+"""ParameterServerStrategy jobs on a chief, two workers and a parameter
+server (whatever ``--mwms-workers`` says): the chief's ``ClusterCoordinator``
+schedules the job's functions on the workers, the variables live on the
+parameter server.  A parameter server lost ends the job unless it
+checkpoints and is restarted; a worker lost is absorbed by the
+coordinator."""
+import pytest
+
+import harness
+from harness.faults import Crash
+from scenarios.meta import scenario
+
+STEPS = 20
+# The job joins its functions and writes a checkpoint every this many.
+EVERY = 4
+WITH_PS = {"chief": 1, "worker": 2, "ps": 1}
+pytestmark = pytest.mark.mwms(cluster=WITH_PS)
+
+
+def counting_job(checkpoints=False):
+    """``STEPS`` functions, each adding 1 to a counter on the parameter
+    server (its py_function, which runs in the coordinator's process,
+    keeps it in flight for 50 ms); every ``EVERY`` the coordinator joins
+    them and, with ``checkpoints``, writes the counter to a checkpoint in
+    the run's directory, which a restarted job reads back first.  Returns
+    (the count it started from, the count at the end)."""
+    import time
+
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        counter = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(counter=counter),
+                                         harness.context().run_dir, max_to_keep=1) \
+        if checkpoints else None
+    if manager is not None and manager.latest_checkpoint:
+        manager.checkpoint.restore(manager.latest_checkpoint)
+    start = int(counter.numpy())
+
+    @tf.function
+    def step():
+        counter.assign_add(1)
+        tf.py_function(lambda: time.sleep(0.05), [], [])
+
+    for k in range(start, STEPS):
+        coordinator.schedule(step)
+        if (k + 1) % EVERY == 0:
+            coordinator.join()
+            if manager is not None:
+                manager.save()
+    coordinator.join()
+    return start, int(counter.numpy())
+
+
+PS_LOST = Crash(task=("ps", 0), step=6, how="kill")
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="crashed", source="TensorFlow's ParameterServerStrategy tutorial (fault "
+          "tolerance: parameter server failure)",
+          fixed_by="test_a_parameter_server_lost_the_job_resumes_from_its_checkpoint")
+def test_a_parameter_server_lost_without_a_checkpoint(mwms_cluster):
+    """The parameter server dies (SIGKILL, a node lost) at the coordinator's
+    seventh function, and the job neither checkpoints nor is restarted.
+
+    TensorFlow: a worker's failure the coordinator absorbs, a parameter
+    server's it does not: its next ``join`` raises ``UnavailableError``
+    naming ``/job:ps/replica:0/task:0``, and the variables it held are
+    gone.
+
+    Source: TensorFlow's parameter server training tutorial: "parameter
+    server failure" needs the job restarted from a checkpoint.
+
+    Fix: write a checkpoint every few joins, restore it at start, and
+    restart the cluster (``restarts=1``).
+    """
+    result = mwms_cluster.run(counting_job, faults=[PS_LOST], timeout=30)
+    assert result.culprit_tasks == (("ps", 0),) and not result.ambiguous
+    assert "ps 0: died (exit code -9, SIGKILL) at coordinator step 6" in result.diagnosis
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="TensorFlow's ParameterServerStrategy tutorial (fault "
+          "tolerance: parameter server failure)")
+def test_a_parameter_server_lost_the_job_resumes_from_its_checkpoint(mwms_cluster):
+    """The job writes its counter to a checkpoint every four functions and
+    reads it back at start; the cluster is restarted once.
+
+    TensorFlow: the first attempt raises as the parameter server dies; the
+    restarted cluster's job restores the counter of its last checkpoint
+    (the fourth function's: the next one could not be written) and runs
+    the functions left, so the count ends at 20 exactly.
+
+    Source: TensorFlow's parameter server training tutorial.
+
+    Fix: this is the fix.
+    """
+    result = mwms_cluster.run(counting_job, kwargs={"checkpoints": True}, faults=[PS_LOST],
+                              restarts=1, timeout=30)
+    start, end = result.tasks[("chief", 0)].return_value
+    assert (len(result.attempts), end) == (2, STEPS)
+    assert start % EVERY == 0 and 0 < start < STEPS
+    assert result.attempts[0].culprit_tasks == (("ps", 0),)
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="TensorFlow's ClusterCoordinator docs (worker failure: "
+          "functions re-run)")
+def test_a_worker_lost_the_coordinator_runs_its_functions_again(mwms_cluster):
+    """Worker 1 is SIGKILLed at the coordinator's sixth function: the job
+    goes on without it.
+
+    TensorFlow: the coordinator puts back each function the worker held
+    and runs it on worker 0; ``join`` returns.  A function that had
+    updated the parameter server before its worker died runs again, so
+    the counter counts at least every function, and may count one twice.
+
+    Source: TensorFlow's ``ClusterCoordinator.schedule`` docs: "a function
+    may be executed more than once".
+
+    Fix: none needed for the job to complete; a count that must be exact
+    is made from the values the coordinator fetched, not from a variable
+    the functions update.
+    """
+    result = mwms_cluster.run(counting_job, faults=[Crash(task=("worker", 1), step=5,
+                                                          how="kill")], timeout=30)
+    assert result.tasks[("chief", 0)].return_value[1] >= STEPS
+    assert "worker 1 stopped serving and the job went on" in result.diagnosis.splitlines()[0]
+    assert "of worker 1 back in its queue" in result.diagnosis
