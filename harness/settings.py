@@ -100,10 +100,12 @@ OPTIONS = (
            parse=parse_workers, marker=True, marker_list=True),
     Option("cluster", "chief:1,worker:N,evaluator:1", "", "workers only",
            "the cluster's shape by task type: a `chief` (MWMS numbers it first), `worker` "
-           "tasks and an `evaluator` (outside the collectives); each task gets the "
-           "`TF_CONFIG` Kubeflow's TFJob gives it. Set, it replaces `workers`",
+           "tasks and an `evaluator` (outside the collectives), or `ps` tasks for a "
+           "ParameterServerStrategy job (`chief:1,worker:2,ps:1`: the chief runs the job, "
+           "the rest serve); each task gets the `TF_CONFIG` Kubeflow's TFJob gives it. Set, "
+           "it replaces `workers`",
            "A chief is one more process in every collective; an evaluator one more process "
-           "that the hang detector watches too.",
+           "that the hang detector watches too; a parameter server one more server process.",
            parse=parse_cluster, marker=True),
     Option("timeout", "SECONDS", "30", "30",
            "a run is hung when no worker made progress (step boundary, phase change, "

@@ -2,12 +2,13 @@
 ``ClusterCoordinator`` job, the workers and the parameter server serve.
 A job completes; a parameter server that dies is the crash's culprit; a
 worker that dies is absorbed and the verdict says what the coordinator did
-about it; a server that raises, a MultiWorkerMirroredStrategy on such a
+about it; a parameter server stopped for ever is the hang's; a server that
+raises, a MultiWorkerMirroredStrategy on such a
 cluster and a fault no server can take are each one clear error."""
 import pytest
 
 from harness.errors import FaultError, SettingError
-from harness.faults import Crash, Delay, RaiseError
+from harness.faults import Crash, Delay, Pause, RaiseError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers"),
               pytest.mark.mwms(cluster={"chief": 1, "worker": 2, "ps": 1}, timeout=30)]
@@ -83,6 +84,13 @@ def test_a_parameter_server_that_raises_is_named(mwms_cluster):
     result = mwms_cluster.run(coordinator_job, faults=[RaiseError(task=("ps", 0), step=3)])
     assert result.outcome == "failed" and result.culprit_tasks == (("ps", 0),)
     assert "ps 0: raised at coordinator step 3: InjectedFault" in result.diagnosis
+
+
+def test_a_parameter_server_stopped_for_ever_holds_the_coordinator_and_is_named(mwms_cluster):
+    result = mwms_cluster.run(coordinator_job, faults=[Pause(task=("ps", 0), step=5)], timeout=6)
+    result.assert_hang()
+    assert result.culprit_tasks == (("ps", 0),) and not result.ambiguous
+    assert "ps 0: stopped (SIGSTOP) at coordinator step 5" in result.diagnosis
 
 
 def test_a_mirrored_strategy_on_a_parameter_server_cluster_is_a_setting_error(mwms_cluster):

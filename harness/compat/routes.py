@@ -51,8 +51,9 @@ def skip_reason(cluster_spec: Optional[Mapping]) -> Optional[str]:
     """Why a test preset's cluster does not run on the harness (the test
     skips with it), or None when it runs."""
     if cluster_spec is not None and hasattr(cluster_spec, "items") and cluster_spec.get("ps"):
-        return ("pytest-mwms runs MultiWorkerMirroredStrategy clusters: this preset's 'ps' "
-                "tasks belong to ParameterServerStrategy, outside the harness's scope")
+        return ("pytest-mwms's stand-in for TensorFlow's runner does not run clusters with "
+                "'ps' tasks (ParameterServerStrategy's) yet; the harness runs them through "
+                "run(cluster={'chief': 1, 'worker': N, 'ps': M})")
     try:
         spec.shape(cluster_spec)
     except UnsupportedClusterError as e:

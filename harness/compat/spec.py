@@ -20,8 +20,9 @@ UNSUPPORTED = {
              "worker 0 being the chief (as MultiWorkerMirroredStrategy treats worker 0 "
              "when there is no chief); use create_cluster_spec(num_workers=N+1) instead of "
              "has_chief=True, num_workers=N",
-    "ps": "'ps' tasks: parameter servers belong to ParameterServerStrategy, which the "
-          "harness does not run",
+    "ps": "'ps' tasks through TensorFlow's runner yet: the harness runs "
+          "ParameterServerStrategy clusters through run(cluster={'chief': 1, 'worker': N, "
+          "'ps': M}), where the chief runs the job and the rest serve",
     "evaluator": "an 'evaluator' task: a side task outside the collective, which the "
                  "harness does not run",
 }

@@ -20,9 +20,12 @@ STOP_WAIT = 5.0
 
 
 def dump_stacks(tracked: List[TrackedWorker], specs) -> None:
-    """Ask every live, unfinished worker for its Python stacks (faulthandler)."""
+    """Ask every live, unfinished worker for its Python stacks (faulthandler);
+    note each server of a parameter-server cluster that is stopped."""
     asked = []
     for worker in tracked:
+        if worker.serves and worker.seen.exit_code is None and worker.handle.is_stopped():
+            worker.note(stopped=True)   # a server's stack is its join: only its state counts
         if not worker.pending:
             continue
         if worker.handle.is_stopped():

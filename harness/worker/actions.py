@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, TypeVar
 
@@ -37,8 +38,12 @@ def delay(fault: Delay, ctx: WorkerContext) -> None:
 
 def pause(fault: Pause, ctx: WorkerContext) -> None:
     # The parent sends SIGCONT after the fault's parent_signals (it saw the
-    # FAULT message first); a stopped process cannot wake itself.
-    os.kill(os.getpid(), signal.SIGSTOP)
+    # FAULT message first); a stopped process cannot wake itself.  Sent to
+    # this thread: it stops before its next line, where a signal to the
+    # process may be taken by another thread first (a server's fault acts
+    # in a thread beside the one in the server's join) and this one would
+    # run on a moment.
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def crash(fault: Crash, ctx: WorkerContext) -> None:
