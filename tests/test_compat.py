@@ -361,6 +361,36 @@ def test_the_pool_keeps_its_processes_and_their_state_across_runs(capsys):
         pool.shutdown()
 
 
+POOL_LEFT_RUNNING = """
+from harness.compat import multi_process_runner as mpr
+from harness.compat import multi_worker_test_base as mwtb
+
+POOL = None
+
+
+def one():
+    return 1
+
+
+def test_a_pool_left_running():
+    global POOL
+    POOL = mpr.MultiProcessPoolRunner(mwtb.create_cluster_spec(num_workers=2))
+    assert POOL.run(one) == [1, 1]
+"""
+
+
+def test_a_pool_left_running_at_exit_is_shut_down_not_killed(pytester):
+    """A module-level pool, as TensorFlow's test files keep one, is still
+    running as the session exits: it is shut down before the launcher
+    kills the workers left, so no task is reported dead."""
+    pytester.makepyfile(pool_case=POOL_LEFT_RUNNING)
+    result = pytester.runpytest_subprocess("-q", "-n", "0", "-p", "no:cacheprovider",
+                                           "pool_case.py", timeout=120)
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str() + result.stderr.str()
+    assert "died" not in out and "ignoring the pool's error" not in out, out
+
+
 def chief_returns_the_others_wait():
     if json.loads(os.environ["TF_CONFIG"])["task"]["type"] != "chief":
         time.sleep(1000)   # a server that runs until it is ended

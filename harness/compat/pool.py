@@ -63,6 +63,7 @@ class MultiProcessPoolRunner:
         for inbox in self._inboxes.values():
             inbox.put(call)
         answers = self._answers(runner, self._calls)
+        shut_down_first_at_exit()
         values = []
         for task in self._order:
             ok, pickled = answers[task]
@@ -164,3 +165,16 @@ def shutdown_all_pools() -> None:
 # Before the runners still running are ended as hangs (atexit runs the last
 # registered first; harness.compat.runner registers at its import, above).
 atexit.register(shutdown_all_pools)
+_first_at_exit = False
+
+
+def shut_down_first_at_exit() -> None:
+    """Shut the pools down before anything else at exit, once workers have
+    started: the launcher kills every live worker at exit, a handler it
+    registers as its first worker starts (after this module's import), and
+    a pool's tasks killed first would be reported as crashes."""
+    global _first_at_exit
+    if not _first_at_exit:
+        atexit.unregister(shutdown_all_pools)
+        atexit.register(shutdown_all_pools)
+        _first_at_exit = True
