@@ -8,7 +8,6 @@ Pure functions: no TensorFlow, no pytest.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, Callable, Optional
 
@@ -87,8 +86,9 @@ def parse_cluster(value: Any, option: str = "--mwms-cluster",
     (the ``workers`` setting)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
+    servers = True
     if isinstance(value, ClusterShape):
-        counts = dataclasses.asdict(value)
+        counts, servers = value.counts(), value.servers
     elif isinstance(value, str):
         counts = {}
         for part in value.split(","):
@@ -112,20 +112,20 @@ def parse_cluster(value: Any, option: str = "--mwms-cluster",
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise SettingError(f"{option}: the count of {kind!r} must be a whole number 0 or "
                                f"more, got {count!r}")
-    shape = ClusterShape(**{"worker": 0, **counts})
+    shape = ClusterShape(**{"worker": 0, **counts}, servers=servers)
     if shape.chief > 1:
         raise SettingError(f"{option}: {shape.chief} chiefs; a cluster has at most one chief")
     if shape.evaluator > 1:
         raise SettingError(f"{option}: {shape.evaluator} evaluators; a cluster has at most "
                            f"one evaluator")
-    if shape.ps and not shape.chief:
+    if shape.coordinated and not shape.chief:
         raise SettingError(f"{option}: {shape.spec()} has parameter servers but no chief; "
                            f"ParameterServerStrategy runs its job (the ClusterCoordinator) on "
                            f"the chief: add chief:1")
-    if shape.ps and not shape.worker:
+    if shape.coordinated and not shape.worker:
         raise SettingError(f"{option}: {shape.spec()} has no worker; the ClusterCoordinator "
                            f"runs the job's functions on workers: add worker:1 or more")
-    if shape.ps and shape.evaluator:
+    if shape.coordinated and shape.evaluator:
         raise SettingError(f"{option}: {shape.spec()}: the harness runs no evaluator beside "
                            f"parameter servers; leave evaluator out")
     if shape.training < 1:

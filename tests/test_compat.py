@@ -361,6 +361,28 @@ def test_the_pool_keeps_its_processes_and_their_state_across_runs(capsys):
         pool.shutdown()
 
 
+def _task_type():
+    return mwtb.get_task_type()
+
+
+def _raises():
+    raise ValueError("This is an error.")
+
+
+def test_parameter_servers_run_fn_as_every_task_does():
+    """TensorFlow's runner runs ``fn`` on every task of its spec, the
+    parameter servers included (``multi_process_runner_test``'s
+    ``test_multi_process_runner`` and ``..._error_propagates_from_subprocesses``)."""
+    result = mpr.run(_task_type, mwtb.create_cluster_spec(num_workers=2, num_ps=3,
+                                                          has_chief=True))
+    assert sorted(result.return_value) == ["chief", "ps", "ps", "ps", "worker", "worker"]
+    runner = mpr.MultiProcessRunner(_raises, mwtb.create_cluster_spec(num_workers=1, num_ps=1),
+                                    max_run_time=20)
+    runner.start()
+    with pytest.raises(ValueError, match="This is an error."):
+        runner.join()
+
+
 POOL_LEFT_RUNNING = """
 from harness.compat import multi_process_runner as mpr
 from harness.compat import multi_worker_test_base as mwtb

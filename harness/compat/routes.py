@@ -13,9 +13,9 @@ file imported afterwards that imports them by name (TensorFlow's own do)
 binds the harness's.
 
 ``combinations`` sees the harness's runner through :class:`ForCombinations`:
-a preset the harness does not run (parameter servers) skips with the reason,
-as a preset whose GPUs are missing skips under TensorFlow's runner, instead
-of failing on the refusal.
+a preset the harness does not run skips with the reason, as a preset whose
+GPUs are missing skips under TensorFlow's runner, instead of failing on the
+refusal; so does a parameter-server preset's ``MultiProcessCluster``.
 """
 from __future__ import annotations
 
@@ -47,13 +47,18 @@ MODULES = {
 }
 
 
+# Why a parameter-server preset (a MultiProcessCluster with ps tasks, whose
+# coordinator is the test process) skips.
+PS_CLUSTER_SKIP = (
+    "pytest-mwms does not run multi_worker_test_base.MultiProcessCluster's parameter-server "
+    "clusters yet: the test process is their coordinator, and the servers must listen at the "
+    "cluster spec's addresses for it; the harness runs ParameterServerStrategy jobs through "
+    "run(cluster={'chief': 1, 'worker': N, 'ps': M})")
+
+
 def skip_reason(cluster_spec: Optional[Mapping]) -> Optional[str]:
     """Why a test preset's cluster does not run on the harness (the test
     skips with it), or None when it runs."""
-    if cluster_spec is not None and hasattr(cluster_spec, "items") and cluster_spec.get("ps"):
-        return ("pytest-mwms's stand-in for TensorFlow's runner does not run clusters with "
-                "'ps' tasks (ParameterServerStrategy's) yet; the harness runs them through "
-                "run(cluster={'chief': 1, 'worker': N, 'ps': M})")
     try:
         spec.shape(cluster_spec)
     except UnsupportedClusterError as e:
@@ -95,6 +100,8 @@ class ForTestBase(ForCombinations):
     @staticmethod
     def MultiProcessRunner(fn, cluster_spec, *args, **kwargs):
         _skip_unless_runnable(cluster_spec)
+        if hasattr(cluster_spec, "get") and cluster_spec.get("ps"):
+            raise unittest.SkipTest(PS_CLUSTER_SKIP)
         raise UnsupportedClusterError(
             "pytest-mwms cannot run multi_worker_test_base.MultiProcessCluster: its servers "
             "must listen at the cluster spec's addresses, for the test process to connect "

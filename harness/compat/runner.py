@@ -36,6 +36,7 @@ from harness.compat.incarnation import Incarnation
 from harness.compat.task import Payload, Shared, run_task
 from harness.controller import Cluster
 from harness.core import linux, serialize
+from harness.core.tfconfig import ClusterShape
 from harness.launch import scratch
 from harness.settings import RunSettings, session_settings
 
@@ -161,8 +162,10 @@ class MultiProcessRunner:
         self._dependence_on_chief = dependence_on_chief
         self._hang_timeout = float(hang_timeout or DEFAULT_TIMEOUT_SEC)
         self._hang_timeout_given = hang_timeout is not None
+        # Every task runs fn, parameter servers included, as under TensorFlow's runner.
+        shape = ClusterShape(**counts, servers=False)
         settings = (settings or session_settings()).with_overrides(
-            **({"workers": self._n} if counts["worker"] == self._n else {"cluster": counts}))
+            **({"workers": self._n} if counts["worker"] == self._n else {"cluster": shape}))
         if settings.devices != "cpu":
             settings = settings.with_overrides(devices="gpu-shared" if share_gpu else "gpu")
         self._cluster = Cluster(settings)

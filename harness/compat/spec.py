@@ -11,18 +11,16 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from harness.compat.errors import UnsupportedClusterError
 
-# The task types of MultiWorkerMirroredStrategy's clusters, in the order the
-# harness numbers its processes.
-TASK_TYPES = ("chief", "worker", "evaluator")
+# The task types of TensorFlow's clusters, in the order the harness numbers
+# its processes.  Each runs the runner's fn, parameter servers included.
+TASK_TYPES = ("chief", "worker", "evaluator", "ps")
 # Why each task type the harness does not run is refused.
 UNSUPPORTED = {
     "chief": "a separate 'chief' task: the harness's clusters are 'worker' tasks only, "
              "worker 0 being the chief (as MultiWorkerMirroredStrategy treats worker 0 "
              "when there is no chief); use create_cluster_spec(num_workers=N+1) instead of "
              "has_chief=True, num_workers=N",
-    "ps": "'ps' tasks through TensorFlow's runner yet: the harness runs "
-          "ParameterServerStrategy clusters through run(cluster={'chief': 1, 'worker': N, "
-          "'ps': M}), where the chief runs the job and the rest serve",
+    "ps": "'ps' tasks: this harness's settings take no parameter servers",
     "evaluator": "an 'evaluator' task: a side task outside the collective, which the "
                  "harness does not run",
 }
@@ -61,7 +59,7 @@ def shapes_supported() -> bool:
 
 def shape(cluster_spec: Optional[Mapping]) -> Dict[str, int]:
     """``cluster_spec``'s count of each task type the harness runs
-    (``chief``, ``worker``, ``evaluator``), or the reason it cannot run."""
+    (``chief``, ``worker``, ``evaluator``, ``ps``), or the reason it cannot run."""
     if cluster_spec is None or not hasattr(cluster_spec, "items"):
         raise ValueError(f"cluster_spec: a dict of task type to addresses, got {cluster_spec!r}")
     counts = {kind: len(cluster_spec.get(kind) or ()) for kind in TASK_TYPES}
@@ -76,8 +74,8 @@ def shape(cluster_spec: Optional[Mapping]) -> Dict[str, int]:
                                  or (kind != "worker" and not shapes_supported()))]
     if refused:
         kind = refused[0]
-        why = UNSUPPORTED.get(kind, f"a {kind!r} task: MultiWorkerMirroredStrategy's "
-                                    f"clusters have 'chief', 'worker' and 'evaluator' tasks")
+        why = UNSUPPORTED.get(kind, f"a {kind!r} task: TensorFlow's clusters have 'chief', "
+                                    f"'worker', 'evaluator' and 'ps' tasks")
         raise UnsupportedClusterError(f"pytest-mwms cannot run {why} (cluster_spec "
                                       f"{dict(cluster_spec)!r})")
     if counts["chief"] + counts["worker"] < 1:
@@ -87,7 +85,7 @@ def shape(cluster_spec: Optional[Mapping]) -> Dict[str, int]:
 
 def tasks(counts: Mapping[str, int]) -> Tuple[Tuple[str, int], ...]:
     """``(type, index)`` of each task, in the harness's order: the chief,
-    the workers, the evaluator (MultiWorkerMirroredStrategy's)."""
+    the workers, the evaluator, the parameter servers."""
     return tuple((kind, i) for kind in TASK_TYPES for i in range(counts.get(kind, 0)))
 
 

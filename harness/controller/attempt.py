@@ -175,7 +175,8 @@ def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Op
             w.observation(stack=read_capped(specs[w.index].stack_path)) for w in tracked),
         replicas=check_replicas(tracked, specs, req.tolerance, req.settings.shape.training),
         exit_on_return=req.exit_on_return, tasks=task_names(req.settings.shape),
-        links=links, links_note=links_note)
+        links=links, links_note=links_note,
+        serving=tuple(i for i in range(len(specs)) if req.settings.shape.serves(i)))
     for reader in readers:
         reader.close()
     obs = probe_slow_run(job.network, obs, clock)

@@ -17,7 +17,6 @@ from typing import Iterable, Mapping, Optional, Sequence, Tuple
 from harness import plan as plan_module
 from harness.controller.phases import added
 from harness.core import protocol
-from harness.core.tfconfig import SERVER_TYPES
 from harness.diagnosis import Verdict, conclude, diagnose
 from harness.diagnosis.observations import RunObservation, WorkerObservation, error_of
 from harness.diagnosis.story import (ATTEMPT_NEVER_RAN, BEFORE_FN, ENDED_FIRST, NOT_REACHED,
@@ -33,23 +32,21 @@ def _finished(w: WorkerObservation) -> bool:
 
 
 def not_acted(plan: Sequence[Fault], workers: Sequence[WorkerObservation],
-              tasks: Sequence[Tuple[str, int]] = ()) -> Tuple[NotActed, ...]:
+              serving: Sequence[int] = ()) -> Tuple[NotActed, ...]:
     """The faults of ``plan`` that did not act in the attempt whose worker
     observations are ``workers``.  One whose worker finished on its own
     without reaching it never acted (NOT_REACHED: the run fails); one whose
     worker ended otherwise (raised, died, was stopped or killed when the
     run was decided) did not act because the run ended first (ENDED_FIRST).
-    In a parameter-server cluster (``tasks`` lists ps tasks) a server's
-    steps are its coordinator's: its fault is unreached when the
-    coordinator (the chief, process 0) finished on its own without
-    reaching the step."""
-    coordinated = any(kind == "ps" for kind, _ in tasks)
+    In a parameter-server cluster a server's (one of ``serving``) steps
+    are its coordinator's: its fault is unreached when the coordinator
+    (the chief, process 0) finished on its own without reaching the step."""
     found = []
     for f in plan:
         w = workers[f.worker]
         if not plan_module.acts_in_worker(f) or plan_module.acted(f, w.events):
             continue
-        if coordinated and tasks[f.worker][0] in SERVER_TYPES and _finished(workers[0]) \
+        if f.worker in serving and _finished(workers[0]) \
                 and not (w.died or w.error is not None):
             last = workers[0].steps[-1] if workers[0].steps else None
             found.append(NotActed(repr(f), f.worker, NOT_REACHED, f.step, f.attempt,
@@ -121,7 +118,7 @@ def attempt_story(obs: RunObservation, plan: Sequence[Fault],
                       if r.observation is not None)
     counts = {i: len(rs) for i, rs in history.items()}
     unreached = unreached_restarts(whole_plan, counts) if history else ()
-    return Story(not_acted=not_acted(plan, obs.workers, obs.tasks) + unreached, restarted=restarted,
+    return Story(not_acted=not_acted(plan, obs.workers, obs.serving) + unreached, restarted=restarted,
                  tasks_not_restarted=tuple(tasks_not_restarted[i]
                                            for i in sorted(tasks_not_restarted)))
 

@@ -41,6 +41,10 @@ class ClusterShape:
     worker: int = 2
     evaluator: int = 0
     ps: int = 0
+    # With ps tasks: the workers and parameter servers run the harness's
+    # servers and the chief the job (a ParameterServerStrategy job); False:
+    # every task runs fn, as every task of TensorFlow's runner does.
+    servers: bool = True
 
     @property
     def training(self) -> int:
@@ -58,7 +62,11 @@ class ClusterShape:
     @property
     def coordinated(self) -> bool:
         """A parameter-server cluster: the chief coordinates, the rest serve."""
-        return self.ps > 0
+        return self.ps > 0 and self.servers
+
+    def counts(self) -> dict:
+        """How many tasks of each type, by type."""
+        return {kind: getattr(self, kind) for kind in TASK_TYPES}
 
     def serves(self, index: int) -> bool:
         """Whether process ``index`` runs a server rather than the job."""

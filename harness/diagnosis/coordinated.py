@@ -39,11 +39,11 @@ TASK_NAMED = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
 
 def is_coordinated(obs: RunObservation) -> bool:
     """Whether ``obs`` is of a parameter-server cluster."""
-    return any(kind == "ps" for kind, _ in obs.tasks)
+    return bool(obs.serving)
 
 
 def servers(obs: RunObservation) -> Tuple[WorkerObservation, ...]:
-    return tuple(w for w in obs.workers if obs.task(w.index)[0] in ("worker", "ps"))
+    return tuple(w for w in obs.workers if w.index in obs.serving)
 
 
 def coordinator(obs: RunObservation) -> WorkerObservation:

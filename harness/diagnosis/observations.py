@@ -384,6 +384,9 @@ class RunObservation:
     # why none were, when none were.
     links: Tuple[LinkProbe, ...] = ()
     links_note: str = ""
+    # In a parameter-server cluster, the processes that serve (its workers
+    # and parameter servers; the chief runs the job); () otherwise.
+    serving: Tuple[int, ...] = ()
 
     def task(self, index: int) -> Tuple[str, int]:
         if not self.tasks:
@@ -461,4 +464,5 @@ class RunObservation:
             reference = ReferenceCheck(**reference)
         return cls(**{**d, "workers": tuple(workers), "replicas": replicas,
                       "reference": reference,
-                      "tasks": tuple(tuple(t) for t in d.get("tasks", ()))})
+                      "tasks": tuple(tuple(t) for t in d.get("tasks", ())),
+                      "serving": tuple(d.get("serving", ()))})
