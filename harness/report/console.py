@@ -24,7 +24,7 @@ PLAIN_EVERY = 5.0
 
 def _tag(result: RunResult, index: int) -> str:
     kind, number = result.observation.task(index)
-    return f"[w{number}]" if kind == "worker" else f"[{kind}]"
+    return f"[w{number}]" if kind == "worker" else f"[ps{number}]" if kind == "ps" else f"[{kind}]"
 
 
 def output_lines(result: RunResult) -> List[str]:
