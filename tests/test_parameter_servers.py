@@ -104,3 +104,9 @@ def test_a_fault_no_server_can_take_is_refused_before_anything_starts(mwms_clust
         mwms_cluster.run(coordinator_job, faults=[Delay(task=("ps", 0), step=1, seconds=1)])
     with pytest.raises(SettingError, match=r"parameter servers, which keep one copy"):
         mwms_cluster.run(coordinator_job, check_replicas=True)
+
+
+def test_the_search_refuses_a_parameter_server_cluster_by_name(mwms_cluster):
+    with pytest.raises(SettingError, match=r"explore\(\): the cluster chief:1,worker:2,ps:1 has "
+                                           r"parameter servers"):
+        mwms_cluster.explore(coordinator_job, budget=5)

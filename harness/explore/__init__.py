@@ -154,6 +154,12 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     if not isinstance(check, bool):
         raise SettingError(f"explore(check={check!r}): True or False")
     settings = cluster.settings
+    if settings.shape.coordinated:
+        # Its servers take some kinds only, keyed by the coordinator's steps:
+        # a space the draws do not know yet.
+        raise SettingError(f"explore(): the cluster {settings.shape} has parameter servers; "
+                           f"the search draws plans for MultiWorkerMirroredStrategy clusters "
+                           f"only, so far. Run chosen faults with run(faults=...)")
     workers = settings.shape.training
     attempts = fault_attempts(property, restarts, max_faults)
 
