@@ -2,18 +2,22 @@
 ``ClusterCoordinator`` job, the workers and the parameter server serve.
 A job completes; a parameter server that dies is the crash's culprit; a
 worker that dies is absorbed and the verdict says what the coordinator did
-about it; a parameter server stopped for ever is the hang's; a server that
-raises, a MultiWorkerMirroredStrategy on such a
+about it; a parameter server stopped for ever is the hang's, one cut off
+the failure's; a server that raises, a MultiWorkerMirroredStrategy on such a
 cluster and a fault no server can take are each one clear error."""
 import pytest
 
 from harness.errors import FaultError, SettingError
-from harness.faults import Crash, Delay, Pause, RaiseError
+from harness.faults import Crash, Delay, Partition, Pause, RaiseError
+from harness.network import namespace as netns
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leftover_workers"),
               pytest.mark.mwms(cluster={"chief": 1, "worker": 2, "ps": 1}, timeout=30)]
 
 STEPS = 20
+SWITCH = netns.switch_available()
+needs_switch = pytest.mark.skipif(not SWITCH[0], reason=f"no namespace per worker here: "
+                                  f"{SWITCH[1]}")
 
 
 def coordinator_job(steps=STEPS):
@@ -91,6 +95,18 @@ def test_a_parameter_server_stopped_for_ever_holds_the_coordinator_and_is_named(
     result.assert_hang()
     assert result.culprit_tasks == (("ps", 0),) and not result.ambiguous
     assert "ps 0: stopped (SIGSTOP) at coordinator step 5" in result.diagnosis
+
+
+@needs_switch
+def test_a_parameter_server_cut_off_is_named_by_the_links_tried_as_the_run_ended(mwms_cluster):
+    """The coordinator's error names only an address ("No route to host");
+    the links the harness tries as the run ends find the parameter server
+    answering no one while every other link answers."""
+    result = mwms_cluster.run(coordinator_job, faults=[Partition(task=("ps", 0), step=5)],
+                              timeout=10)
+    assert result.outcome == "failed" and result.error == "UnavailableError"
+    assert result.culprit_tasks == (("ps", 0),) and not result.ambiguous
+    assert "ps 0: cut off: as the run ended no link to or from it answered" in result.diagnosis
 
 
 def test_a_mirrored_strategy_on_a_parameter_server_cluster_is_a_setting_error(mwms_cluster):

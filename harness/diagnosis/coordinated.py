@@ -27,7 +27,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from harness.diagnosis.echoes import error_text, exit_text, short_type
 from harness.diagnosis.observations import Outcome, RunObservation, WorkerObservation
-from harness.diagnosis.render import CULPRIT_MARK, cut
+from harness.diagnosis.render import CULPRIT_MARK
+from harness.diagnosis.render import cut as fitted
+from harness.diagnosis.rules_links import silent_workers
 from harness.diagnosis.stacks import summarize_stack
 from harness.diagnosis.verdict import Verdict
 from harness.diagnosis.words import name, names
@@ -35,6 +37,8 @@ from harness.core import protocol
 
 # How TensorFlow names a task in an error: /job:ps/replica:0/task:1.
 TASK_NAMED = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
+# An address's port in gRPC's text: ipv4:10.77.0.4:28724, 127.0.0.1:28724.
+PORT_NAMED = re.compile(r"[\d.\]a-z]:(\d{2,5})\b")
 
 
 def is_coordinated(obs: RunObservation) -> bool:
@@ -50,10 +54,17 @@ def coordinator(obs: RunObservation) -> WorkerObservation:
     return next(w for w in obs.workers if obs.task(w.index)[0] == "chief")
 
 
-def down(w: WorkerObservation) -> bool:
-    """A server that stopped serving by itself: it died or raised (a fault's
-    error ends its process), or it was seen stopped (SIGSTOP)."""
-    return w.died or w.error is not None or w.stopped
+def cut_off(obs: RunObservation) -> Tuple[int, ...]:
+    """The tasks the links tried as the run ended found silent to every
+    other task and to the switch, every other link answering
+    (:func:`~harness.diagnosis.rules_links.silent_workers`)."""
+    return tuple(silent_workers(obs.links, len(obs.workers)) or ())
+
+
+def down(w: WorkerObservation, cut: Sequence[int] = ()) -> bool:
+    """A server that stopped serving: it died or raised (a fault's error
+    ends its process), it was seen stopped (SIGSTOP), or it was cut off."""
+    return w.died or w.error is not None or w.stopped or w.index in cut
 
 
 def _when(w: WorkerObservation) -> float:
@@ -61,13 +72,30 @@ def _when(w: WorkerObservation) -> float:
     return min(times) if times else float("inf")
 
 
+def _ports(obs: RunObservation) -> dict:
+    """Each task's port, as the chief's ``TF_CONFIG`` lists it, to its index."""
+    cluster = ((obs.workers[0].tf_config or {}).get("cluster") or {}) if obs.workers else {}
+    found = {}
+    for kind, addresses in cluster.items():
+        for number, address in enumerate(addresses if isinstance(addresses, list) else ()):
+            port = str(address).rpartition(":")[2]
+            if (kind, number) in obs.tasks and port.isdigit():
+                found[port] = obs.tasks.index((kind, number))
+    return found
+
+
 def named_in(obs: RunObservation, text: str) -> Tuple[int, ...]:
-    """The processes TensorFlow names in ``text``, by index."""
+    """The processes TensorFlow names in ``text``, by index: as a job
+    (``/job:ps/replica:0/task:0``) or by the port of its address (gRPC's
+    "failed to connect ... ipv4:10.77.0.4:28724"; each task has a port of
+    its own)."""
     found = set()
     for kind, number in TASK_NAMED.findall(text):
         task = (kind, int(number))
         if task in obs.tasks:
             found.add(obs.tasks.index(task))
+    ports = _ports(obs)
+    found |= {ports[p] for p in PORT_NAMED.findall(text) if p in ports}
     return tuple(sorted(found))
 
 
@@ -84,7 +112,7 @@ def rescheduled(chief: WorkerObservation, obs: RunObservation) -> List[int]:
     return found
 
 
-def server_line(w: WorkerObservation, mark: str = "") -> str:
+def server_line(w: WorkerObservation, cut: Sequence[int], mark: str = "") -> str:
     steps = f" at coordinator step {w.last_step}" if w.last_step is not None else \
         " before the coordinator's first step"
     if w.error is not None:
@@ -93,9 +121,11 @@ def server_line(w: WorkerObservation, mark: str = "") -> str:
         state = f"died ({exit_text(w.exit_code)}){steps}"
     elif w.stopped:
         state = f"stopped (SIGSTOP){steps}"
+    elif w.index in cut:
+        state = "cut off: as the run ended no link to or from it answered, every other link did"
     else:
         state = "served until the end"
-    return cut(f"  {name(w.index)}: {state}{mark}")
+    return fitted(f"  {name(w.index)}: {state}{mark}")
 
 
 def chief_line(chief: WorkerObservation, mark: str = "") -> str:
@@ -111,7 +141,7 @@ def chief_line(chief: WorkerObservation, mark: str = "") -> str:
     else:
         where = summarize_stack(chief.stack) if chief.stack.strip() else "no stack"
         state = f"blocked: {where}"
-    return cut(f"  {name(chief.index)} (the coordinator): {state}; {steps}{mark}")
+    return fitted(f"  {name(chief.index)} (the coordinator): {state}; {steps}{mark}")
 
 
 class Found:
@@ -158,11 +188,21 @@ def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation
 
 def coordinator_raised(obs: RunObservation, chief: WorkerObservation,
                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    """With every server serving as far as the harness saw: the job's own
+    error, unless it names a server (one the harness did not see go may
+    still be unreachable: then it cannot tell the job from that server)."""
     if chief.error is None:
         return None
+    error = short_type(chief.error.type_name)
+    named = [i for i in named_in(obs, f"{chief.error.message}\n{chief.error.traceback}")
+             if i in obs.serving]
+    if named:
+        return Found(Outcome.FAILED, (chief.index, *named), f"the coordinator raised {error} "
+                     f"naming {names(named)}, which the harness saw serving: cannot tell the "
+                     f"job's error from a server it could not reach", ambiguous=True)
     return Found(Outcome.FAILED, (chief.index,),
-                 f"the job raised {short_type(chief.error.type_name)} in the coordinator "
-                 f"({name(chief.index)}) with every server serving", step=chief.last_step)
+                 f"the job raised {error} in the coordinator ({name(chief.index)}) with "
+                 f"every server serving", step=chief.last_step)
 
 
 def coordinator_blocked(obs: RunObservation, chief: WorkerObservation,
@@ -216,7 +256,8 @@ def absorbed_lines(obs: RunObservation, chief: WorkerObservation,
 
 def coordinated_verdict(obs: RunObservation) -> Verdict:
     chief = coordinator(obs)
-    gone = sorted((w for w in servers(obs) if down(w)), key=_when)
+    cut = cut_off(obs)
+    gone = sorted((w for w in servers(obs) if down(w, cut)), key=_when)
     rule, found = next((r, f) for r, fn in RULES if (f := fn(obs, chief, gone)) is not None)
     if found.outcome == Outcome.COMPLETED:
         head = f"COMPLETED: {found.headline}"
@@ -226,13 +267,14 @@ def coordinated_verdict(obs: RunObservation) -> Verdict:
         who = f"culprit{'s' if len(found.culprits) > 1 else ''}: {names(found.culprits)}"
         why = "ambiguous, see below" if found.ambiguous else found.headline
         head = f"{found.outcome.upper()}: {who} ({why})"
-    lines = [cut(head)]
+    lines = [fitted(head)]
     if found.ambiguous:
-        lines.append(cut(f"ambiguous: {found.headline}"))
+        lines.append(fitted(f"ambiguous: {found.headline}"))
     mark = CULPRIT_MARK if not found.ambiguous else ""
     lines.append(chief_line(chief, mark if chief.index in found.culprits else ""))
-    lines += [server_line(w, mark if w.index in found.culprits else "") for w in servers(obs)]
-    lines += [cut(f"  {ln}") for ln in absorbed_lines(obs, chief, gone)]
+    lines += [server_line(w, cut, mark if w.index in found.culprits else "")
+              for w in servers(obs)]
+    lines += [fitted(f"  {ln}") for ln in absorbed_lines(obs, chief, gone)]
     error = short_type(chief.error.type_name) if chief.error is not None else None
     return Verdict(found.outcome, found.culprits if found.outcome != Outcome.COMPLETED else (),
                    "\n".join(lines), found.step, error, found.ambiguous, rule)

@@ -11,7 +11,7 @@ from harness.controller.outcome import not_acted
 from harness.core.protocol import WorkerError
 from harness.core.tfconfig import ClusterShape, cluster_configs
 from harness.diagnosis import diagnose
-from harness.diagnosis.observations import Event, RunObservation, WorkerObservation
+from harness.diagnosis.observations import Event, LinkProbe, RunObservation, WorkerObservation
 from harness.diagnosis.story import ENDED_FIRST, NOT_REACHED
 from harness.errors import FaultError, SettingError
 from harness.validators import parse_cluster
@@ -150,3 +150,31 @@ def test_a_server_fault_is_unreached_when_the_coordinator_finished_first():
     assert [n.why for n in not_acted([fault], done.workers, done.serving)] == [NOT_REACHED]
     cut = run(chief_raised("x"), serving(1), serving(2), serving(3))
     assert [n.why for n in not_acted([fault], cut.workers, cut.serving)] == [ENDED_FIRST]
+
+
+def _config():
+    return {"cluster": {"chief": ["127.0.0.1:21000"], "worker": ["127.0.0.1:21001",
+                                                                "127.0.0.1:21002"],
+                        "ps": ["127.0.0.1:21003"]}, "task": {"type": "chief", "index": 0}}
+
+
+def test_an_error_naming_a_server_the_harness_saw_serving_cannot_tell_it_from_the_job():
+    chief = dataclasses.replace(chief_raised(
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.77.0.4:21003: "
+        "No route to host"), tf_config=_config())
+    v = diagnose(run(chief, serving(1), serving(2), serving(3)))
+    assert (v.outcome, v.culprits, v.ambiguous) == ("failed", (0, 3), True)
+    assert "naming ps 0, which the harness saw serving" in v.text
+
+
+def test_a_server_the_links_found_cut_off_is_down():
+    def probe(source, target):
+        cut = 3 in (source, target)
+        return LinkProbe(source, target, "timed out" if cut else "connected", 900.0 if cut else 1.0)
+    links = tuple(probe(s, t) for s in (None, 0, 1, 2, 3) for t in range(4) if s != t)
+    chief = dataclasses.replace(chief_raised("No route to host ipv4:10.77.0.4:21003"),
+                                tf_config=_config())
+    obs = dataclasses.replace(run(chief, serving(1), serving(2), serving(3)), links=links)
+    v = diagnose(obs)
+    assert (v.outcome, v.culprits, v.ambiguous) == ("failed", (3,), False)
+    assert "ps 0: cut off" in v.text
