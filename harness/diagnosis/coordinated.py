@@ -37,6 +37,9 @@ from harness.core import protocol
 
 # How TensorFlow names a task in an error: /job:ps/replica:0/task:1.
 TASK_NAMED = re.compile(r"/job:(chief|worker|ps)/replica:\d+/task:(\d+)")
+# The errors of a task not reached (gRPC's status), as TensorFlow raises them.
+UNREACHED = frozenset({"UnavailableError", "DeadlineExceededError", "AbortedError",
+                       "CancelledError"})
 # An address's port in gRPC's text: ipv4:10.77.0.4:28724, 127.0.0.1:28724.
 PORT_NAMED = re.compile(r"[\d.\]a-z]:(\d{2,5})\b")
 
@@ -153,13 +156,6 @@ class Found:
         self.ambiguous, self.step = ambiguous, step
 
 
-def _single_out(candidates: Sequence[int], obs: RunObservation, text: str) -> Tuple[int, ...]:
-    """Of ``candidates``, those TensorFlow's ``text`` names, where that
-    narrows them; else all of them."""
-    named = [i for i in candidates if i in named_in(obs, text)]
-    return tuple(named) if named else tuple(candidates)
-
-
 def coordinator_crashed(obs: RunObservation, chief: WorkerObservation,
                         gone: Sequence[WorkerObservation]) -> Optional[Found]:
     if not chief.died:
@@ -171,11 +167,19 @@ def coordinator_crashed(obs: RunObservation, chief: WorkerObservation,
 
 def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation,
                                    gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    """Servers went down before the coordinator raised: the one its error
+    names, or, for an error of reaching a task (:data:`UNREACHED`) that
+    names none of them, each of them.  Any other error that names none is
+    the job's own (:func:`coordinator_raised`)."""
     if chief.error is None or not gone:
         return None
     before = [w for w in gone if _when(w) <= (chief.finish_time or float("inf"))] or list(gone)
-    message = f"{chief.error.message}\n{chief.error.traceback}"
-    culprits = _single_out([w.index for w in before], obs, message)
+    named = named_in(obs, f"{chief.error.message}\n{chief.error.traceback}")
+    culprits = tuple(w.index for w in before if w.index in named)
+    if not culprits:
+        if short_type(chief.error.type_name) not in UNREACHED:
+            return None
+        culprits = tuple(w.index for w in before)
     outcome = Outcome.CRASHED if any(obs.workers[i].died for i in culprits) else Outcome.FAILED
     error = short_type(chief.error.type_name)
     if len(culprits) == 1:
@@ -189,20 +193,24 @@ def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation
 def coordinator_raised(obs: RunObservation, chief: WorkerObservation,
                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
     """With every server serving as far as the harness saw: the job's own
-    error, unless it names a server (one the harness did not see go may
-    still be unreachable: then it cannot tell the job from that server)."""
+    error, unless it is one of reaching a task (:data:`UNREACHED`) and
+    names a server: one the harness did not see go may still have been
+    unreachable, so it cannot tell the job from that server.  An error of
+    the job's function names the worker it ran on too, and is the job's."""
     if chief.error is None:
         return None
     error = short_type(chief.error.type_name)
     named = [i for i in named_in(obs, f"{chief.error.message}\n{chief.error.traceback}")
-             if i in obs.serving]
+             if i in obs.serving] if error in UNREACHED else []
     if named:
         return Found(Outcome.FAILED, (chief.index, *named), f"the coordinator raised {error} "
                      f"naming {names(named)}, which the harness saw serving: cannot tell the "
                      f"job's error from a server it could not reach", ambiguous=True)
+    serving = ("with every server serving" if not gone else
+               f"naming none of {names([w.index for w in gone])}, which stopped serving")
     return Found(Outcome.FAILED, (chief.index,),
-                 f"the job raised {error} in the coordinator ({name(chief.index)}) with "
-                 f"every server serving", step=chief.last_step)
+                 f"the job raised {error} in the coordinator ({name(chief.index)}) {serving}",
+                 step=chief.last_step)
 
 
 def coordinator_blocked(obs: RunObservation, chief: WorkerObservation,

@@ -134,6 +134,16 @@ def test_of_two_servers_down_the_one_the_error_names_is_the_culprit_else_cannot_
 def test_an_error_with_every_server_serving_is_the_job_s_own():
     v = diagnose(run(chief_raised("Expects 1 arguments"), serving(1), serving(2), serving(3)))
     assert (v.outcome, v.culprits, v.rule) == ("failed", (0,), "coordinator_raised")
+    # The job's function fails where it ran, and TensorFlow names that worker.
+    own = dataclasses.replace(chief_raised("x"), error=WorkerError(
+        "InvalidArgumentError", "Incompatible shapes [{{node add}} on "
+        "/job:worker/replica:0/task:1/device:CPU:0]", ""))
+    v = diagnose(run(own, serving(1), serving(2), serving(3)))
+    assert (v.culprits, v.ambiguous) == ((0,), False)
+    # A worker lost earlier (absorbed) is not the culprit of the job's own error.
+    v = diagnose(run(own, dead(1), serving(2), serving(3)))
+    assert (v.outcome, v.culprits, v.rule) == ("failed", (0,), "coordinator_raised")
+    assert "naming none of worker 0, which stopped serving" in v.text
 
 
 def test_a_coordinator_that_waits_names_the_one_server_down_else_every_candidate():
