@@ -68,13 +68,12 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0,
             raise FaultError(f"{f!r} is not a fault; use one of "
                              f"{', '.join(t.__name__ for t in FAULT_TYPES)} from harness.faults")
     plan = tuple(resolve(f, shape) for f in plan)
-    if shape.coordinated:
-        for f in plan:
-            check_coordinated(f, shape)
     seen_config = set()
     seen_start = set()
     for f in plan:
         f.check(num_workers, restarts)
+        if shape.coordinated:
+            check_coordinated(f, shape)
         if isinstance(f, BadTFConfig):
             if (f.worker, f.attempt) in seen_config:
                 raise FaultError(f"{f!r}: worker {f.worker} already has a BadTFConfig"
@@ -90,12 +89,16 @@ def validate(faults: Iterable, num_workers: int, restarts: int = 0,
 
 # What a fault can do to a parameter-server cluster.  A server runs none of
 # the job's Python: it can stop (a crash, an error, a preemption, a pause)
-# or start late at the coordinator's steps, and its link can fail.  No
-# task of it runs collectives, and the chief's steps are the functions it
-# schedules (a step skipped would leave the job's RemoteValue unmade).
+# or start late at the coordinator's steps, and its link can go down or
+# slow (on the link itself).  No task of it runs collectives, and the
+# chief's steps are the functions it schedules (a step skipped would leave
+# the job's RemoteValue unmade).  Latency and ResetPeers act through the
+# proxy, which carries the traffic to the workers' addresses of an MWMS
+# cluster only.
 SERVER_FAULTS = ("Crash", "RaiseError", "Pause", "Preempt", "StartDelay", "Partition",
-                 "Bandwidth", "Latency", "ResetPeers")
-NOT_COORDINATED = ("SkipStep", "ExtraCollective", "BadTFConfig", "UnresolvedHost")
+                 "Bandwidth")
+NOT_COORDINATED = ("SkipStep", "ExtraCollective", "BadTFConfig", "UnresolvedHost", "Latency",
+                   "ResetPeers")
 
 
 def check_coordinated(fault: Fault, shape: tfconfig.ClusterShape) -> None:
@@ -104,9 +107,10 @@ def check_coordinated(fault: Fault, shape: tfconfig.ClusterShape) -> None:
     kind = type(fault).__name__
     label = shape.label(fault.worker)
     if kind in NOT_COORDINATED:
-        raise FaultError(f"{fault!r}: a parameter-server cluster ({shape}) runs no "
-                         f"collectives and its TF_CONFIG is the harness's; {kind} acts in "
-                         f"MultiWorkerMirroredStrategy clusters only")
+        raise FaultError(f"{fault!r}: {kind} acts in MultiWorkerMirroredStrategy clusters "
+                         f"only, not in a parameter-server cluster ({shape}), which runs no "
+                         f"collectives, whose TF_CONFIG is the harness's and whose traffic "
+                         f"the proxy does not carry")
     if shape.serves(fault.worker) and kind not in SERVER_FAULTS:
         raise FaultError(f"{fault!r}: {label} runs a server, none of the job's code, so a "
                          f"{kind} has nothing to act on there; a server can take "

@@ -98,7 +98,9 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
     # their steps are the coordinator's (the chief, process 0).
     return [dataclasses.replace(s, serves_for=specs[0].progress_path, ledger=None,
                                 sync_check=False, replicas_path="")
-            if shape.serves(s.index) else s for s in specs]
+            if shape.serves(s.index) else
+            dataclasses.replace(s, coordinates=True) if shape.coordinated else s
+            for s in specs]
 
 
 def run_attempt(launcher: Launcher, job: Job, attempt: int, configs: Sequence[Optional[dict]],

@@ -173,6 +173,9 @@ def check_coordinated(settings: RunSettings, sync_check: bool, values: dict) -> 
     checks that compare MultiWorkerMirroredStrategy's replicas, and
     restarts of one task."""
     shape = settings.shape
+    if not shape.chief or not shape.worker or shape.evaluator:
+        # parse_cluster refuses these as typed; a RunSettings made by hand too.
+        parse_cluster(shape, "cluster")
     asked = [name for name, on in (("check_replicas", values.get("check_replicas") is not None),
                                    ("reference", values.get("reference") is not None),
                                    ("sync_check", sync_check)) if on]

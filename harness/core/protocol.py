@@ -196,6 +196,8 @@ class WorkerSpec:
     # not fn, and its steps are those of the coordinator whose progress map
     # is at this path.
     serves_for: str = ""
+    # The chief of a parameter-server cluster: fn runs the job's coordinator.
+    coordinates: bool = False
 
 
 # A worker's process name carries its log's path after this mark, so that

@@ -45,8 +45,8 @@ PORT_NAMED = re.compile(r"[\d.\]a-z]:(\d{2,5})\b")
 
 
 def is_coordinated(obs: RunObservation) -> bool:
-    """Whether ``obs`` is of a parameter-server cluster."""
-    return bool(obs.serving)
+    """Whether ``obs`` is of a parameter-server cluster (with its chief)."""
+    return bool(obs.serving) and any(kind == "chief" for kind, _ in obs.tasks)
 
 
 def servers(obs: RunObservation) -> Tuple[WorkerObservation, ...]:
@@ -71,8 +71,11 @@ def down(w: WorkerObservation, cut: Sequence[int] = ()) -> bool:
 
 
 def _when(w: WorkerObservation) -> float:
-    times = [t for t in (w.finish_time, w.exit_time) if t is not None]
-    return min(times) if times else float("inf")
+    """When a server went down, where its end says (infinity: not known;
+    one stopped or cut off is ended by the harness at teardown)."""
+    times = [w.finish_time] + ([] if w.killed_by_harness else [w.exit_time])
+    known = [t for t in times if t is not None]
+    return min(known) if known else float("inf")
 
 
 def _ports(obs: RunObservation) -> dict:
@@ -165,29 +168,49 @@ def coordinator_crashed(obs: RunObservation, chief: WorkerObservation,
                  step=chief.last_step)
 
 
+def _holds(obs: RunObservation, w: WorkerObservation, cut: Sequence[int]) -> bool:
+    """Whether a server that went down holds the job for certain: a
+    parameter server (the coordinator cannot go on without it), or a
+    worker that is stopped or cut off (its function never returns); a
+    worker that died the coordinator goes on without."""
+    return obs.task(w.index)[0] == "ps" or w.stopped or w.index in cut
+
+
 def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation,
                                    gone: Sequence[WorkerObservation]) -> Optional[Found]:
-    """Servers went down before the coordinator raised: the one its error
-    names, or, for an error of reaching a task (:data:`UNREACHED`) that
-    names none of them, each of them.  Any other error that names none is
-    the job's own (:func:`coordinator_raised`)."""
+    """Servers went down before the coordinator raised (or at a time not
+    known: stopped, cut off): the ones its error names; for an error of
+    reaching a task (:data:`UNREACHED`) that names none of them, those
+    that hold the job for certain (:func:`_holds`), else it cannot tell
+    them from the job.  Any other error that names none is the job's own
+    (:func:`coordinator_raised`)."""
     if chief.error is None or not gone:
         return None
-    before = [w for w in gone if _when(w) <= (chief.finish_time or float("inf"))] or list(gone)
+    raised_at = chief.finish_time if chief.finish_time is not None else float("inf")
+    before = [w for w in gone if _when(w) <= raised_at or _when(w) == float("inf")]
+    if not before:
+        return None
     named = named_in(obs, f"{chief.error.message}\n{chief.error.traceback}")
-    culprits = tuple(w.index for w in before if w.index in named)
-    if not culprits:
-        if short_type(chief.error.type_name) not in UNREACHED:
-            return None
-        culprits = tuple(w.index for w in before)
-    outcome = Outcome.CRASHED if any(obs.workers[i].died for i in culprits) else Outcome.FAILED
     error = short_type(chief.error.type_name)
+    culprits = tuple(w.index for w in before if w.index in named)
+    vague = False
+    if not culprits:
+        if error not in UNREACHED:
+            return None
+        cut = cut_off(obs)
+        culprits = tuple(w.index for w in before if _holds(obs, w, cut))
+        if not culprits:   # only workers died, which the coordinator goes on without
+            culprits, vague = (chief.index, *(w.index for w in before)), True
+    outcome = Outcome.CRASHED if any(obs.workers[i].died for i in culprits) else Outcome.FAILED
     if len(culprits) == 1:
         w = obs.workers[culprits[0]]
         return Found(outcome, culprits, f"{name(w.index)} stopped serving; the coordinator "
                      f"raised {error}", step=w.last_step)
-    return Found(outcome, culprits, f"cannot tell which server the coordinator's {error} is "
-                 f"about: {names(culprits)} stopped serving", ambiguous=True)
+    what = ("the job's error from the loss of a worker it goes on without" if vague else
+            f"which server the coordinator's {error} is about")
+    return Found(outcome, culprits, f"cannot tell {what}: "
+                 f"{names([i for i in culprits if i in obs.serving])} stopped serving",
+                 ambiguous=True)
 
 
 def coordinator_raised(obs: RunObservation, chief: WorkerObservation,
@@ -213,17 +236,31 @@ def coordinator_raised(obs: RunObservation, chief: WorkerObservation,
                  step=chief.last_step)
 
 
+def coordinator_stopped(obs: RunObservation, chief: WorkerObservation,
+                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    if chief.finished or not chief.stopped:
+        return None
+    return Found(Outcome.HANG, (chief.index,), f"the coordinator ({name(chief.index)}) is "
+                 f"stopped (SIGSTOP)", step=chief.last_step)
+
+
 def coordinator_blocked(obs: RunObservation, chief: WorkerObservation,
                         gone: Sequence[WorkerObservation]) -> Optional[Found]:
+    """The coordinator waits: on the one server down that holds it for
+    certain (:func:`_holds`), else it cannot tell, naming every task."""
     if chief.finished:
         return None
-    if len(gone) == 1:
-        w = gone[0]
+    cut = cut_off(obs)
+    holding = [w for w in gone if _holds(obs, w, cut)]
+    if len(holding) == 1:
+        w = holding[0]
         return Found(Outcome.HANG, (w.index,), f"the coordinator waits; {name(w.index)} "
                      f"stopped serving", step=w.last_step)
-    candidates = [w.index for w in gone] or [chief.index] + [w.index for w in servers(obs)]
-    why = (f"{names(candidates)} stopped serving" if gone else
-           "every server kept serving and the coordinator did not return")
+    candidates = ([w.index for w in holding] if holding else
+                  [chief.index] + [w.index for w in servers(obs)])
+    why = (f"{names(candidates)} stopped serving" if holding else
+           f"{names([w.index for w in gone])} died, which the coordinator goes on without"
+           if gone else "every server kept serving and the coordinator did not return")
     return Found(Outcome.HANG, candidates, f"the coordinator waits; cannot tell which task "
                  f"holds it: {why}", ambiguous=True)
 
@@ -240,6 +277,7 @@ RULES: Tuple[Tuple[str, Rule], ...] = (
     ("coordinator_crashed", coordinator_crashed),
     ("server_down_coordinator_raised", server_down_coordinator_raised),
     ("coordinator_raised", coordinator_raised),
+    ("coordinator_stopped", coordinator_stopped),
     ("coordinator_blocked", coordinator_blocked),
     ("coordinator_completed", coordinator_completed),
 )

@@ -146,7 +146,9 @@ def different_pasts(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     kept outside the checkpoint), so a verdict of the rules comparing
     progress cannot tell there either."""
     ws = resumed(obs, story)
-    if v.outcome == Outcome.COMPLETED or direct_evidence(v, obs):
+    # A parameter-server cluster's servers restore nothing and run no job:
+    # its verdict reads how they ended, not what the tasks did alike.
+    if v.outcome == Outcome.COMPLETED or direct_evidence(v, obs) or obs.serving:
         return None
     if not pasts.differ(ws):
         # Under task restarts the stages of the restarted tasks tell it.
@@ -171,8 +173,8 @@ def shared_cause(v: Verdict, obs: RunObservation, story: Story) -> Changes:
     workers) makes every training task the culprit."""
     training = obs.training
     row = known.shared_cause(training)
-    if v.outcome == Outcome.COMPLETED or row is None or len(training) < 2:
-        return None
+    if v.outcome == Outcome.COMPLETED or row is None or len(training) < 2 or obs.serving:
+        return None   # a parameter-server cluster's job runs on its chief alone
     every = tuple(w.index for w in training)
     if row.shared == "race":
         if v.ambiguous:

@@ -28,7 +28,7 @@ from harness.explore.results import BreakingPlan, Exploration, SearchProgress
 from harness.explore.search import REPRODUCE, SavedPlans
 from harness.explore.search import explore as run_search
 from harness.explore.space import ORDERS, Space, kind_weights
-from harness.validators import (DEFAULT_MAX_FAULTS, parse_choice, parse_restarts,
+from harness.validators import (DEFAULT_MAX_FAULTS, parse_choice, parse_cluster, parse_restarts,
                                 parse_seconds, parse_seed, parse_whole)
 
 __all__ = ["Exploration", "BreakingPlan", "Coverage", "PlanRun", "SearchProgress",
@@ -154,6 +154,9 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     if not isinstance(check, bool):
         raise SettingError(f"explore(check={check!r}): True or False")
     settings = cluster.settings
+    if run_options.get("cluster") is not None:
+        settings = settings.with_overrides(cluster=parse_cluster(run_options["cluster"],
+                                                                 "explore(cluster=...)"))
     if settings.shape.coordinated:
         # Its servers take some kinds only, keyed by the coordinator's steps:
         # a space the draws do not know yet.

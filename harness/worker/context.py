@@ -115,6 +115,8 @@ class WorkerContext:
         self.replica_variables: Optional[list] = [] if check_replicas else None
         # In a job's own process (harness.record): watch, change nothing.
         self.observe_only = False
+        # The chief of a parameter-server cluster, whose fn coordinates.
+        self.coordinates = False
 
     @property
     def is_chief(self) -> bool:

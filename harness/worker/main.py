@@ -215,6 +215,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                                        bool(spec.replicas_path), spec.reference_workers,
                                        wait_applied=channel.wait_applied,
                                        run_dir=spec.run_dir or None, watch_state=spec.watch_state)
+    ctx.coordinates = spec.coordinates
     context_module.activate(ctx)
     code = 1
     try:

@@ -78,9 +78,9 @@ def refuse_changed_cluster(first: Optional[dict], now: Optional[dict]) -> None:
 
 
 def refuse_parameter_servers(tf_config: Optional[dict]) -> None:
-    """A SettingError for MultiWorkerMirroredStrategy on a cluster with
-    parameter servers: TensorFlow would start its collectives on a cluster
-    whose ``ps`` tasks never join them."""
+    """A SettingError for MultiWorkerMirroredStrategy in the chief of a
+    parameter-server cluster: TensorFlow would start its collectives on a
+    cluster whose workers and ``ps`` tasks run servers, never joining them."""
     cluster = (tf_config or {}).get("cluster")
     if isinstance(cluster, dict) and cluster.get("ps"):
         raise SettingError(
@@ -124,7 +124,7 @@ def install_strategy_hook(ctx) -> None:
     def __init__(self, *args, **kwargs):
         outermost = not ctx.creating_strategy
         used = tf_config_from_env() if outermost else None
-        if outermost and not ctx.observe_only:
+        if outermost and ctx.coordinates:
             refuse_parameter_servers(used)
         if outermost and ctx.strategy is not None and not ctx.observe_only:
             refuse_changed_cluster(ctx.strategy_tf_config, used)
@@ -154,7 +154,7 @@ def watch_coordinator(ctx) -> None:
     failed (:data:`~harness.core.protocol.RESCHEDULED`).  The patches live
     only in this process; a TensorFlow without these internals is left
     as it is.  Only a parameter-server cluster's chief has a coordinator."""
-    if not ((ctx.tf_config or {}).get("cluster") or {}).get("ps"):
+    if not ctx.coordinates:
         return
     try:
         from tensorflow.python.distribute.coordinator import cluster_coordinator as cc

@@ -55,8 +55,11 @@ def test_faults_a_server_cannot_take_are_refused_naming_the_task():
     with pytest.raises(FaultError, match=r"ps 0 runs a server, none of the job's code, so a "
                                          r"Delay has nothing to act on"):
         plan_module.validate([F.Delay(task=("ps", 0), step=1, seconds=1)], 4, shape=SHAPE)
-    with pytest.raises(FaultError, match=r"runs no collectives"):
-        plan_module.validate([F.SkipStep(0, 2)], 4, shape=SHAPE)
+    for refused in (F.SkipStep(0, 2), F.Latency(task=("ps", 0), step=1, ms=50)):
+        with pytest.raises(FaultError, match=r"acts in MultiWorkerMirroredStrategy clusters"):
+            plan_module.validate([refused], 4, shape=SHAPE)
+    with pytest.raises(FaultError, match=r"does not exist"):   # not an IndexError
+        plan_module.validate([F.Crash(7, 1)], 4, shape=SHAPE)
     with pytest.raises(FaultError, match=r"a parameter server is task=\('ps', 0\)"):
         plan_module.validate([F.Crash(3, 2)], 4, shape=SHAPE)
     # The chief's own faults act at the functions it schedules.
@@ -123,12 +126,20 @@ def test_a_dead_parameter_server_is_the_culprit_of_the_coordinator_s_error():
 
 def test_of_two_servers_down_the_one_the_error_names_is_the_culprit_else_cannot_tell():
     SHAPE2 = ClusterShape(chief=1, worker=2, ps=2)
-    two = (serving(1), dead(2, t=1.0), dead(3, t=1.5), serving(4))
-    named = diagnose(run(chief_raised(PS_NAMED.format(0)), *two, shape=SHAPE2))
+    two_ps = (serving(1), serving(2), dead(3, t=1.0), dead(4, t=1.5))
+    named = diagnose(run(chief_raised(PS_NAMED.format(0)), *two_ps, shape=SHAPE2))
     assert (named.culprits, named.ambiguous) == ((3,), False)
-    vague = diagnose(run(chief_raised("Socket closed"), *two, shape=SHAPE2))
-    assert (vague.culprits, vague.ambiguous) == ((2, 3), True)
+    vague = diagnose(run(chief_raised("Socket closed"), *two_ps, shape=SHAPE2))
+    assert (vague.culprits, vague.ambiguous) == ((3, 4), True)
     assert "cannot tell which server" in vague.text
+    # A worker lost is absorbed: of a worker and a parameter server down, the
+    # coordinator's vague error is the parameter server's.
+    mixed = (serving(1), dead(2, t=1.0), dead(3, t=1.5), serving(4))
+    v = diagnose(run(chief_raised("Socket closed"), *mixed, shape=SHAPE2))
+    assert (v.culprits, v.ambiguous) == ((3,), False)
+    # Only a worker lost: cannot tell the job's error from that loss.
+    v = diagnose(run(chief_raised("Socket closed"), serving(1), dead(2), serving(3)))
+    assert (v.culprits, v.ambiguous) == ((0, 2), True)
 
 
 def test_an_error_with_every_server_serving_is_the_job_s_own():
@@ -152,6 +163,14 @@ def test_a_coordinator_that_waits_names_the_one_server_down_else_every_candidate
     assert (one.outcome, one.culprits, one.ambiguous) == ("hang", (3,), False)
     none = diagnose(run(chief_blocked(), serving(1), serving(2), serving(3), ended_by="hang"))
     assert (none.outcome, none.culprits, none.ambiguous) == ("hang", (0, 1, 2, 3), True)
+    # A worker that died the coordinator goes on without: not the hang's culprit.
+    absorbed = diagnose(run(chief_blocked(), serving(1), dead(2), serving(3), ended_by="hang"))
+    assert (absorbed.culprits, absorbed.ambiguous) == ((0, 1, 2, 3), True)
+    assert "worker 1 died, which the coordinator goes on without" in absorbed.text
+    # A coordinator stopped for ever is its own hang.
+    frozen = dataclasses.replace(chief_blocked(), stopped=True)
+    v = diagnose(run(frozen, serving(1), dead(2), serving(3), ended_by="hang"))
+    assert (v.culprits, v.ambiguous, v.rule) == ((0,), False, "coordinator_stopped")
 
 
 def test_a_server_fault_is_unreached_when_the_coordinator_finished_first():
