@@ -71,6 +71,9 @@ class Kind(TextEnum):
     # the worker is back): data {"task": "worker", "index": the worker's
     # index among the workers, "error": the error's type name}.
     RESCHEDULED = "rescheduled"
+    # A Keras fit began an epoch after its first (the Keras callback):
+    # step: the step that begins it; data: the epoch's number.
+    EPOCH = "epoch"
 
 
 STARTED, STRATEGY_CREATING, STRATEGY_CREATED = Kind.STARTED, Kind.STRATEGY_CREATING, Kind.STRATEGY_CREATED
@@ -80,6 +83,7 @@ LEDGER_FUNCTION, LEDGER_COLLECTIVE = Kind.LEDGER_FUNCTION, Kind.LEDGER_COLLECTIV
 LEDGER_SITE = Kind.LEDGER_SITE
 NAME_UNRESOLVED, NAME_RESOLVED = Kind.NAME_UNRESOLVED, Kind.NAME_RESOLVED
 RESTORED, DATASET, SAVED, RESCHEDULED = Kind.RESTORED, Kind.DATASET, Kind.SAVED, Kind.RESCHEDULED
+EPOCH = Kind.EPOCH
 PHASES = (STARTED, STRATEGY_CREATING, STRATEGY_CREATED, STEP, STEPS_DONE)
 LEDGER_KINDS = (LEDGER_FUNCTION, LEDGER_COLLECTIVE, LEDGER_SITE, LEDGER_OFF)
 

@@ -191,10 +191,11 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
         return all(type(f).__name__ in chosen and f.worker < workers
                    and getattr(f, "step", 0) < steps for f in plan)
 
-    def space_for(steps: int, state_steps: Tuple[int, ...], interchangeable: bool) -> Space:
+    def space_for(steps: int, state_steps: Tuple[int, ...], interchangeable: bool,
+                  epoch_steps: Tuple[int, ...] = ()) -> Space:
         return Space(workers, steps, chosen, max_faults=max_faults, attempts=attempts,
                      for_ever=property != "survives", state_steps=state_steps,
-                     interchangeable=interchangeable)
+                     interchangeable=interchangeable, epoch_steps=epoch_steps)
 
     saved = SavedPlans(f"{key or job_key(fn, args, kwargs)} property={property} "
                        f"workers={settings.workers} restarts={restarts}")

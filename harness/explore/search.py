@@ -134,6 +134,13 @@ def state_steps(result: RunResult) -> Tuple[int, ...]:
                          if e.kind == "saved" and e.step is not None}))
 
 
+def epoch_steps(result: RunResult) -> Tuple[int, ...]:
+    """The steps that began an epoch after the first in ``result`` (a Keras
+    ``fit`` with the harness's callback), where the job's callbacks act."""
+    return tuple(sorted({e.step for w in result.observation.workers for e in w.events
+                         if e.kind == "epoch" and e.step is not None}))
+
+
 def interchangeable(result: RunResult) -> bool:
     """The workers other than 0 ran alike in the fault-free ``result``:
     each took as many steps and returned the same value (by its ``repr``),
@@ -276,7 +283,8 @@ def _tally(result: RunResult, check: Check) -> str:
 
 
 def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult, Plan], Check], *,
-            space_for: Callable[[int, Tuple[int, ...], bool], Space], kinds: Sequence[str], property: str,
+            space_for: Callable[[int, Tuple[int, ...], bool, Tuple[int, ...]], Space],
+            kinds: Sequence[str], property: str,
             budget: float, shrink_budget: float, seed: Optional[int],
             timeout: Optional[float], most_timeout: float,
             weights: Optional[Dict[str, float]] = None, order: str = "guided",
@@ -318,7 +326,8 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
             "explore: the job reported no steps in its fault-free run, so no step-keyed fault "
             "can act; report them with harness.context().steps(n), the Keras callback, or "
             "step_fn= (see run())")
-    space = space_for(max(steps, 1), state_steps(clean_run), interchangeable(clean_run))
+    space = space_for(max(steps, 1), state_steps(clean_run), interchangeable(clean_run),
+                      epoch_steps(clean_run))
     if found is None and saved is not None:
         found = search.saved_first(saved, lambda plan: is_valid(plan, steps))
     exhausted = False

@@ -99,27 +99,32 @@ class Space:
     # in which of them its faults fall on (FlyMC's symmetry), and the
     # one-fault plans of their role are those of worker 1.
     interchangeable: bool = True
+    # Steps that began an epoch (a Keras fit's), where its callbacks act.
+    epoch_steps: Tuple[int, ...] = ()
 
     def stopping_kind(self) -> Optional[str]:
         """The kind that tries a fault point: a crash, else a preemption,
         else an error; None when ``kinds`` has none of them."""
         return next((k for k in STOPPING if k in self.kinds), None)
 
+    def _writes_stand_out(self) -> bool:
+        """The job writes at fewer than half its steps."""
+        return bool(self.state_steps) and 2 * len(self.state_steps) <= self.steps
+
     def state_points(self) -> Tuple[int, ...]:
         """The steps just before and just after each write: a write seen at
         boundary ``b`` was made in step ``b - 1``, so a fault at ``b - 1``
-        comes before it and one at ``b`` after it.  None where the job
-        writes at most of its steps: then no step stands out."""
-        if 2 * len(self.state_steps) > self.steps:
-            return ()
-        return tuple(sorted({s for b in self.state_steps for s in (b - 1, b)
-                             if 0 <= s < self.steps}))
+        comes before it and one at ``b`` after it.  Where the job writes at
+        most of its steps no write stands out: then the steps just before
+        and just after each epoch boundary, where a Keras job's callbacks
+        act, if it has any; else none."""
+        marks = self.state_steps if self._writes_stand_out() else self.epoch_steps
+        return tuple(sorted({s for b in marks for s in (b - 1, b) if 0 <= s < self.steps}))
 
     def write_steps(self) -> Tuple[int, ...]:
         """The steps in which the fault-free run wrote (a write seen at
-        boundary ``b`` was made in step ``b - 1``), where its state points
-        stand out (:meth:`state_points`)."""
-        if not self.state_points():
+        boundary ``b`` was made in step ``b - 1``), where they stand out."""
+        if not self._writes_stand_out():
             return ()
         return tuple(sorted({b - 1 for b in self.state_steps if 0 <= b - 1 < self.steps}))
 

@@ -62,9 +62,9 @@ def survives_judge(invariant):
 def search(run, judge, kinds=("Crash",), budget=1e9, seed=0, saved=None, max_faults=1, **kw):
     clock = kw.pop("clock", None)
     extra = {"clock": clock} if clock else {}
-    return explore(run, judge, space_for=lambda steps, state, alike: Space(
+    return explore(run, judge, space_for=lambda steps, state, alike, epochs: Space(
         3, steps, tuple(kinds), max_faults=max_faults, state_steps=state,
-        interchangeable=alike), kinds=kinds,
+        interchangeable=alike, epoch_steps=epochs), kinds=kinds,
         property="survives", budget=budget, shrink_budget=budget, seed=seed, timeout=None,
         most_timeout=60.0, saved=saved, **extra, **kw)
 

@@ -157,6 +157,21 @@ def test_state_points_are_the_steps_around_each_write_unless_writes_are_everywhe
     assert Space(3, 20, ("Crash",)).state_points() == ()
 
 
+def test_where_writes_are_everywhere_the_epoch_boundaries_are_the_state_points():
+    """A Keras job that backs up every batch writes at every step: no write
+    stands out, and its callbacks act at the epoch boundaries (4 epochs of
+    4 batches: epochs begin at steps 4, 8, 12)."""
+    space = Space(3, 16, ("Crash", "RaiseError", "Preempt"), state_steps=tuple(range(1, 17)),
+                  epoch_steps=(4, 8, 12))
+    assert space.state_points() == (3, 4, 7, 8, 11, 12) and space.write_steps() == ()
+    first = _draw_all(space, seed=1)[:len(space.state_points()) * len(space.roles())]
+    assert {(p[0].step, space.role_of(p[0].worker)) for p in first} == {
+        (s, role) for s in (3, 4, 7, 8, 11, 12) for role in space.roles()}
+    # Writes that stand out come first; no epochs, no writes: no state point.
+    assert Space(3, 16, ("Crash",), state_steps=(5,), epoch_steps=(4, 8)).state_points() == (4, 5)
+    assert Space(3, 16, ("Crash",), state_steps=tuple(range(16))).state_points() == ()
+
+
 def test_the_draws_crash_each_role_around_each_write_first():
     space = Space(4, 20, ("RaiseError", "Preempt", "Crash"), state_steps=(13,))
     first = [Draws(space, seed).next(set(), []) for seed in range(20)]
