@@ -505,7 +505,7 @@ def test_tensorflows_combinations_run_on_the_harness_with_pytests_options(pytest
     assert "UnrecognizedFlagError" not in out and "NotInitializedError" not in out, out
     result.assert_outcomes(passed=1 if chief else 2, skipped=2)
     assert "required GPUs are available" in out, out
-    assert "does not run clusters with 'ps' tasks" in out, out
+    assert "does not run TensorFlow's parameter-server presets" in out, out
 
 
 def test_a_file_importing_the_runner_from_harness_compat_runs_under_pytests_options(pytester):

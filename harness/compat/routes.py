@@ -13,9 +13,11 @@ file imported afterwards that imports them by name (TensorFlow's own do)
 binds the harness's.
 
 ``combinations`` sees the harness's runner through :class:`ForCombinations`:
-a preset the harness does not run skips with the reason, as a preset whose
-GPUs are missing skips under TensorFlow's runner, instead of failing on the
-refusal; so does a parameter-server preset's ``MultiProcessCluster``.
+a preset the harness does not run (a parameter-server preset) skips with
+the reason, as a preset whose GPUs are missing skips under TensorFlow's
+runner, instead of failing on the refusal; so does a parameter-server
+``MultiProcessCluster``.  The runner itself (``multi_process_runner.run``)
+runs ``fn`` on every task of a spec with ps tasks.
 """
 from __future__ import annotations
 
@@ -47,18 +49,21 @@ MODULES = {
 }
 
 
-# Why a parameter-server preset (a MultiProcessCluster with ps tasks, whose
-# coordinator is the test process) skips.
-PS_CLUSTER_SKIP = (
-    "pytest-mwms does not run multi_worker_test_base.MultiProcessCluster's parameter-server "
-    "clusters yet: the test process is their coordinator, and the servers must listen at the "
-    "cluster spec's addresses for it; the harness runs ParameterServerStrategy jobs through "
-    "run(cluster={'chief': 1, 'worker': N, 'ps': M})")
+# Why a parameter-server preset skips (combinations' ParameterServer*
+# presets, a MultiProcessCluster with ps tasks): its strategy's coordinator
+# connects to servers at the spec's addresses.
+PS_PRESET_SKIP = (
+    "pytest-mwms does not run TensorFlow's parameter-server presets yet: their coordinator "
+    "must reach servers listening at the cluster spec's addresses; the harness runs "
+    "ParameterServerStrategy jobs through run(cluster={'chief': 1, 'worker': N, 'ps': M}), "
+    "and multi_process_runner.run runs fn on every task of a spec with ps tasks")
 
 
 def skip_reason(cluster_spec: Optional[Mapping]) -> Optional[str]:
     """Why a test preset's cluster does not run on the harness (the test
     skips with it), or None when it runs."""
+    if hasattr(cluster_spec, "get") and cluster_spec.get("ps"):
+        return PS_PRESET_SKIP
     try:
         spec.shape(cluster_spec)
     except UnsupportedClusterError as e:
@@ -100,8 +105,6 @@ class ForTestBase(ForCombinations):
     @staticmethod
     def MultiProcessRunner(fn, cluster_spec, *args, **kwargs):
         _skip_unless_runnable(cluster_spec)
-        if hasattr(cluster_spec, "get") and cluster_spec.get("ps"):
-            raise unittest.SkipTest(PS_CLUSTER_SKIP)
         raise UnsupportedClusterError(
             "pytest-mwms cannot run multi_worker_test_base.MultiProcessCluster: its servers "
             "must listen at the cluster spec's addresses, for the test process to connect "

@@ -340,11 +340,16 @@ def test_a_runner_with_a_chief_runs_that_shape_and_names_its_tasks_as_tensorflow
 def test_parameter_server_presets_skip_with_the_reason_and_others_run():
     from harness.compat import routes
     ps = mwtb.create_cluster_spec(has_chief=True, num_workers=1, num_ps=2)
-    # The runner runs fn on every task of it; a MultiProcessCluster of it,
-    # whose coordinator is the test process, skips.
-    assert routes.skip_reason(ps) is None and routes.skip_reason({"worker": ["a", "b"]}) is None
-    with pytest.raises(unittest.SkipTest, match="MultiProcessCluster's parameter-server"):
-        routes.FOR_TEST_BASE.MultiProcessRunner(lambda: None, ps)
+    # A preset or a MultiProcessCluster of it skips; the runner called
+    # directly runs fn on every task of it (tests/test_compat.py).
+    assert "parameter-server presets" in routes.skip_reason(ps)
+    assert routes.skip_reason({"worker": ["a", "b"]}) is None
+    for route in (routes.FOR_COMBINATIONS.MultiProcessRunner,
+                  routes.FOR_TEST_BASE.MultiProcessRunner):
+        with pytest.raises(unittest.SkipTest, match="parameter-server presets"):
+            route(lambda: None, ps)
+    with pytest.raises(unittest.SkipTest, match="parameter-server presets"):
+        routes.FOR_COMBINATIONS.MultiProcessPoolRunner(ps)
     # MultiProcessCluster's servers must listen where the test connects
     with pytest.raises(mpr.UnsupportedClusterError, match="MultiProcessCluster"):
         routes.FOR_TEST_BASE.MultiProcessRunner(lambda: None, {"worker": ["a", "b"]})
