@@ -62,7 +62,7 @@ PS_PRESET_SKIP = (
 def skip_reason(cluster_spec: Optional[Mapping]) -> Optional[str]:
     """Why a test preset's cluster does not run on the harness (the test
     skips with it), or None when it runs."""
-    if hasattr(cluster_spec, "get") and cluster_spec.get("ps"):
+    if cluster_spec is not None and hasattr(cluster_spec, "items") and cluster_spec.get("ps"):
         return PS_PRESET_SKIP
     try:
         spec.shape(cluster_spec)
