@@ -160,7 +160,7 @@ class Found:
 
 
 def coordinator_crashed(obs: RunObservation, chief: WorkerObservation,
-                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
+                        gone: Sequence[WorkerObservation], cut: Sequence[int]) -> Optional[Found]:
     if not chief.died:
         return None
     return Found(Outcome.CRASHED, (chief.index,),
@@ -177,7 +177,7 @@ def _holds(obs: RunObservation, w: WorkerObservation, cut: Sequence[int]) -> boo
 
 
 def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation,
-                                   gone: Sequence[WorkerObservation]) -> Optional[Found]:
+                                   gone: Sequence[WorkerObservation], cut: Sequence[int]) -> Optional[Found]:
     """Servers went down before the coordinator raised (or at a time not
     known: stopped, cut off): the ones its error names; for an error of
     reaching a task (:data:`UNREACHED`) that names none of them, those
@@ -197,7 +197,6 @@ def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation
     if not culprits:
         if error not in UNREACHED:
             return None
-        cut = cut_off(obs)
         culprits = tuple(w.index for w in before if _holds(obs, w, cut))
         if not culprits:   # only workers died, which the coordinator goes on without
             culprits, vague = (chief.index, *(w.index for w in before)), True
@@ -214,7 +213,7 @@ def server_down_coordinator_raised(obs: RunObservation, chief: WorkerObservation
 
 
 def coordinator_raised(obs: RunObservation, chief: WorkerObservation,
-                       gone: Sequence[WorkerObservation]) -> Optional[Found]:
+                       gone: Sequence[WorkerObservation], cut: Sequence[int]) -> Optional[Found]:
     """With every server serving as far as the harness saw: the job's own
     error, unless it is one of reaching a task (:data:`UNREACHED`) and
     names a server: one the harness did not see go may still have been
@@ -237,7 +236,7 @@ def coordinator_raised(obs: RunObservation, chief: WorkerObservation,
 
 
 def coordinator_stopped(obs: RunObservation, chief: WorkerObservation,
-                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
+                        gone: Sequence[WorkerObservation], cut: Sequence[int]) -> Optional[Found]:
     if chief.finished or not chief.stopped:
         return None
     return Found(Outcome.HANG, (chief.index,), f"the coordinator ({name(chief.index)}) is "
@@ -245,12 +244,11 @@ def coordinator_stopped(obs: RunObservation, chief: WorkerObservation,
 
 
 def coordinator_blocked(obs: RunObservation, chief: WorkerObservation,
-                        gone: Sequence[WorkerObservation]) -> Optional[Found]:
+                        gone: Sequence[WorkerObservation], cut: Sequence[int]) -> Optional[Found]:
     """The coordinator waits: on the one server down that holds it for
     certain (:func:`_holds`), else it cannot tell, naming every task."""
     if chief.finished:
         return None
-    cut = cut_off(obs)
     holding = [w for w in gone if _holds(obs, w, cut)]
     if len(holding) == 1:
         w = holding[0]
@@ -266,13 +264,14 @@ def coordinator_blocked(obs: RunObservation, chief: WorkerObservation,
 
 
 def coordinator_completed(obs: RunObservation, chief: WorkerObservation,
-                          gone: Sequence[WorkerObservation]) -> Optional[Found]:
+                          gone: Sequence[WorkerObservation], cut: Sequence[int]) -> Optional[Found]:
     if not chief.returned:
         return None
     return Found(Outcome.COMPLETED, (), f"the coordinator returned in {obs.duration:.1f}s")
 
 
-Rule = Callable[[RunObservation, WorkerObservation, Sequence[WorkerObservation]], Optional[Found]]
+Rule = Callable[[RunObservation, WorkerObservation, Sequence[WorkerObservation], Sequence[int]],
+                Optional[Found]]
 RULES: Tuple[Tuple[str, Rule], ...] = (
     ("coordinator_crashed", coordinator_crashed),
     ("server_down_coordinator_raised", server_down_coordinator_raised),
@@ -304,7 +303,7 @@ def coordinated_verdict(obs: RunObservation) -> Verdict:
     chief = coordinator(obs)
     cut = cut_off(obs)
     gone = sorted((w for w in servers(obs) if down(w, cut)), key=_when)
-    rule, found = next((r, f) for r, fn in RULES if (f := fn(obs, chief, gone)) is not None)
+    rule, found = next((r, f) for r, fn in RULES if (f := fn(obs, chief, gone, cut)) is not None)
     if found.outcome == Outcome.COMPLETED:
         head = f"COMPLETED: {found.headline}"
         if gone:
