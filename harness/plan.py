@@ -117,6 +117,25 @@ def check_coordinated(fault: Fault, shape: tfconfig.ClusterShape) -> None:
                          f"{', '.join(SERVER_FAULTS)}")
 
 
+# The faults that end a server: a parameter-server cluster's coordinator
+# holds the result of the function that reached such a fault's step on its
+# worker until that worker is gone (see harness.worker.coordinator).
+ENDS_A_SERVER = ("Crash", "RaiseError", "Preempt")
+
+
+def coordinator_holds(plan: Iterable[Fault],
+                      shape: tfconfig.ClusterShape) -> Tuple[Tuple[int, int], ...]:
+    """``(worker's index among the workers, step)`` for each fault of
+    ``plan`` that ends a worker of the parameter-server cluster ``shape``."""
+    holds = set()
+    for f in plan:
+        if isinstance(f, StepFault) and type(f).__name__ in ENDS_A_SERVER:
+            kind, index = shape.task(f.worker)
+            if kind == "worker":
+                holds.add((index, f.step))
+    return tuple(sorted(holds))
+
+
 def needs_network(plan: Iterable[Fault]) -> bool:
     """Whether a fault of ``plan`` acts on the network (a namespace per worker)."""
     return any(f.network_commands() for f in plan)

@@ -3,7 +3,8 @@ server (whatever ``--mwms-workers`` says): the chief's ``ClusterCoordinator``
 schedules the job's functions on the workers, the variables live on the
 parameter server.  A parameter server lost ends the job unless it
 checkpoints and is restarted; a worker lost is absorbed by the
-coordinator."""
+coordinator, which runs again each function whose result it lost with the
+worker."""
 import pytest
 
 import harness
@@ -109,13 +110,13 @@ def test_a_parameter_server_lost_the_job_resumes_from_its_checkpoint(mwms_cluste
 @scenario(outcome="completed", source="TensorFlow's ClusterCoordinator docs (worker failure: "
           "functions re-run)")
 def test_a_worker_lost_the_coordinator_runs_its_functions_again(mwms_cluster):
-    """Worker 1 is SIGKILLed at the coordinator's sixth function: the job
-    goes on without it.
+    """Worker 1 is SIGKILLed once the sixth function scheduled (or the
+    first after it to run there) has run on it: the job goes on without it.
 
     TensorFlow: the coordinator puts back each function the worker held
-    and runs it on worker 0; ``join`` returns.  A function that had
+    and runs it on worker 0; ``join`` returns.  The function that had
     updated the parameter server before its worker died runs again, so
-    the counter counts at least every function, and may count one twice.
+    the counter counts every function, one twice.
 
     Source: TensorFlow's ``ClusterCoordinator.schedule`` docs: "a function
     may be executed more than once".
@@ -129,3 +130,83 @@ def test_a_worker_lost_the_coordinator_runs_its_functions_again(mwms_cluster):
     assert result.tasks[("chief", 0)].return_value[1] >= STEPS
     assert "worker 1 stopped serving and the job went on" in result.diagnosis.splitlines()[0]
     assert "of worker 1 back in its queue" in result.diagnosis
+
+
+def exactly_once_job(count_from="variable"):
+    """``STEPS`` functions, each counting one example into a counter on the
+    parameter server and returning 1; the job then checks that it counted
+    each example once, counting ``"variable"`` (the counter the functions
+    updated) or ``"results"`` (the values the coordinator fetched).
+    Returns (the counter, the sum of the fetched values)."""
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        seen = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step():
+        seen.assign_add(1)
+        return tf.constant(1, dtype=tf.int64)
+
+    results = [coordinator.schedule(step) for _ in range(STEPS)]
+    coordinator.join()
+    fetched = sum(int(r.fetch()) for r in results)
+    counted = int(seen.numpy()) if count_from == "variable" else fetched
+    if counted != STEPS:
+        raise AssertionError(f"counted {counted} examples of {STEPS}")
+    return int(seen.numpy()), fetched
+
+
+WORKER_LOST = Crash(task=("worker", 1), step=5, how="kill")
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="failed", source="TensorFlow's ClusterCoordinator.schedule docs (\"a "
+          "function may be executed more than once\")",
+          fixed_by="test_a_function_run_twice_counted_from_its_fetched_results")
+def test_a_function_run_twice_breaks_an_exactly_once_counter(mwms_cluster):
+    """A job counts its examples in a variable its functions update, and
+    worker 1 is lost (SIGKILL) after running one, before its result came.
+
+    Worker 1 dies once the sixth function scheduled (or the first after
+    it to run there) has run on it, before the coordinator has its result.
+
+    TensorFlow: the coordinator's fetch of the result fails, it puts the
+    function back and runs it on worker 0, so the counter on the
+    parameter server counts that example twice: 21 of 20.  The job's
+    check raises; the verdict names the job's error (the chief's) and
+    says the coordinator put a function of worker 1 back, which may have
+    run twice.
+
+    Source: TensorFlow's ``ClusterCoordinator.schedule`` docs: a function
+    "may be executed more than once" after a worker failure.
+
+    Fix: count from the values the coordinator fetched, one per function
+    that finished.
+    """
+    result = mwms_cluster.run(exactly_once_job, faults=[WORKER_LOST], timeout=30)
+    assert "counted 21 examples of 20" in result.diagnosis
+    assert "of worker 1 back in its queue" in result.diagnosis
+    assert result.culprit_tasks == (("chief", 0),)
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="TensorFlow's ClusterCoordinator.schedule docs (\"a "
+          "function may be executed more than once\")")
+def test_a_function_run_twice_counted_from_its_fetched_results(mwms_cluster):
+    """The same lost worker; the job counts the values the coordinator
+    fetched.
+
+    TensorFlow: the function run twice still counts twice in the variable
+    (21), but its first result was lost with the worker, so the fetched
+    values sum to 20 exactly.
+
+    Source: TensorFlow's ``ClusterCoordinator.schedule`` docs.
+
+    Fix: this is the fix.
+    """
+    result = mwms_cluster.run(exactly_once_job, kwargs={"count_from": "results"},
+                              faults=[WORKER_LOST], timeout=30)
+    assert result.tasks[("chief", 0)].return_value == (STEPS + 1, STEPS)

@@ -95,11 +95,14 @@ def worker_specs(job: Job, attempt: int, configs: Sequence[Optional[dict]],
         watch_state=req.watch_state)
         for i in range(n)]
     # A parameter-server cluster's servers run no fn: no ledger, no checks;
-    # their steps are the coordinator's (the chief, process 0).
+    # their steps are read from the coordinator's (the chief's, process 0)
+    # progress map.
     return [dataclasses.replace(s, serves_for=specs[0].progress_path, ledger=None,
                                 sync_check=False, replicas_path="")
             if shape.serves(s.index) else
-            dataclasses.replace(s, coordinates=True) if shape.coordinated else s
+            dataclasses.replace(s, coordinates=True,
+                                holds=plan_module.coordinator_holds(plan, shape))
+            if shape.coordinated else s
             for s in specs]
 
 

@@ -63,9 +63,13 @@ CALL_ENDED = 3       # number: call number; detail: CALL_RETURNED, CALL_RAISED o
 COLLECTIVE_LAUNCHED = 4   # number: call number; detail: the collective's index in the function
 COLLECTIVE_DONE = 5       # number: call number; detail: the index
 CALL_SITE = 6        # number: call number; detail: the id of the user's line that made it
+# A parameter-server cluster's coordinator: a function it scheduled has run
+# on a worker, its result not yet fetched.  number: the step it was
+# scheduled at; detail: the worker's index among the cluster's workers.
+RAN = 7
 KIND_NAMES = {STEP: "step", CALL_BEGAN: "call_began", CALL_ENDED: "call_ended",
               COLLECTIVE_LAUNCHED: "collective_launched", COLLECTIVE_DONE: "collective_done",
-              CALL_SITE: "call_site"}
+              CALL_SITE: "call_site", RAN: "ran"}
 NO_STEP = -1
 CALL_RETURNED, CALL_RAISED, CALL_NOT_RUN = 0, 1, 2
 

@@ -197,11 +197,15 @@ class WorkerSpec:
     run_dir: str = ""   # the run's directory, kept across its attempts (ctx.run_dir)
     watch_state: bool = False   # report where run_dir changes (protocol.SAVED)
     # A server of a parameter-server cluster: it runs a tf.distribute.Server,
-    # not fn, and its steps are those of the coordinator whose progress map
-    # is at this path.
+    # not fn, and its steps are read from the progress map of its
+    # coordinator, at this path (harness.worker.servers).
     serves_for: str = ""
     # The chief of a parameter-server cluster: fn runs the job's coordinator.
     coordinates: bool = False
+    # The coordinator's (worker index, step) pairs at which a fault ends
+    # that worker: the function that reaches the step there has its result
+    # held until the worker is gone.
+    holds: tuple = ()
 
 
 # A worker's process name carries its log's path after this mark, so that

@@ -117,6 +117,8 @@ class WorkerContext:
         self.observe_only = False
         # The chief of a parameter-server cluster, whose fn coordinates.
         self.coordinates = False
+        # Where its coordinator waits for a worker to go (WorkerSpec.holds).
+        self.holds: tuple = ()
 
     @property
     def is_chief(self) -> bool:

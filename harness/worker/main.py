@@ -42,7 +42,8 @@ from harness.faults import StartDelay
 from harness.core.protocol import Message, VariablePrint, WorkerError, WorkerSpec
 from harness.worker import context as context_module
 from harness.worker.process import flush_output, lead_process_group, redirect_output
-from harness.worker.strategy_hook import install_strategy_hook, watch_coordinator
+from harness.worker.coordinator import watch_coordinator
+from harness.worker.strategy_hook import install_strategy_hook
 from harness.worker.servers import serve
 from harness.worker.checkpoints import watch_restores
 from harness.worker.datasets import watch_datasets
@@ -216,6 +217,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
                                        wait_applied=channel.wait_applied,
                                        run_dir=spec.run_dir or None, watch_state=spec.watch_state)
     ctx.coordinates = spec.coordinates
+    ctx.holds = spec.holds
     context_module.activate(ctx)
     code = 1
     try:

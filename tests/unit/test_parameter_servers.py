@@ -207,3 +207,71 @@ def test_a_server_the_links_found_cut_off_is_down():
     v = diagnose(obs)
     assert (v.outcome, v.culprits, v.ambiguous) == ("failed", (3,), False)
     assert "ps 0: cut off" in v.text
+
+
+def test_the_coordinator_holds_where_a_fault_ends_a_worker_only():
+    plan = plan_module.validate(
+        [F.Crash(task=("worker", 1), step=5), F.Preempt(task=("worker", 0), step=2),
+         F.Pause(task=("worker", 0), step=3), F.Crash(task=("ps", 0), step=4)],
+        SHAPE.total, shape=SHAPE)
+    assert plan_module.coordinator_holds(plan, SHAPE) == ((0, 2), (1, 5))
+
+
+def test_a_hold_is_taken_once_at_the_first_function_of_its_step_or_later_on_its_worker():
+    from harness.worker.coordinator import Holds
+    holds = Holds([(1, 5)], ("127.0.0.1:1", "127.0.0.1:2"))
+    assert not holds.due(0, 9) and not holds.due(1, 4)
+    assert holds.due(1, 7) and not holds.due(1, 8)
+
+
+def test_the_held_function_waits_until_its_worker_stops_listening():
+    import socket
+    import threading
+    import time
+
+    from harness.worker.coordinator import Holds, listening
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    assert listening(address)
+    threading.Timer(0.3, server.close).start()
+    began = time.monotonic()
+    Holds([(0, 0)], (address,), limit=10).wait(0, 0)
+    assert 0.25 < time.monotonic() - began < 5 and not listening(address)
+
+
+def test_a_worker_server_takes_each_step_up_to_the_latest_function_run_on_it(tmp_path,
+                                                                             monkeypatch):
+    """A parameter server takes the coordinator's steps; a worker, the
+    steps up to each function run on it, once each, in order (a function
+    put back and run again elsewhere takes no step twice)."""
+    import types
+
+    from harness.core import progress
+    from harness.worker import servers
+    path = str(tmp_path / "chief.progress")
+    progress.create(path, capacity=64)
+    writer = progress.Writer(path)
+    for kind, number, detail in [(progress.STEP, 0, 0), (progress.RAN, 0, 0),
+                                 (progress.STEP, 1, 0), (progress.RAN, 1, 1),
+                                 (progress.RAN, 0, 1), (progress.STEP, 2, 0),
+                                 (progress.RAN, 2, 1), (progress.STEP, 3, 0),
+                                 (progress.RAN, 3, 0)]:
+        writer.write(kind, number=number, detail=detail)
+
+    def stop(_):   # ends the loop once it has read every record
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servers, "time", types.SimpleNamespace(sleep=stop))
+
+    def taken(worker):
+        ctx, ended = types.SimpleNamespace(steps=[]), []
+        ctx.step_boundary = ctx.steps.append
+        servers.follow(ctx, path, ended.append, worker)
+        assert len(ended) == 1 and isinstance(ended[0], KeyboardInterrupt)
+        return ctx.steps
+
+    assert taken(None) == [0, 1, 2, 3]
+    assert taken(0) == [0, 1, 2, 3]
+    assert taken(1) == [0, 1, 2]
