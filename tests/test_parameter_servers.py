@@ -7,7 +7,7 @@ the failure's; a server that raises, a MultiWorkerMirroredStrategy on such a
 cluster and a fault no server can take are each one clear error."""
 import pytest
 
-from harness.errors import FaultError, SettingError
+from harness.errors import ExplorationFailed, FaultError, SettingError
 from harness.faults import Crash, Delay, Partition, Pause, RaiseError
 from harness.network import namespace as netns
 
@@ -122,7 +122,61 @@ def test_a_fault_no_server_can_take_is_refused_before_anything_starts(mwms_clust
         mwms_cluster.run(coordinator_job, check_replicas=True)
 
 
-def test_the_search_refuses_a_parameter_server_cluster_by_name(mwms_cluster):
-    with pytest.raises(SettingError, match=r"explore\(\): the cluster chief:1,worker:2,ps:1 has "
-                                           r"parameter servers"):
-        mwms_cluster.explore(coordinator_job, budget=5)
+def checkpointed_count(count_from="variable", every=4):
+    """``STEPS`` functions, each counting one example into ``seen`` on the
+    parameter server and returning 1; every ``every`` the coordinator joins
+    them, adds the values it fetched to ``fetched`` and writes both to a
+    checkpoint that a restarted job reads back first.  At the end it
+    checks that it counted each example once, by ``"variable"`` (``seen``)
+    or by ``"results"`` (``fetched``)."""
+    import tensorflow as tf
+
+    import harness
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        seen = tf.Variable(0, dtype=tf.int64)
+        fetched = tf.Variable(0, dtype=tf.int64)
+        done = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(seen=seen, fetched=fetched, done=done), harness.context().run_dir,
+        max_to_keep=1)
+    if manager.latest_checkpoint:
+        manager.checkpoint.restore(manager.latest_checkpoint)
+
+    @tf.function
+    def step():
+        seen.assign_add(1)
+        return tf.constant(1, dtype=tf.int64)
+
+    results = []
+    for k in range(int(done.numpy()), STEPS):
+        results.append(coordinator.schedule(step))
+        if (k + 1) % every == 0 or k + 1 == STEPS:
+            coordinator.join()
+            fetched.assign_add(sum(int(r.fetch()) for r in results))
+            done.assign(k + 1)
+            results = []
+            manager.save()
+    counted = int((seen if count_from == "variable" else fetched).numpy())
+    assert counted == STEPS, f"counted {counted} examples of {STEPS}"
+    return counted
+
+
+def test_the_search_finds_a_function_run_twice_and_the_fixed_job_survives(mwms_cluster):
+    """Under ``survives`` with one restart, a job that checkpoints its
+    count survives a lost parameter server or chief; a worker lost after
+    running a function makes that function run twice.  The search finds
+    it and shrinks it to a worker's fault; counting the fetched values
+    survives every plan the same search runs."""
+    with pytest.raises(ExplorationFailed) as caught:
+        mwms_cluster.explore(checkpointed_count, restarts=1, budget=60, seed=0, reproduce=1)
+    failure = caught.value.exploration.failure
+    assert len(failure.plan) == 1 and failure.plan[0].worker in (1, 2)
+    assert failure.line.startswith("faults=[") and "task=('worker', " in failure.line
+    assert "counted 21 examples of 20" in failure.result.diagnosis
+    clean = mwms_cluster.explore(checkpointed_count, kwargs={"count_from": "results"},
+                                 restarts=1, budget=12, seed=0)
+    assert clean.failure is None and clean.runs > 3
+    assert {f.worker for run in clean.plans for f in run.plan} >= {0, 3}

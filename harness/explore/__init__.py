@@ -16,6 +16,7 @@ object it is handed, never :mod:`harness.controller`, which imports it.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -104,6 +105,23 @@ def _api(name: str) -> str:
     return f"explore({name}=...)"
 
 
+def coordinated_kinds(chosen: Sequence[str], default: bool, shape) -> tuple:
+    """The kinds of ``chosen`` a search draws on the parameter-server
+    cluster ``shape``: those every task of it takes
+    (:data:`harness.plan.SERVER_FAULTS`).  Of the default kinds the others
+    are left out; a kind named that no server takes is a SettingError."""
+    fits = tuple(k for k in chosen if k in plan_module.SERVER_FAULTS)
+    if not default and len(fits) < len(chosen):
+        other = next(k for k in chosen if k not in fits)
+        raise SettingError(f"explore(kinds=...): {other!r} acts on no server of the "
+                           f"parameter-server cluster {shape}; name kinds of "
+                           f"{', '.join(k for k in plan_module.SERVER_FAULTS if k != 'StartDelay')}")
+    if not fits:
+        raise SettingError(f"explore(): none of the kinds {', '.join(chosen)} acts on the "
+                           f"servers of the parameter-server cluster {shape}")
+    return fits
+
+
 def job_key(fn: Callable, args: Sequence = (), kwargs: Optional[dict] = None) -> str:
     """What names a job in the saved plans: where its function is defined,
     and its arguments (a broken and a fixed variant of one function are two
@@ -157,13 +175,11 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     if run_options.get("cluster") is not None:
         settings = settings.with_overrides(cluster=parse_cluster(run_options["cluster"],
                                                                  "explore(cluster=...)"))
+    # A parameter-server cluster's faults fall on every task, the servers
+    # included, of the kinds a server takes (the chief takes them too).
+    workers = settings.shape.total if settings.shape.coordinated else settings.shape.training
     if settings.shape.coordinated:
-        # Its servers take some kinds only, keyed by the coordinator's steps:
-        # a space the draws do not know yet.
-        raise SettingError(f"explore(): the cluster {settings.shape} has parameter servers; "
-                           f"the search draws plans for MultiWorkerMirroredStrategy clusters "
-                           f"only, so far. Run chosen faults with run(faults=...)")
-    workers = settings.shape.training
+        chosen = coordinated_kinds(chosen, kinds is None, settings.shape)
     attempts = fault_attempts(property, restarts, max_faults)
 
     # Which collective a worker waits on proves more deadlocks certain (an
@@ -172,20 +188,28 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
     if progress is not None:
         progress, run_options["progress"] = _with_run_progress(progress)
 
+    shape = settings.shape
+
+    def named(plan):
+        # A fault on a parameter-server cluster's task is given by its
+        # task=, as a user gives it (worker= counts the chief and workers).
+        return tuple(dataclasses.replace(f, task=shape.task(f.worker)) for f in plan) \
+            if shape.coordinated else tuple(plan)
+
     def run(plan, plan_timeout):
         # The fault-free run tells where the job writes its state.
-        result = cluster.run(fn, args, kwargs, faults=plan, restarts=restarts,
+        result = cluster.run(fn, args, kwargs, faults=named(plan), restarts=restarts,
                              restart_policy=restart_policy, timeout=plan_timeout,
                              end_when_certain=True, watch_state=not plan, **run_options)
         cluster.runs.pop()   # the search's runs are not the test's: its failure is
         return result
 
     def judge(result, plan):
-        return PROPERTIES[property](result, plan, invariant)
+        return PROPERTIES[property](result, named(plan), invariant)
 
     def is_valid(plan, steps) -> bool:
         try:
-            plan_module.validate(plan, settings.workers, restarts, settings.shape)
+            plan_module.validate(named(plan), settings.workers, restarts, settings.shape)
         except (F.FaultError, SettingError):
             return False
         return all(type(f).__name__ in chosen and f.worker < workers
@@ -195,20 +219,37 @@ def explore_cluster(cluster, fn: Callable, args: Sequence = (), kwargs: Optional
                   epoch_steps: Tuple[int, ...] = ()) -> Space:
         return Space(workers, steps, chosen, max_faults=max_faults, attempts=attempts,
                      for_ever=property != "survives", state_steps=state_steps,
-                     interchangeable=interchangeable, epoch_steps=epoch_steps)
+                     interchangeable=interchangeable and not shape.coordinated,
+                     epoch_steps=epoch_steps,
+                     task_types=tuple(t for t, _ in shape.tasks) if shape.coordinated else ())
 
     saved = SavedPlans(f"{key or job_key(fn, args, kwargs)} property={property} "
                        f"workers={settings.workers} restarts={restarts}")
     found = run_search(run, judge, space_for=space_for, kinds=chosen, property=property,
                        budget=budget, shrink_budget=shrink_budget, seed=seed, timeout=timeout,
                        most_timeout=settings.timeout, weights=kind_weights(chosen, property),
-                       order=order, reproduce=reproduce, saved=saved, is_valid=is_valid, progress=progress)
+                       order=order, reproduce=reproduce, saved=saved, is_valid=is_valid,
+                       progress=progress, named=named)
+    if shape.coordinated:
+        found = _named_plans(found, named)
     if found.failure is not None:
         cluster.runs.append(found.failure.result)
         if check:
             raise ExplorationFailed(found.summary() + "\n\nthe run of that plan:\n"
                                     + found.failure.result.diagnosis, found)
     return found
+
+
+def _named_plans(found: Exploration, named: Callable) -> Exploration:
+    """``found`` with each plan as the cluster ran it (:func:`explore_cluster`'s ``named``)."""
+    failure = found.failure
+    if failure is not None:
+        failure = dataclasses.replace(
+            failure, plan=named(failure.plan), found=named(failure.found),
+            passed_over=None if failure.passed_over is None else
+            (named(failure.passed_over[0]), failure.passed_over[1]))
+    return dataclasses.replace(found, failure=failure, plans=tuple(
+        dataclasses.replace(r, plan=named(r.plan), acted=named(r.acted)) for r in found.plans))
 
 
 def _with_run_progress(progress: Callable[[SearchProgress], None]):

@@ -167,9 +167,13 @@ class Search:
     def __init__(self, run: Callable[[Plan, float], RunResult],
                  judge: Callable[[RunResult, Plan], Check], budget: float,
                  clock: Callable[[], float] = time.monotonic,
-                 progress: Optional[Callable[[SearchProgress], None]] = None):
+                 progress: Optional[Callable[[SearchProgress], None]] = None,
+                 named: Callable[[Plan], Plan] = lambda plan: plan):
         self.run, self.judge, self.budget, self.clock = run, judge, budget, clock
         self.progress = progress
+        # A plan as the cluster runs it and reports its faults (a parameter
+        # server by its task=).
+        self.named = named
         self.judged: Dict[Plan, _Judged] = {}
         self.outcomes: Dict[str, int] = collections.Counter()
         self.seconds: List[float] = []
@@ -197,7 +201,9 @@ class Search:
         last, ended = self.last if self.last is not None else (None, "")
         self.progress(SearchProgress(
             self.stage, len(self.judged) + self.replays, now - self.started,
-            max(0.0, self.stage_budget - (now - self.stage_started)), running, last, ended))
+            max(0.0, self.stage_budget - (now - self.stage_started)),
+            None if running is None else self.named(running),
+            None if last is None else self.named(last), ended))
 
     def try_plan(self, plan: Plan, count: bool = True) -> _Judged:
         """Run ``plan`` once (a plan seen before gives its first answer)."""
@@ -213,7 +219,10 @@ class Search:
             self.seconds.append(judged.seconds)
             self.outcomes[self.last[1]] += 1
             if plan:
-                self.ran.append(PlanRun(plan, self.last[1], acted(result, plan),
+                named = self.named(plan)
+                done = acted(result, named)
+                self.ran.append(PlanRun(plan, self.last[1],
+                                        tuple(f for f, g in zip(plan, named) if g in done),
                                         restarted(result), judged.seconds, resumed_at(result)))
         if judged.check.signature is None and plan:
             judged.result = None   # only failures are kept whole: a search runs hundreds
@@ -292,7 +301,8 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
             saved: Optional[SavedPlans] = None,
             is_valid: Callable[[Plan, int], bool] = lambda plan, steps: True,
             clock: Callable[[], float] = time.monotonic,
-            progress: Optional[Callable[[SearchProgress], None]] = None) -> Exploration:
+            progress: Optional[Callable[[SearchProgress], None]] = None,
+            named: Callable[[Plan], Plan] = lambda plan: plan) -> Exploration:
     """See the module docstring.  ``space_for(steps, state_steps,
     interchangeable)`` is the space to draw from once the job's steps, its
     state points (:func:`state_steps`; the fault-free run is asked for with
@@ -302,9 +312,11 @@ def explore(run: Callable[[Plan, float], RunResult], judge: Callable[[RunResult,
     the draws' name in :data:`harness.explore.space.ORDERS`;
     ``is_valid(plan, steps)`` says whether a saved plan still fits the
     cluster and the job (one that does not is dropped);
-    ``progress(SearchProgress)`` is called as each run starts and ends."""
+    ``progress(SearchProgress)`` is called as each run starts and ends;
+    ``named(plan)`` is a plan as the cluster runs and reports it (the
+    progress shows it so)."""
     seed = random.SystemRandom().randrange(2 ** 32) if seed is None else seed
-    search = Search(run, judge, budget, clock, progress)
+    search = Search(run, judge, budget, clock, progress, named)
     search.timeout = most_timeout
     clean = search.try_plan(())
     clean_run = clean.result

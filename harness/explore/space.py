@@ -42,6 +42,8 @@ Cell = Tuple[str, str, int]   # (kind, role, window)
 WINDOWS = 4
 # The roles, by what a worker does for the job.
 CHIEF_ROLE, OTHER_ROLE = "worker 0", "another worker"
+# A parameter-server cluster's roles, by task type.
+TASK_ROLES = {"chief": "the chief", "worker": "a worker", "ps": "a parameter server"}
 # The share of draws that follow a plan which made a restart happen, once
 # there is one, and that add a fault to such a plan (max_faults > 1).
 NEAR_SHARE, MORE_SHARE = 0.25, 0.35
@@ -101,6 +103,9 @@ class Space:
     interchangeable: bool = True
     # Steps that began an epoch (a Keras fit's), where its callbacks act.
     epoch_steps: Tuple[int, ...] = ()
+    # A parameter-server cluster's task types, a worker index's each: its
+    # roles are the task types (the chief, a worker, a parameter server).
+    task_types: Tuple[str, ...] = ()
 
     def stopping_kind(self) -> Optional[str]:
         """The kind that tries a fault point: a crash, else a preemption,
@@ -144,15 +149,20 @@ class Space:
         return next(i for i, w in enumerate(self.windows()) if step in w)
 
     def roles(self) -> Tuple[str, ...]:
+        if self.task_types:
+            return tuple(dict.fromkeys(TASK_ROLES[t] for t in self.task_types))
         return (CHIEF_ROLE, OTHER_ROLE) if self.workers > 1 else (CHIEF_ROLE,)
 
-    @staticmethod
-    def role_of(worker: int) -> str:
+    def role_of(self, worker: int) -> str:
+        if self.task_types:
+            return TASK_ROLES[self.task_types[worker]]
         return CHIEF_ROLE if worker == 0 else OTHER_ROLE
 
-    def workers_of(self, role: str) -> range:
+    def workers_of(self, role: str) -> Sequence[int]:
         """The workers a plan of ``role`` is drawn at: one of the others
         stands for them all where they are interchangeable."""
+        if self.task_types:
+            return [i for i, t in enumerate(self.task_types) if TASK_ROLES[t] == role]
         if role == CHIEF_ROLE:
             return range(1)
         return range(1, min(2, self.workers) if self.interchangeable else self.workers)

@@ -275,3 +275,23 @@ def test_a_worker_server_takes_each_step_up_to_the_latest_function_run_on_it(tmp
     assert taken(None) == [0, 1, 2, 3]
     assert taken(0) == [0, 1, 2, 3]
     assert taken(1) == [0, 1, 2]
+
+
+def test_the_search_draws_a_parameter_server_cluster_s_faults_by_task_type():
+    from harness.explore.space import Space
+    space = Space(4, 20, ("Crash", "Pause"), interchangeable=False,
+                  task_types=("chief", "worker", "worker", "ps"))
+    assert space.roles() == ("the chief", "a worker", "a parameter server")
+    assert [list(space.workers_of(r)) for r in space.roles()] == [[0], [1, 2], [3]]
+    assert space.cell_of(F.Crash(3, 7)) == ("Crash", "a parameter server", 1)
+    assert {p[0].worker for p in space.singles(("Crash", "a worker", 0))} == {1, 2}
+
+
+def test_the_search_keeps_the_kinds_every_server_takes():
+    from harness.explore import coordinated_kinds
+    assert coordinated_kinds(("Crash", "RaiseError", "Delay", "Pause", "Preempt"), True,
+                             SHAPE) == ("Crash", "RaiseError", "Pause", "Preempt")
+    with pytest.raises(SettingError, match=r"explore\(kinds=\.\.\.\): 'Delay' acts on no server"):
+        coordinated_kinds(("Crash", "Delay"), False, SHAPE)
+    with pytest.raises(SettingError, match=r"none of the kinds SkipStep acts"):
+        coordinated_kinds(("SkipStep",), True, SHAPE)
