@@ -491,8 +491,9 @@ def test_tensorflows_combinations_run_on_the_harness_with_pytests_options(pytest
     """TensorFlow's ``combinations`` under ``pytest -q -x -k ... -n 0``, with
     only ``install()`` in a conftest: a workers-only preset and the chief
     preset run on harness workers (the pool runner of ``strategy_combinations``),
-    a GPU preset skips for the GPUs missing, a parameter-server preset skips
-    with the reason; absl never sees pytest's options."""
+    a GPU preset skips for the GPUs missing, a parameter-server preset runs
+    (its chief runs the test; its servers serve until the chief ends); absl
+    never sees pytest's options."""
     from harness.compat import spec
     with open(os.path.join(CASES, "combinations_case.py")) as f:
         pytester.makepyfile(combinations_case=f.read())
@@ -503,9 +504,22 @@ def test_tensorflows_combinations_run_on_the_harness_with_pytests_options(pytest
         "-k", f"test_sum and not GPUNoShare{chief}", "combinations_case.py", timeout=200)
     out = result.stdout.str()
     assert "UnrecognizedFlagError" not in out and "NotInitializedError" not in out, out
-    result.assert_outcomes(passed=1 if chief else 2, skipped=2)
+    result.assert_outcomes(passed=2 if chief else 3, skipped=1)
     assert "required GPUs are available" in out, out
-    assert "does not run TensorFlow's parameter-server presets" in out, out
+
+
+def test_a_parameter_server_multi_process_cluster_serves_its_test_process(pytester):
+    """A ``MultiProcessCluster`` of 2 workers and a parameter server, as
+    tf-keras's parameter-server tests start theirs in ``setUpClass``: the
+    test process coordinates it at the spec's addresses, its functions run
+    on the workers, and a worker killed and started again (``kill_task``,
+    ``start_task``) serves again."""
+    with open(os.path.join(CASES, "multi_process_cluster_case.py")) as f:
+        pytester.makepyfile(multi_process_cluster_case=f.read())
+    pytester.makeconftest("import harness.compat\nharness.compat.install()\n")
+    result = pytester.runpytest_subprocess("-q", "-n", "0", "-p", "no:cacheprovider",
+                                           "multi_process_cluster_case.py", timeout=200)
+    result.assert_outcomes(passed=1, skipped=1)   # tf.test.TestCase's test_session skips
 
 
 def test_a_file_importing_the_runner_from_harness_compat_runs_under_pytests_options(pytester):

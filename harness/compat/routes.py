@@ -5,19 +5,20 @@ TensorFlow's test utilities bind ``multi_process_runner`` (and
 ``multi_worker_test_base``) at import: ``combinations`` (which starts the
 tasks of a ``multi_worker_mirrored_*`` preset), ``strategy_combinations``
 (its presets' deferred pool runners, and the barrier its strategy creator
-waits on) and ``multi_worker_test_base`` (``MultiProcessCluster``, whose
-parameter-server clusters skip).  Each such module attribute is pointed at
+waits on) and ``multi_worker_test_base`` (``MultiProcessCluster``).  Each such module attribute is pointed at
 the harness's, as are the ``tf.__internal__`` trees tf-keras reaches the
 runner through, and the two modules themselves in ``sys.modules``: a test
 file imported afterwards that imports them by name (TensorFlow's own do)
 binds the harness's.
 
 ``combinations`` sees the harness's runner through :class:`ForCombinations`:
-a preset the harness does not run (a parameter-server preset) skips with
-the reason, as a preset whose GPUs are missing skips under TensorFlow's
-runner, instead of failing on the refusal; so does a parameter-server
-``MultiProcessCluster``.  The runner itself (``multi_process_runner.run``)
-runs ``fn`` on every task of a spec with ps tasks.
+a preset the harness does not run skips with the reason, as a preset whose
+GPUs are missing skips under TensorFlow's runner, instead of failing on the
+refusal.  Its parameter-server presets run as TensorFlow's runner runs
+them: the test on every task, where the workers and parameter servers
+start their servers as the strategy's creator asks and serve until the
+chief ends.  A ``MultiProcessCluster``'s tasks listen at the spec's own
+addresses, on the host's network, where its test process connects.
 """
 from __future__ import annotations
 
@@ -49,21 +50,9 @@ MODULES = {
 }
 
 
-# Why a parameter-server preset skips (combinations' ParameterServer*
-# presets, a MultiProcessCluster with ps tasks): its strategy's coordinator
-# connects to servers at the spec's addresses.
-PS_PRESET_SKIP = (
-    "pytest-mwms does not run TensorFlow's parameter-server presets yet: their coordinator "
-    "must reach servers listening at the cluster spec's addresses; the harness runs "
-    "ParameterServerStrategy jobs through run(cluster={'chief': 1, 'worker': N, 'ps': M}), "
-    "and multi_process_runner.run runs fn on every task of a spec with ps tasks")
-
-
 def skip_reason(cluster_spec: Optional[Mapping]) -> Optional[str]:
-    """Why a test preset's cluster does not run on the harness (the test
-    skips with it), or None when it runs."""
-    if cluster_spec is not None and hasattr(cluster_spec, "items") and cluster_spec.get("ps"):
-        return PS_PRESET_SKIP
+    """Why a test's cluster does not run on the harness (the test skips
+    with it), or None when it runs."""
     try:
         spec.shape(cluster_spec)
     except UnsupportedClusterError as e:
@@ -98,17 +87,14 @@ def _skip_unless_runnable(cluster_spec) -> None:
 class ForTestBase(ForCombinations):
     """``multi_process_runner`` as ``multi_worker_test_base`` sees it: its
     ``MultiProcessCluster`` starts servers that the test process itself
-    connects to, at the spec's addresses; the harness's workers listen on
-    ports of their own (in a network namespace, by default), so only the
-    skip of a parameter-server cluster (tf-keras's only use) is routed."""
+    connects to, at the spec's addresses, so its tasks listen there, on
+    the host's network."""
 
     @staticmethod
     def MultiProcessRunner(fn, cluster_spec, *args, **kwargs):
         _skip_unless_runnable(cluster_spec)
-        raise UnsupportedClusterError(
-            "pytest-mwms cannot run multi_worker_test_base.MultiProcessCluster: its servers "
-            "must listen at the cluster spec's addresses, for the test process to connect "
-            "to them, and the harness's workers listen on ports of their own")
+        return multi_process_runner.MultiProcessRunner(fn, cluster_spec, *args,
+                                                       at_spec_addresses=True, **kwargs)
 
 
 FOR_COMBINATIONS = ForCombinations()

@@ -121,6 +121,30 @@ def _executing_eagerly() -> bool:
     return context.executing_eagerly()
 
 
+class TaskProcess:
+    """One task of a :class:`MultiProcessRunner`, as much of a
+    ``multiprocessing.Process`` as TensorFlow's test utilities use."""
+
+    def __init__(self, runner: MultiProcessRunner, task_type: str, task_id: int):
+        self._runner, self._task = runner, (task_type, task_id)
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._runner.get_process_id(*self._task)
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self._runner.get_process_exit_code(*self._task)
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        until = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive() and (until is None or time.monotonic() < until):
+            time.sleep(0.05)
+
+
 class MultiProcessRunner:
     """TensorFlow's ``MultiProcessRunner`` (same arguments), on the harness.
 
@@ -134,7 +158,11 @@ class MultiProcessRunner:
     ``settings`` gives the workers GPUs, ``share_gpu`` chooses between
     ``gpu-shared`` (every task sees every GPU, TensorFlow's default) and
     ``gpu`` (each its own); with ``devices='cpu'`` (the default) it has no
-    effect.  ``rpc_layer`` is written into each task's ``TF_CONFIG``, as
+    effect.  ``at_spec_addresses``: each task's ``TF_CONFIG`` lists the
+    cluster spec's own addresses, and the cluster runs on the host's
+    network, so that the test process reaches servers the tasks start
+    there (a ``MultiProcessCluster``, :mod:`harness.compat.routes`).
+    ``rpc_layer`` is written into each task's ``TF_CONFIG``, as
     TensorFlow's runner writes it (``grpc`` by default; the workers speak
     gRPC whatever it says).  ``use_dill_for_args`` and ``daemon`` have no
     effect: the harness always pickles with dill and ends every process
@@ -145,7 +173,8 @@ class MultiProcessRunner:
                  grpc_fail_fast=None, stream_output=True, return_output=False,
                  use_dill_for_args=True, daemon=False, dependence_on_chief=True,
                  auto_restart=False, share_gpu=True, args=None, kwargs=None, *,
-                 hang_timeout: Optional[float] = None, settings: Optional[RunSettings] = None):
+                 hang_timeout: Optional[float] = None, settings: Optional[RunSettings] = None,
+                 at_spec_addresses: bool = False):
         counts = spec.shape(cluster_spec)
         self._order = spec.tasks(counts)
         self._names = [spec.label(*task) for task in self._order]
@@ -168,6 +197,11 @@ class MultiProcessRunner:
             **({"workers": self._n} if counts["worker"] == self._n else {"cluster": shape}))
         if settings.devices != "cpu":
             settings = settings.with_overrides(devices="gpu-shared" if share_gpu else "gpu")
+        self._addresses = None
+        if at_spec_addresses:
+            self._addresses = {kind: list(cluster_spec[kind]) for kind in counts
+                               if counts[kind]}
+            settings = settings.with_overrides(network="host")
         self._cluster = Cluster(settings)
         self._eager = _executing_eagerly()
         self._lock = threading.RLock()
@@ -266,7 +300,7 @@ class MultiProcessRunner:
         shared = Shared(statuses=m.dict(), starts=m.dict(), barriers=(m.Barrier(self._n),),
                         payloads=m.dict(), order=self._order, on_start=originals.installed,
                         eager=self._eager, grpc_fail_fast=self._grpc_fail_fast,
-                        rpc_layer=self._rpc_layer)
+                        rpc_layer=self._rpc_layer, addresses=self._addresses)
         chief = self._order.index(("chief", 0)) \
             if self._dependence_on_chief and ("chief", 0) in self._order else None
         inc = Incarnation(self._cluster, run_task, (payloads, shared), shared,
@@ -325,6 +359,13 @@ class MultiProcessRunner:
 
     def process_exists(self, task_type, task_id):
         return self.get_process_exit_code(task_type, task_id) is None
+
+    @property
+    def _processes(self) -> Dict[Tuple[str, int], TaskProcess]:
+        """Each started task as a process to wait on, by ``(type, index)``:
+        TensorFlow's ``MultiProcessCluster.kill_task`` joins the runner's
+        ``_processes[task]`` once it told the task to end."""
+        return {task: TaskProcess(self, *task) for task in self._order}
 
     def terminate(self, task_type, task_id):
         """End the task and wait for it to end: its end is no error of

@@ -53,7 +53,11 @@ class Shared:
     which each task then runs too (a test that runs again in the task, as
     ``combinations``' do, reaches the same bound references);
     ``rpc_layer``: what the task's ``TF_CONFIG`` names as its
-    ``rpc_layer``, as TensorFlow's runner writes it (its default: ``grpc``)."""
+    ``rpc_layer``, as TensorFlow's runner writes it (its default: ``grpc``);
+    ``addresses``: the cluster spec as the test gave it, whose addresses
+    each task's ``TF_CONFIG`` lists in place of the harness's (a
+    ``MultiProcessCluster``, whose test process connects to its servers
+    there), or None."""
 
     statuses: MutableMapping[int, Tuple[int, Optional[bytes]]]
     starts: MutableMapping[int, int]
@@ -64,6 +68,7 @@ class Shared:
     order: Tuple[Tuple[str, int], ...] = ()
     on_start: Optional[Callable[[], None]] = None
     rpc_layer: str = "grpc"
+    addresses: Optional[Mapping[str, Any]] = None
 
 
 def task_index(order: Tuple[Tuple[str, int], ...] = ()) -> int:
@@ -75,12 +80,15 @@ def task_index(order: Tuple[Tuple[str, int], ...] = ()) -> int:
     return int(task["index"])
 
 
-def with_rpc_layer(tf_config: str, rpc_layer: str) -> str:
-    """``TF_CONFIG`` naming ``rpc_layer``, as TensorFlow's runner writes it:
-    code that builds a server from ``TFConfigClusterResolver().rpc_layer``
-    reads it there."""
+def as_tensorflows_runner_writes(tf_config: str, rpc_layer: str,
+                                 addresses: Optional[Mapping[str, Any]] = None) -> str:
+    """``TF_CONFIG`` naming ``rpc_layer``, as TensorFlow's runner writes it
+    (code that builds a server from ``TFConfigClusterResolver().rpc_layer``
+    reads it there), and listing ``addresses`` as its cluster where given."""
     config = json.loads(tf_config)
     config["rpc_layer"] = rpc_layer
+    if addresses is not None:
+        config["cluster"] = {kind: list(tasks) for kind, tasks in addresses.items()}
     return json.dumps(config)
 
 
@@ -128,7 +136,8 @@ def run_task(tasks: Mapping[int, Payload], shared: Shared):
     shared.starts[index] = attempt + 1
     _barrier = shared.barriers[min(attempt, len(shared.barriers) - 1)]
     _share_barrier_with_tensorflow(_barrier)
-    os.environ["TF_CONFIG"] = with_rpc_layer(os.environ["TF_CONFIG"], shared.rpc_layer)
+    os.environ["TF_CONFIG"] = as_tensorflows_runner_writes(
+        os.environ["TF_CONFIG"], shared.rpc_layer, shared.addresses)
     if shared.grpc_fail_fast is not None:
         os.environ["GRPC_FAIL_FAST"] = str(shared.grpc_fail_fast)
     _log_like_tensorflow()

@@ -337,22 +337,22 @@ def test_a_runner_with_a_chief_runs_that_shape_and_names_its_tasks_as_tensorflow
 
 # -- install(): TensorFlow's test utilities on the harness --------------------
 
-def test_parameter_server_presets_skip_with_the_reason_and_others_run():
+def test_parameter_server_presets_run_and_a_multi_process_cluster_listens_at_its_spec():
     from harness.compat import routes
     ps = mwtb.create_cluster_spec(has_chief=True, num_workers=1, num_ps=2)
-    # A preset or a MultiProcessCluster of it skips; the runner called
-    # directly runs fn on every task of it (tests/test_compat.py).
-    assert "parameter-server presets" in routes.skip_reason(ps)
-    assert routes.skip_reason({"worker": ["a", "b"]}) is None
-    for route in (routes.FOR_COMBINATIONS.MultiProcessRunner,
-                  routes.FOR_TEST_BASE.MultiProcessRunner):
-        with pytest.raises(unittest.SkipTest, match="parameter-server presets"):
-            route(lambda: None, ps)
-    with pytest.raises(unittest.SkipTest, match="parameter-server presets"):
-        routes.FOR_COMBINATIONS.MultiProcessPoolRunner(ps)
-    # MultiProcessCluster's servers must listen where the test connects
-    with pytest.raises(mpr.UnsupportedClusterError, match="MultiProcessCluster"):
-        routes.FOR_TEST_BASE.MultiProcessRunner(lambda: None, {"worker": ["a", "b"]})
+    assert routes.skip_reason(ps) is None
+    # A MultiProcessCluster's test process connects to its servers at the
+    # spec's addresses: its tasks list them, on the host's network.
+    runner = routes.FOR_TEST_BASE.MultiProcessRunner(lambda: None, ps)
+    assert runner._addresses == ps and runner._cluster.settings.network == "host"
+    preset = routes.FOR_COMBINATIONS.MultiProcessRunner(lambda: None, ps)
+    assert preset._addresses is None
+    workers = routes.FOR_TEST_BASE.MultiProcessRunner(lambda: None, {"worker": ["a:1", "b:2"]})
+    assert workers._addresses == {"worker": ["a:1", "b:2"]}
+    # a cluster the harness does not run skips with the reason
+    with pytest.raises(unittest.SkipTest, match="a 'controller' task"):
+        routes.FOR_COMBINATIONS.MultiProcessRunner(lambda: None,
+                                                   {"worker": ["a"], "controller": ["b"]})
     # anything else is the harness's runner, as combinations calls it
     assert isinstance(routes.FOR_COMBINATIONS.MultiProcessRunner(
         lambda: None, {"worker": ["a", "b"]}, share_gpu=False, args=(1,),
