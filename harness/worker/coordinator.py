@@ -6,9 +6,9 @@ function that has run on a worker is written to the chief's progress map
 result; the worker's server takes it as its step (:mod:`harness.worker.
 servers`).  Where a fault ends that worker at that step, the coordinator
 waits until the worker no longer listens before it fetches: the function
-has updated the parameter servers and its result is lost with the worker,
-so TensorFlow puts it back and runs it again, every time, as it does when
-a machine is lost between the two.  The patches live only in this
+has run there and its result is lost with the worker, so TensorFlow puts
+it back and runs it again, every time, as it does when a machine is lost
+between the two.  The patches live only in this
 process; a TensorFlow without these internals is left as it is.
 """
 from __future__ import annotations
