@@ -10,7 +10,9 @@ import json
 import os
 import re
 import signal
+import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -508,7 +510,8 @@ def test_tensorflows_combinations_run_on_the_harness_with_pytests_options(pytest
     assert "required GPUs are available" in out, out
 
 
-def test_a_parameter_server_multi_process_cluster_serves_its_test_process(pytester):
+def test_a_parameter_server_multi_process_cluster_serves_its_test_process(pytester,
+                                                                         monkeypatch):
     """A ``MultiProcessCluster`` of 2 workers and a parameter server, as
     tf-keras's parameter-server tests start theirs in ``setUpClass``: the
     test process coordinates it at the spec's addresses, its functions run
@@ -517,8 +520,16 @@ def test_a_parameter_server_multi_process_cluster_serves_its_test_process(pytest
     with open(os.path.join(CASES, "multi_process_cluster_case.py")) as f:
         pytester.makepyfile(multi_process_cluster_case=f.read())
     pytester.makeconftest("import harness.compat\nharness.compat.install()\n")
-    result = pytester.runpytest_subprocess("-q", "-n", "0", "-p", "no:cacheprovider",
-                                           "multi_process_cluster_case.py", timeout=200)
+    # The test process converts its tf.function with AutoGraph, which writes
+    # a module to the temp directory and leaves its compiled bytecode there:
+    # a directory of its own, short enough for the Unix sockets made in it.
+    own = tempfile.mkdtemp(prefix="mwms-")
+    monkeypatch.setenv("TMPDIR", own)
+    try:
+        result = pytester.runpytest_subprocess("-q", "-n", "0", "-p", "no:cacheprovider",
+                                               "multi_process_cluster_case.py", timeout=200)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
     result.assert_outcomes(passed=1, skipped=1)   # tf.test.TestCase's test_session skips
 
 
