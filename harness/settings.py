@@ -272,9 +272,26 @@ def use_session_settings(settings: Optional[RunSettings]) -> Optional[RunSetting
     return before
 
 
+# The options as pytest read them before its first conftests ran, until the
+# session's own are set: a conftest's ``harness.compat.install()`` starts the
+# forkserver with them.
+_starting: Optional[RunSettings] = None
+
+
+def use_starting_settings(settings: Optional[RunSettings]) -> None:
+    """The options as pytest read them before its first conftests (None:
+    forget them, once the session's are set)."""
+    global _starting
+    _starting = settings
+
+
 def session_settings() -> RunSettings:
-    """The pytest session's settings in this process, else the defaults."""
-    return _session if _session is not None else RunSettings()
+    """The pytest session's settings in this process, else those it is
+    starting with, else the defaults."""
+    for settings in (_session, _starting):
+        if settings is not None:
+            return settings
+    return RunSettings()
 
 
 def tfconfig_shape(value: Any) -> ClusterShape:

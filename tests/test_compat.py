@@ -590,3 +590,54 @@ def test_the_session_s_options_reach_every_cluster_install_starts(pytester):
     result = pytester.runpytest_subprocess("-q", "-n", "0", "-p", "no:cacheprovider",
                                            "--mwms-network=host", "reach_case.py", timeout=200)
     result.assert_outcomes(passed=1)
+
+
+PREWARM_CONFTEST = """
+import time
+
+BEFORE = time.time()
+import harness.compat
+
+harness.compat.install()   # imports TensorFlow
+INSTALLED = time.time()
+"""
+
+PREWARM_CASE = """
+import psutil
+
+from harness.launch.local import forkserver_pid
+
+
+def test_no_cluster_started_yet():
+    import conftest
+    pid = forkserver_pid()
+    started = None if pid is None else psutil.Process(pid).create_time()
+    if hasattr(conftest, "INSTALLED"):
+        # By the first half of install(): beside TensorFlow's import.
+        midway = (conftest.BEFORE + conftest.INSTALLED) / 2
+        print("forkserver started by midway:", started is not None and started < midway)
+    else:
+        print("forkserver started:", started is not None)
+"""
+
+
+def test_install_starts_the_forkserver_beside_tensorflows_import(pytester):
+    """A conftest's ``install()`` routes clusters that no test names as a
+    fixture: the forkserver's TensorFlow import starts first, beside the
+    test process's own (``install()`` imports TensorFlow), not in the
+    first multi-worker case."""
+    pytester.makeconftest(PREWARM_CONFTEST)
+    pytester.makepyfile(prewarm_case=PREWARM_CASE)
+    result = pytester.runpytest_subprocess("-q", "-s", "-n", "0", "-p", "no:cacheprovider",
+                                           "prewarm_case.py", timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*forkserver started by midway: True*"])
+
+
+def test_a_session_without_install_or_the_fixture_starts_no_forkserver(pytester):
+    pytester.makeconftest("")
+    pytester.makepyfile(prewarm_case=PREWARM_CASE)
+    result = pytester.runpytest_subprocess("-q", "-s", "-n", "0", "-p", "no:cacheprovider",
+                                           "prewarm_case.py", timeout=120)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*forkserver started: False*"])

@@ -25,7 +25,9 @@ message opening with the harness's verdict.
 
 It may import :mod:`harness.controller`, :mod:`harness.settings`,
 :mod:`harness.result`, :mod:`harness.errors`, :mod:`harness.core` and
-:mod:`harness.launch.scratch` (the session's temp directory), absl's
+:mod:`harness.launch.scratch` (the session's temp directory),
+:mod:`harness.launch.backends` (``install()`` starts the session's
+launcher before TensorFlow's import), absl's
 flags (marked parsed on import: pytest's options are not absl's) and
 TensorFlow lazily; nothing else in :mod:`harness` imports it.  What is
 supported, and what is not and why: ``docs/compat.md``.

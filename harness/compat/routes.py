@@ -32,6 +32,8 @@ from typing import Mapping, Optional, Union
 from harness.compat import multi_process_runner, multi_worker_test_base, originals, spec
 from harness.compat.originals import original, tensorflows
 from harness.compat.errors import UnsupportedClusterError
+from harness.errors import HarnessError
+from harness.settings import session_settings
 
 # Where TensorFlow's own modules hold the runner and the test base, by attribute.
 BOUND = {
@@ -141,7 +143,27 @@ def route_imports() -> None:
 
 
 def install() -> None:
-    originals.installed = install
+    """The routes, after starting the session's launcher: its forkserver's
+    TensorFlow import runs beside this process's own (the routes import
+    TensorFlow), where the first cluster would wait for it."""
+    start_launcher()
+    route()
+
+
+def route() -> None:
+    """The routes alone: what a task runs first where its parent installed them."""
+    originals.installed = route
     if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is not None:
         route_runner()
         route_imports()
+
+
+def start_launcher() -> None:
+    """The session's backend started in the background (the forkserver
+    importing TensorFlow), with the options pytest has read so far."""
+    from harness.launch.backends import backend_of
+    settings = session_settings()
+    try:
+        backend_of(settings).prewarm(settings)
+    except HarnessError:
+        pass   # the first cluster meets it again, and says it
