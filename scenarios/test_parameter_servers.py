@@ -4,11 +4,13 @@ schedules the job's functions on the workers, the variables live on the
 parameter server.  A parameter server lost ends the job unless it
 checkpoints and is restarted; a worker lost is absorbed by the
 coordinator, which runs again each function whose result it lost with the
-worker."""
+worker (counted twice where the job counts in a variable) and gives the
+lost worker's share of the steps to the others (which a dataset sized for
+each worker's share cannot serve)."""
 import pytest
 
 import harness
-from harness.faults import Crash
+from harness.faults import Crash, Preempt
 from scenarios.meta import scenario
 
 STEPS = 20
@@ -210,3 +212,94 @@ def test_a_function_run_twice_counted_from_its_fetched_results(mwms_cluster):
     result = mwms_cluster.run(exactly_once_job, kwargs={"count_from": "results"},
                               faults=[WORKER_LOST], timeout=30)
     assert result.tasks[("chief", 0)].return_value == (STEPS + 1, STEPS)
+
+
+EPOCHS, STEPS_PER_EPOCH = 2, 10
+
+
+def epoch_job(repeat=False):
+    """``EPOCHS`` epochs of ``STEPS_PER_EPOCH`` functions, each taking one
+    element of its worker's dataset (``coordinator.create_per_worker_dataset``)
+    and returning 1; the coordinator joins at each epoch's end.  Each
+    worker's dataset holds its share of every epoch's elements (the steps
+    over the workers), repeated or not.  Returns the values fetched."""
+    import tensorflow as tf
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    workers = len(resolver.cluster_spec().as_dict()["worker"])
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        total = tf.Variable(0, dtype=tf.int64)
+    share = EPOCHS * STEPS_PER_EPOCH // workers
+
+    def dataset_fn():
+        dataset = tf.data.Dataset.range(share)
+        return dataset.repeat() if repeat else dataset
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(it):
+        total.assign_add(next(it))
+        return tf.constant(1, dtype=tf.int64)
+
+    fetched = 0
+    for _ in range(EPOCHS):
+        results = [coordinator.schedule(step, args=(iterator,)) for _ in range(STEPS_PER_EPOCH)]
+        coordinator.join()
+        fetched += sum(int(r.fetch()) for r in results)
+    return fetched
+
+
+PREEMPTED_MID_EPOCH = Preempt(task=("worker", 1), step=3)
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="failed", source="TensorFlow's ClusterCoordinator.create_per_worker_dataset "
+          "docs (repeat the datasets, schedule a finite number of steps)",
+          fixed_by="test_a_worker_preempted_mid_epoch_a_repeated_dataset_serves_every_step")
+def test_a_worker_preempted_mid_epoch_its_share_overruns_the_others_dataset(mwms_cluster):
+    """Each worker's dataset holds only its share of the steps, not
+    repeated, and worker 1 is preempted (SIGTERM) in the first epoch.
+
+    Worker 1 gets SIGTERM once the fourth function scheduled (or the first
+    after it to run there) has run on it.
+
+    TensorFlow: the coordinator runs the rest of the job on worker 0, whose
+    dataset runs out before the job's steps do: a function raises
+    ``OutOfRangeError`` and the coordinator's ``join`` raises it.  The
+    verdict names the job's error (the chief's) and says worker 1 stopped
+    serving.  Without the preemption the same job fails whenever the
+    coordinator gives one worker more functions than its share (1 of 3
+    runs here): the loss of a worker makes it happen every time.
+
+    Source: TensorFlow's ``ClusterCoordinator.create_per_worker_dataset``
+    docs recommend datasets "repeated indefinitely" and a finite number of
+    steps scheduled, "instead of relying on the OutOfRangeError".
+
+    Fix: ``repeat()`` each worker's dataset; the steps scheduled end the epoch.
+    """
+    result = mwms_cluster.run(epoch_job, faults=[PREEMPTED_MID_EPOCH], timeout=30)
+    assert result.culprit_tasks == (("chief", 0),) and not result.ambiguous
+    assert "OutOfRangeError" in result.diagnosis
+    assert "worker 1: died (exit code -15, SIGTERM) at coordinator step 3" in result.diagnosis
+
+
+@pytest.mark.timeout(90)
+@scenario(outcome="completed", source="TensorFlow's ClusterCoordinator.create_per_worker_dataset "
+          "docs (repeat the datasets, schedule a finite number of steps)")
+def test_a_worker_preempted_mid_epoch_a_repeated_dataset_serves_every_step(mwms_cluster):
+    """The same preemption; each worker's dataset is repeated.
+
+    TensorFlow: worker 0 takes worker 1's share and its dataset never runs
+    out: every step of both epochs runs and its value is fetched (20); the
+    verdict says worker 1 stopped serving and the job went on.
+
+    Source: TensorFlow's ``ClusterCoordinator.create_per_worker_dataset`` docs.
+
+    Fix: this is the fix.
+    """
+    result = mwms_cluster.run(epoch_job, kwargs={"repeat": True},
+                              faults=[PREEMPTED_MID_EPOCH], timeout=30)
+    assert result.tasks[("chief", 0)].return_value == EPOCHS * STEPS_PER_EPOCH
+    assert "worker 1 stopped serving and the job went on" in result.diagnosis.splitlines()[0]
