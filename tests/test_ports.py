@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch import ports as ports_module
+from harness.launch import ports as ports_module, scratch
 from harness.errors import HarnessError, StateDirError
 from harness.launch.ports import bindable, port_range, reserve_ports
 from harness.launch.state_dir import DIR_NAME, ENV_VAR, INI_OPTION, check_state_dir
@@ -128,6 +128,7 @@ def shared_tmp():
     other uids can reach and create things in it (``tmp_path`` lies under a
     0700 directory of root's)."""
     d = tempfile.mkdtemp(prefix="mwms-test-ports-")
+    scratch.remove_at_end(d)   # also when pytest is killed
     os.chmod(d, 0o1777)
     yield d
     shutil.rmtree(d, ignore_errors=True)
@@ -201,6 +202,7 @@ def as_user():
         pytest.skip("needs setpriv (util-linux) to switch uids")
     uids = [65534, _unused_uid()]
     copy = tempfile.mkdtemp(prefix="mwms-test-harness-")
+    scratch.remove_at_end(copy)   # also when pytest is killed
     try:
         os.chmod(copy, 0o755)
         os.mkdir(os.path.join(copy, "launch"), 0o755)
