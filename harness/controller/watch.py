@@ -253,6 +253,8 @@ class WatchLoop:
             # The failure it echoes may have ended a process the loop has
             # not looked at yet: that one is restarted first, as the cause.
             self._collect_exits(now, but=worker)
+            if not self._in_place(worker):
+                return      # restarted with the others meanwhile
             if self.restarter.echoes(worker, now):
                 self._restart_together(now)
                 return
@@ -264,8 +266,13 @@ class WatchLoop:
     def _collect_exits(self, now: float, but: TrackedWorker) -> None:
         """Collect the exit of each worker but ``but`` whose process ended."""
         for other in list(self.workers):
-            if other is not but and other.seen.exit_code is None:
+            if other is not but and other.seen.exit_code is None and self._in_place(other):
                 self._collect_exit(other, now)
+
+    def _in_place(self, worker: TrackedWorker) -> bool:
+        """Whether ``worker`` is still its task's current process: what the
+        loop took in from it (or from a peer) may have restarted it."""
+        return any(w is worker for w in self.workers)
 
     def _restart_together(self, now: float) -> None:
         """Stop every task that has not returned and start them all again,
@@ -305,6 +312,8 @@ class WatchLoop:
         parent to signal the ended one is void.  A worker that raised exits
         by itself at once; one that does not within :data:`RAISED_EXIT_WAIT`
         is killed."""
+        if not self._in_place(worker):
+            return      # already restarted, while its messages were taken in
         if worker.seen.exit_code is None:
             worker.handle.join(RAISED_EXIT_WAIT)
             code = worker.handle.exitcode
@@ -361,6 +370,8 @@ class WatchLoop:
         if code is None:
             return
         self._drain(worker, now)
+        if not self._in_place(worker):
+            return      # its last messages restarted it
         worker.note(exit_code=code, exit_time=now - self.start)
         worker.channel_open = False
         if self.restarting_together:

@@ -151,8 +151,10 @@ def _prose(text: str) -> str:
 
 
 def _slug(heading: str) -> str:
-    """An anchor as Python-Markdown's toc makes it from a heading."""
-    text = re.sub(r"[`*_]", "", heading)
+    """An anchor as Python-Markdown's toc makes it from a heading: emphasis
+    marks go, a code span's underscores stay."""
+    text = "".join(part if inside % 2 else re.sub(r"[*_]", "", part)
+                   for inside, part in enumerate(heading.split("`")))
     text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     text = re.sub(r"[^\w\s-]", "", text).strip().lower()
     return re.sub(r"[-\s]+", "-", text)

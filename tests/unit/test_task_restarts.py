@@ -224,3 +224,68 @@ def test_without_a_restart_the_result_is_the_attempts_and_a_fault_never_reached_
     unreached = _result(done, history={0: [], 1: []}, whole_plan=(F.Crash(1, 2, attempt=1),))
     assert unreached.outcome == Outcome.FAILED
     assert "attempt 1 never ran" in unreached.diagnosis
+
+
+class _ClosingHandle:
+    """A process handle that, as ``multiprocess``'s, refuses a join once closed."""
+
+    def __init__(self, exitcode):
+        self.exitcode = exitcode
+        self.closed = False
+
+    def join(self, timeout=None):
+        if self.closed:
+            raise ValueError("process object is closed")
+
+    def kill_tree(self, known=()):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def _live_worker(index, exitcode=None):
+    w = types.SimpleNamespace(index=index, handle=_ClosingHandle(exitcode), channel_open=True,
+                              finished=False, serves=False,
+                              seen=types.SimpleNamespace(exit_code=None, error=None))
+    w.note = lambda **changes: w.seen.__dict__.update(
+        {k: v for k, v in changes.items() if k in ("exit_code", "error")})
+    return w
+
+
+class _Restarter:
+    def __init__(self):
+        self.restarted = []
+
+    def wants(self, worker):
+        return True
+
+    def echoes(self, worker, now):
+        return False
+
+    def restart(self, worker, now, asked=False):
+        worker.handle.join(0)   # as TaskRestarter.restart does
+        worker.handle.close()
+        self.restarted.append(worker.index)
+        return _live_worker(worker.index)
+
+
+def test_a_worker_its_own_messages_restarted_is_not_restarted_again_as_its_exit_is_collected():
+    """Collecting a worker's exit takes in its last messages first; where
+    one of them (its RAISED) has restarted it, the exit collected is of a
+    process already replaced: restarting it again joined a closed process
+    (``ValueError: process object is closed``, a CI run at 4 workers)."""
+    from harness.controller.watch import WatchLoop
+    workers = [_live_worker(0), _live_worker(1, exitcode=1)]
+    restarter = _Restarter()
+    loop = WatchLoop(workers, RunSettings(), 0.0, restarter=restarter)
+    ended = workers[1]
+
+    def drain(worker, now):
+        if worker is ended and ended in loop.workers:
+            loop._restart(worker, now)   # what its RAISED message set off
+    loop._drain = drain
+    loop._collect_exit(ended, 1.0)
+    loop._collect_exits(1.0, but=workers[0])
+    assert restarter.restarted == [1]
+    assert loop.workers[1] is not ended and not loop.workers[1].handle.closed
