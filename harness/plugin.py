@@ -41,7 +41,6 @@ TEST_SECONDS_KEY = pytest.StashKey[dict]()   # the tests' time by file, for --du
 ITEM_SETTINGS_KEY = pytest.StashKey[RunSettings]()   # one test's, with its marker
 # The session settings of the session around this one (pytester's), or None.
 OUTER_SETTINGS_KEY = pytest.StashKey[Optional[RunSettings]]()
-PREWARMED_KEY = pytest.StashKey[bool]()   # the session's checks made, its backend prewarmed
 REPORT_WARNED_KEY = pytest.StashKey[bool]()   # a report failed and was warned of
 # The fixture a marker's list of values parametrizes (workers=[2, 3]): one
 # test instance per value, its value in the id.
@@ -181,56 +180,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.fail(problem, pytrace=False)   # outside the except: no chained traceback
 
 
-def _runner_routed() -> bool:
-    """Whether ``harness.compat.install()`` ran in this process: TensorFlow's
-    runner then starts its clusters on the harness, from tests that name no
-    fixture.  Read from ``sys.modules``: the plugin never imports the
-    stand-ins, which import TensorFlow."""
-    originals = sys.modules.get("harness.compat.originals")
-    return getattr(originals, "installed", None) is not None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection(session: pytest.Session) -> None:
-    # A conftest that routes TensorFlow's runner has run by now: its test
-    # files' own TensorFlow import (collection) then overlaps the
-    # forkserver's, which the first cluster would otherwise wait for.
-    # xdist's controller collects nothing and runs no cluster.
-    if _runner_routed() and not session.config.pluginmanager.hasplugin("dsession"):
-        _check_and_prewarm(session.config)
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
-    if any("mwms_cluster" in getattr(item, "fixturenames", ()) for item in items):
-        _check_and_prewarm(config)
-
-
-def _check_and_prewarm(config: pytest.Config) -> None:
-    """Once a session: what would fail every run the same way, as a usage
-    error before any test runs; then the backend's slow shared start begun
-    in the background."""
+    uses_cluster = any("mwms_cluster" in getattr(item, "fixturenames", ()) for item in items)
     settings = config.stash.get(SETTINGS_KEY, None)
-    if settings is None or config.option.collectonly or config.stash.get(PREWARMED_KEY, False):
-        return
-    config.stash[PREWARMED_KEY] = True
-    from harness.launch.backends import backend_of
-    from harness.launch.state_dir import check_state_dir
-    # What this machine cannot run, and a port directory this user cannot
-    # use, would fail every test the same way: say so once.
-    try:
-        settings = settings_from_config(config)
-        config.stash[SETTINGS_KEY] = settings
-        check_state_dir(settings.state_dir,
-                        "--mwms-state-dir" if config.getoption("mwms_state_dir")
-                        else "ini mwms_state_dir")
-    except (SettingError, StateDirError) as e:
-        raise pytest.UsageError(str(e)) from None
-    # Overlap the slow start of shared machinery (the forkserver's
-    # TensorFlow import) with collection and the first tests' setup.
-    try:
-        backend_of(settings).prewarm(settings)
-    except TempDirFullError as e:
-        raise pytest.UsageError(str(e)) from None
+    if uses_cluster and settings is not None and not config.option.collectonly:
+        from harness.launch.backends import backend_of
+        from harness.launch.state_dir import check_state_dir
+        # What this machine cannot run, and a port directory this user
+        # cannot use, would fail every test the same way: say so once, as a
+        # usage error, before any test runs.
+        try:
+            settings = settings_from_config(config)
+            config.stash[SETTINGS_KEY] = settings
+            check_state_dir(settings.state_dir,
+                            "--mwms-state-dir" if config.getoption("mwms_state_dir")
+                            else "ini mwms_state_dir")
+        except (SettingError, StateDirError) as e:
+            raise pytest.UsageError(str(e)) from None
+        # Overlap the slow start of shared machinery (the forkserver's
+        # TensorFlow import) with collection and the first tests' setup.
+        try:
+            backend_of(settings).prewarm(settings)
+        except TempDirFullError as e:
+            raise pytest.UsageError(str(e)) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
