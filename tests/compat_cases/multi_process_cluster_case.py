@@ -3,6 +3,8 @@ process is the coordinator of a ``MultiProcessCluster`` whose workers and
 parameter server it connects to at the spec's addresses.
 ``tests/test_compat.py`` runs it under pytest, with a conftest that only
 calls ``harness.compat.install()``."""
+import gc
+
 import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_test_base
 
@@ -18,6 +20,12 @@ class ParameterServerClusterCase(tf.test.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        # The test's coordinator is collected while its servers still serve:
+        # collected later, TensorFlow 2.15's executors raise AbortedError from
+        # __del__, wherever the collection falls (inside an import's parse,
+        # CPython 3.11.7 then fails that import with "AST constructor
+        # recursion depth mismatch").
+        gc.collect()
         cls.cluster.stop()
         super().tearDownClass()
 
